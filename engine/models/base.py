@@ -1,0 +1,154 @@
+"""Shared transformer maths (pure functions) and the base of every architecture's ModelArgs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import ModelFormatError
+
+F32 = npt.NDArray[np.float32]
+
+MAX_LAYERS = 512
+MAX_HEADS = 1024
+MAX_CONTEXT = 1 << 24
+
+
+def rms_norm(x: F32, weight: F32, eps: float) -> F32:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last axis (ggml_rms_norm then a multiply)."""
+    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return (x * (1.0 / np.sqrt(ms + np.float32(eps)))) * weight
+
+
+def silu(x: F32) -> F32:
+    """x * sigmoid(x)."""
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: F32) -> F32:
+    """GELU with the tanh approximation, as ggml_gelu computes it."""
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def softmax(x: F32, axis: int = -1) -> F32:
+    """Numerically stable softmax; rows that are all -inf give zeros instead of NaN."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s > 0, s, 1.0)
+
+
+def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = None) -> npt.NDArray[np.bool_]:
+    """(T, k_len) bool: True where query at absolute position q_pos[t] may see key j (j <= pos, and pos - j < window)."""
+    j = np.arange(k_len)[None, :]
+    p = q_pos[:, None]
+    ok = j <= p
+    if window is not None:
+        ok &= (p - j) < window
+    return ok
+
+
+def attention(
+    q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_], scale: float
+) -> tuple[F32, F32]:
+    """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S). Returns (out (Hq, T, d), weights (Hq, T, S))."""
+    hq, t, d = q.shape
+    hkv = k.shape[0]
+    g = hq // hkv
+    qg = q.reshape(hkv, g * t, d)  # (Hkv, G*T, d): query heads h = kv*G + i share kv head kv
+    scores = (qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1) * np.float32(scale)  # (Hq, T, S)
+    scores = np.where(mask[None], scores, np.float32(-np.inf))
+    w = softmax(scores)
+    out = (w.reshape(hkv, g * t, -1) @ v).reshape(hq, t, d)  # (Hq, T, d)
+    return out, w
+
+
+@dataclass
+class BaseArgs:
+    """Hyper-parameters every decoder shares; each architecture subclasses it and reads its own keys."""
+
+    arch: str
+    dim: int  # embedding_length
+    hidden_dim: int  # feed_forward_length
+    n_layers: int  # block_count
+    n_heads: int  # attention.head_count
+    n_kv_heads: int  # attention.head_count_kv
+    head_dim: int  # attention.key_length, else dim // n_heads
+    n_vocab: int
+    n_ctx: int  # context_length the model was trained for
+    norm_eps: float
+    rope_base: float
+    rope_dim: int  # rope.dimension_count, else head_dim
+
+    def check(self) -> None:
+        """Reject out-of-range hyper-parameters before anything is allocated (RELIABILITY case 18)."""
+        a = self.arch
+        _in_range(f"{a}.block_count", self.n_layers, 1, MAX_LAYERS)
+        _in_range(f"{a}.attention.head_count", self.n_heads, 1, MAX_HEADS)
+        _in_range(f"{a}.attention.head_count_kv", self.n_kv_heads, 1, self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ModelFormatError(f"{a}.attention.head_count_kv", f"does not divide head_count {self.n_heads}", self.n_kv_heads)
+        _in_range(f"{a}.embedding_length", self.dim, 1, 1 << 16)
+        _in_range(f"{a}.feed_forward_length", self.hidden_dim, 1, 1 << 18)
+        _in_range(f"{a}.attention.key_length", self.head_dim, 2, 1 << 12)
+        if self.head_dim % 2:
+            raise ModelFormatError(f"{a}.attention.key_length", "must be even for RoPE", self.head_dim)
+        _in_range(f"{a}.rope.dimension_count", self.rope_dim, 2, self.head_dim)
+        _in_range(f"{a}.context_length", self.n_ctx, 1, MAX_CONTEXT)
+        _in_range("vocab size", self.n_vocab, 1, 1 << 24)
+        if not (0.0 < self.norm_eps < 1.0):
+            raise ModelFormatError(f"{a}.attention.layer_norm_rms_epsilon", "must be in (0, 1)", self.norm_eps)
+        if not (1.0 <= self.rope_base < 1e12):
+            raise ModelFormatError(f"{a}.rope.freq_base", "must be in [1, 1e12)", self.rope_base)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (for display and JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _in_range(key: str, value: int, lo: int, hi: int) -> None:
+    if not (lo <= value <= hi):
+        raise ModelFormatError(key, f"must be between {lo} and {hi}", value)
+
+
+class MetadataView:
+    """Typed access to `<arch>.<key>` metadata with errors that name the key."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str):
+        self.md = metadata
+        self.arch = arch
+
+    def _get(self, key: str, default: Any) -> tuple[str, Any]:
+        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
+        if full in self.md:
+            return full, self.md[full]
+        if default is _REQUIRED:
+            raise ModelFormatError(full, "required metadata key is missing")
+        return full, default
+
+    def int(self, key: str, default: Any = None) -> Any:
+        full, v = self._get(key, _REQUIRED if default is None else default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ModelFormatError(full, f"must be an integer, got {type(v).__name__}", v)
+        return int(v)
+
+    def float(self, key: str, default: Any = None) -> float:
+        full, v = self._get(key, _REQUIRED if default is None else default)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ModelFormatError(full, f"must be a number, got {type(v).__name__}", v)
+        v = float(v)
+        if not math.isfinite(v):
+            raise ModelFormatError(full, "must be finite", v)
+        return v
+
+    def optional_int(self, key: str) -> int | None:
+        full, v = self._get(key, None)
+        return None if v is None else self.int(key)
+
+
+_REQUIRED = object()

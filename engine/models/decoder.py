@@ -1,0 +1,100 @@
+"""DecoderModel: what every architecture shares: weights from the GGUF, the KV cache, the forward contract."""
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.errors import ModelFormatError
+from engine.gguf import GGUFFile
+from engine.models.base import BaseArgs
+from engine.observe import Recorder
+from engine.quant.types import GGMLType
+from engine.tensor import DenseBudget, Linear, QTensor
+
+log = logging.getLogger(__name__)
+
+
+class Weights:
+    """Reads named tensors from a GGUF file, checking each against the shape the architecture expects."""
+
+    def __init__(self, gguf: GGUFFile, budget: DenseBudget):
+        self.gguf = gguf
+        self.budget = budget
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def qtensor(self, name: str, shape: tuple[int, ...]) -> QTensor:
+        """The tensor `name` with ggml shape `shape` (row length first), as raw blocks."""
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelFormatError(name, "required tensor is missing from the file")
+        got = tuple(info.shape) + (1,) * (len(shape) - len(info.shape))
+        want = tuple(shape) + (1,) * (len(info.shape) - len(shape))
+        if got != want:
+            exp = "x".join(map(str, shape))
+            raise ModelFormatError(name, f"has wrong shape; expected {exp}, got {'x'.join(map(str, info.shape))}")
+        self.used.add(name)
+        return QTensor(name, GGMLType(info.qtype), tuple(shape), self.gguf.rows(name))
+
+    def linear(self, name: str, n_in: int, n_out: int) -> Linear:
+        return Linear(self.qtensor(name, (n_in, n_out)), self.budget)
+
+    def vector(self, name: str, n: int) -> npt.NDArray[np.float32]:
+        """A 1-D tensor (norm weights) as float32."""
+        t = self.qtensor(name, (n,))
+        return t.dequantize().reshape(n)
+
+    def unused(self) -> list[str]:
+        return [n for n in self.gguf.tensors if n not in self.used]
+
+
+class DecoderModel:
+    """A decoder-only transformer. Subclasses set `Args`, build layers in `__init__` and implement `forward`."""
+
+    arch_name: ClassVar[str] = ""
+    rope_mode: ClassVar[str] = "norm"
+    args: BaseArgs
+
+    def __init__(self, args: BaseArgs, weights: Weights):
+        self.args = args
+        self.weights = weights
+
+    @classmethod
+    def args_from_metadata(cls, metadata: dict[str, Any]) -> BaseArgs:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def new_cache(self, n_ctx: int | None = None, dtype: npt.DTypeLike = np.float32) -> KVCache:
+        """An empty KV cache for up to n_ctx positions (default: the model's trained context)."""
+        a = self.args
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, dtype)
+
+    def forward(
+        self,
+        tokens: npt.ArrayLike,
+        cache: KVCache,
+        recorder: Recorder | None = None,
+        all_logits: bool = False,
+    ) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
+        """Run tokens at positions [cache.length, +T); logits (T, n_vocab) or (1, n_vocab) for the last one.
+
+        Writes K/V for the new positions into the cache but does not commit them.
+        """
+        raise NotImplementedError
+
+    def linears(self) -> dict[str, Linear]:
+        """Every quantized matrix by tensor name (for the Quantization lens and requantizing)."""
+        return {}
+
+    def weight_bytes(self) -> int:
+        return sum(info.nbytes for info in self.weights.gguf.tensors.values())
+
+    def check_tokens(self, ids: np.ndarray) -> None:
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.args.n_vocab):
+            bad = int(ids[(ids < 0) | (ids >= self.args.n_vocab)][0])
+            raise ModelFormatError("token id", f"out of range for a vocabulary of {self.args.n_vocab}", bad)

@@ -1,0 +1,142 @@
+"""The llama architecture (SmolLM2, Llama 2/3, ...): RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.models.base import BaseArgs, MetadataView, attention, causal_mask, rms_norm, silu
+from engine.models.decoder import DecoderModel, Weights
+from engine.models.registry import register
+from engine.models.rope import apply_rope, rope_angles, rope_freqs
+from engine.observe import LayerAttentionSpec, Recorder
+from engine.tensor import Linear
+
+
+@dataclass
+class LlamaArgs(BaseArgs):
+    """Hyper-parameters of a llama-family model, read from `llama.*` metadata."""
+
+    @classmethod
+    def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "llama") -> LlamaArgs:
+        m = MetadataView(md, arch)
+        dim = m.int("embedding_length")
+        n_heads = m.int("attention.head_count")
+        if n_heads <= 0 or dim % n_heads and m.optional_int("attention.key_length") is None:
+            from engine.errors import ModelFormatError  # noqa: PLC0415
+
+            raise ModelFormatError(f"{arch}.attention.head_count", f"does not divide embedding_length {dim}", n_heads)
+        head_dim = m.int("attention.key_length", dim // n_heads)
+        args = cls(
+            arch=arch,
+            dim=dim,
+            hidden_dim=m.int("feed_forward_length"),
+            n_layers=m.int("block_count"),
+            n_heads=n_heads,
+            n_kv_heads=m.int("attention.head_count_kv", n_heads),
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            n_ctx=m.int("context_length"),
+            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
+            rope_base=m.float("rope.freq_base", 10000.0),
+            rope_dim=m.int("rope.dimension_count", head_dim),
+        )
+        args.check()
+        return args
+
+
+@dataclass
+class LlamaLayer:
+    """One transformer block's weights."""
+
+    attn_norm: npt.NDArray[np.float32]
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
+    ffn_norm: npt.NDArray[np.float32]
+    w_gate: Linear
+    w_up: Linear
+    w_down: Linear
+
+
+@register("llama")
+class Llama(DecoderModel):
+    """Decoder of the llama family as llama.cpp's build_llama runs it (no biases, rope type NORM)."""
+
+    rope_mode = "norm"
+
+    @classmethod
+    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> LlamaArgs:
+        return LlamaArgs.from_metadata(md, n_vocab, cls.arch_name)
+
+    def __init__(self, args: LlamaArgs, w: Weights):
+        super().__init__(args, w)
+        a = args
+        q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
+        self.layers = [
+            LlamaLayer(
+                attn_norm=w.vector(f"blk.{i}.attn_norm.weight", a.dim),
+                wq=w.linear(f"blk.{i}.attn_q.weight", a.dim, q_dim),
+                wk=w.linear(f"blk.{i}.attn_k.weight", a.dim, kv_dim),
+                wv=w.linear(f"blk.{i}.attn_v.weight", a.dim, kv_dim),
+                wo=w.linear(f"blk.{i}.attn_output.weight", q_dim, a.dim),
+                ffn_norm=w.vector(f"blk.{i}.ffn_norm.weight", a.dim),
+                w_gate=w.linear(f"blk.{i}.ffn_gate.weight", a.dim, a.hidden_dim),
+                w_up=w.linear(f"blk.{i}.ffn_up.weight", a.dim, a.hidden_dim),
+                w_down=w.linear(f"blk.{i}.ffn_down.weight", a.hidden_dim, a.dim),
+            )
+            for i in range(a.n_layers)
+        ]
+        self.out_norm = w.vector("output_norm.weight", a.dim)
+        # tied embeddings when the file has no output.weight (SmolLM2)
+        name = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        self.output = w.linear(name, a.dim, a.n_vocab)
+        self.freqs = rope_freqs(a.rope_dim, a.rope_base)
+        self.spec = LayerAttentionSpec(1.0 / math.sqrt(a.head_dim), None, a.n_heads // a.n_kv_heads, a.rope_base)
+
+    def linears(self) -> dict[str, Linear]:
+        out: dict[str, Linear] = {}
+        for layer in self.layers:
+            for lin in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down):
+                out[lin.weight.name] = lin
+        out[self.output.weight.name] = self.output
+        return out
+
+    def forward(
+        self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False
+    ) -> npt.NDArray[np.float32]:
+        a = self.args
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self.check_tokens(ids)
+        t, start = ids.size, cache.length
+        cache.reserve(start + t)
+        pos = np.arange(start, start + t)
+        cos, sin = rope_angles(pos, self.freqs)
+        mask = causal_mask(pos, start + t)
+        if recorder is not None:
+            recorder.begin(start, t)
+        x = self.tok_embd.rows(ids)  # (T, dim)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, a.norm_eps)
+            q = layer.wq(h).reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
+            k = layer.wk(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            v = layer.wv(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            q = apply_rope(q, cos, sin, self.rope_mode)
+            k = apply_rope(k, cos, sin, self.rope_mode)
+            keys, values = cache.write(i, start, k, v)
+            if recorder is not None:
+                recorder.record_q(i, start, q, self.spec)
+            o, _ = attention(q, keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False), mask, self.spec.scale)
+            x = x + layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
+            h = rms_norm(x, layer.ffn_norm, a.norm_eps)
+            x = x + layer.w_down(silu(layer.w_gate(h)) * layer.w_up(h))
+            if recorder is not None:
+                recorder.record_hidden(i, start, x)
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, a.norm_eps)
+        return self.output(x)

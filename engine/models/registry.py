@@ -1,0 +1,33 @@
+"""Architecture registry: `general.architecture` -> the class that runs it. Adding one is one new file."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from engine.errors import ModelFormatError
+
+if TYPE_CHECKING:
+    from engine.models.decoder import DecoderModel
+
+ARCHITECTURES: dict[str, type[DecoderModel]] = {}
+
+
+def register(name: str) -> Callable[[type[DecoderModel]], type[DecoderModel]]:
+    """Class decorator that makes an architecture loadable by its GGUF name."""
+
+    def deco(cls: type[DecoderModel]) -> type[DecoderModel]:
+        ARCHITECTURES[name] = cls
+        cls.arch_name = name
+        return cls
+
+    return deco
+
+
+def model_class(arch: str) -> type[DecoderModel]:
+    """The class for `general.architecture`; ModelFormatError naming the supported ones otherwise."""
+    import engine.models  # noqa: F401,PLC0415 - registers every architecture
+
+    try:
+        return ARCHITECTURES[arch]
+    except KeyError:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise ModelFormatError("general.architecture", f"is not supported (supported: {known})", arch) from None

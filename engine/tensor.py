@@ -1,0 +1,111 @@
+"""QTensor (a weight as its raw GGUF blocks) and Linear (how such a weight is multiplied on a backend)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.quant import dequantize_rows
+from engine.quant.types import TYPES, GGMLType, TypeInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QTensor:
+    """A tensor held as its ggml blocks: `blocks` is (n_rows, row_bytes) uint8, usually a read-only memmap."""
+
+    name: str
+    qtype: GGMLType
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length
+    blocks: np.ndarray
+
+    @property
+    def info(self) -> TypeInfo:
+        return TYPES[self.qtype]
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_rows(self) -> int:
+        return self.blocks.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.blocks.size)
+
+    @property
+    def n_elements(self) -> int:
+        return self.n_cols * self.n_rows
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        """All rows as float32, (n_rows, n_cols)."""
+        return dequantize_rows(self.blocks, self.qtype)
+
+    def rows(self, ids: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Selected rows as float32 (len(ids), n_cols): embedding look-ups without expanding the table."""
+        return dequantize_rows(self.blocks, self.qtype, np.asarray(ids, dtype=np.int64))
+
+
+@dataclass
+class DenseBudget:
+    """How many bytes of float32 weight copies the model may keep; beyond it layers dequantize per call."""
+
+    limit: int
+    used: int = 0
+
+    def take(self, nbytes: int) -> bool:
+        if self.used + nbytes > self.limit:
+            return False
+        self.used += nbytes
+        return True
+
+    def give_back(self, nbytes: int) -> None:
+        self.used = max(0, self.used - nbytes)
+
+
+@dataclass
+class Linear:
+    """y = x @ W^T for a GGUF weight W of shape (n_out, n_in), with an optional float32 cache of W."""
+
+    weight: QTensor
+    budget: DenseBudget
+    _dense: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def n_in(self) -> int:
+        return self.weight.n_cols
+
+    @property
+    def n_out(self) -> int:
+        return self.weight.n_rows
+
+    def dense(self) -> npt.NDArray[np.float32]:
+        """W as float32 (n_out, n_in): the cached copy when the budget allows, else a fresh one."""
+        if self._dense is not None:
+            return self._dense
+        w = self.weight.dequantize()
+        if self.budget.take(w.nbytes):
+            self._dense = w
+        return w
+
+    def drop_cache(self) -> None:
+        """Forget the float32 copy (after requantizing, or to free memory)."""
+        if self._dense is not None:
+            self.budget.give_back(self._dense.nbytes)
+            self._dense = None
+
+    def replace(self, weight: QTensor) -> None:
+        """Swap in new blocks (same shape), dropping the float32 copy."""
+        if weight.shape != self.weight.shape:
+            raise ValueError(f"{weight.name}: new shape {weight.shape} != {self.weight.shape}")
+        self.drop_cache()
+        self.weight = weight
+
+    def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        # x: (T, n_in) -> (T, n_out)
+        return x @ self.dense().T

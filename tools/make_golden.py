@@ -1,0 +1,90 @@
+"""Make the golden fixtures that tests compare against: llama.cpp's token ids, logits and perplexity.
+
+Run with a Python that has llama-cpp-python (a development tool, never a runtime dependency), built from
+its sdist as README.md's "Golden fixtures" section says:
+
+    /path/to/llvenv/bin/python tools/make_golden.py --models-dir DIR
+
+For each catalog model it tokenizes tests/fixtures/prose.txt as a whole document (BOS when the model's
+metadata adds one), runs every position through llama.cpp with the default f16 KV cache and again with an
+f32 cache, and stores per position the top-K log-probabilities (K=128, full softmax over the whole
+vocabulary), plus the perplexity of tokens 2..n. Storing top-K instead of whole logit rows keeps the files
+small (a 262,144-entry vocabulary would be 1 MB per position); the KL divergence is then computed with the
+probability mass outside the top-K lumped into one bucket, which can only under-estimate by a hair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+TOP_K = 128
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+}
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+def run(path: Path, text: str, add_bos: bool, cache_type: int, threads: int) -> tuple[list[int], np.ndarray]:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
+                verbose=False, type_k=cache_type, type_v=cache_type)
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+    llm.reset()
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    return ids, logits
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models-dir", required=True, type=Path)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    text = (FIXTURES / "prose.txt").read_text(encoding="utf-8")
+    import llama_cpp
+
+    for key, filename in MODELS.items():
+        path = args.models_dir / filename
+        if not path.exists():
+            print(f"skip {key}: {path} missing", file=sys.stderr)
+            continue
+        from gguf import GGUFReader
+
+        add_bos = bool(GGUFReader(str(path)).fields["tokenizer.ggml.add_bos_token"].contents())
+        out: dict[str, np.ndarray] = {}
+        summary: dict[str, object] = {"model": filename, "llama_cpp_python": llama_cpp.__version__, "top_k": TOP_K,
+                                      "add_bos": add_bos}
+        for tag, ctype in (("f16", GGML_TYPE_F16), ("f32", GGML_TYPE_F32)):
+            ids, logits = run(path, text, add_bos, ctype, args.threads)
+            logp = log_softmax(logits)
+            top = np.argsort(-logp, axis=-1, kind="stable")[:, :TOP_K]
+            out[f"{tag}_top_ids"] = top.astype(np.int32)
+            out[f"{tag}_top_logp"] = np.take_along_axis(logp, top, axis=-1).astype(np.float32)
+            nll = -logp[np.arange(len(ids) - 1), np.asarray(ids[1:])]
+            summary[f"{tag}_ppl"] = math.exp(float(nll.mean()))
+            out["ids"] = np.asarray(ids, dtype=np.int32)
+        summary["n_tokens"] = int(out["ids"].size)
+        np.savez_compressed(FIXTURES / f"golden_{key}.npz", **out)
+        (FIXTURES / f"golden_{key}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(key, json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
