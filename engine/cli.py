@@ -280,11 +280,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
+    # the engine never imports the app: the desktop front end registers itself as an entry point
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    found = [ep for ep in entry_points(group="gguf_lens.frontends") if ep.name == "gui"]
+    if not found:
+        raise SettingError("the desktop app is not installed (run ./dev setup)")
     try:
-        from app.__main__ import main as app_main  # noqa: PLC0415
+        app_main = found[0].load()
     except ImportError as exc:
         raise SettingError(f"the desktop app cannot start: {exc}") from None
-    return app_main([args.model] if args.model else [])
+    return int(app_main([args.model] if args.model else []) or 0)
 
 
 def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:

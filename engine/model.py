@@ -15,7 +15,7 @@ from engine.cache import KVCache
 from engine.chat import ChatTemplate
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile, open_gguf
-from engine.models import model_class
+from engine.models.registry import model_class
 from engine.models.base import BaseArgs
 from engine.models.decoder import DecoderModel, Weights
 from engine.observe import Recorder
@@ -59,8 +59,9 @@ class Model:
     def metadata(self) -> dict[str, Any]:
         return self.gguf.metadata
 
-    def new_cache(self, n_ctx: int | None = None) -> KVCache:
-        return self.net.new_cache(n_ctx)
+    def new_cache(self, n_ctx: int | None = None, cache_type: str = "F32") -> KVCache:
+        """An empty KV cache (F32, F16, Q8_0 or Q4_0 rows) for up to n_ctx positions."""
+        return self.net.new_cache(n_ctx, cache_type)
 
     def forward(
         self, tokens: Any, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False

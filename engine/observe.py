@@ -70,7 +70,7 @@ class Recorder:
         pos = np.arange(n)[rows] if rows is not None else np.arange(n)
         pos = np.atleast_1d(pos)
         q = q_all[head, pos]  # (R, d)
-        k = cache.k[layer][head // spec.group, :n].astype(np.float32)  # (N, d)
+        k = cache.keys(layer, n)[head // spec.group]  # (N, d)
         scores = (q @ k.T) * np.float32(spec.scale)
         mask = causal_mask(pos.astype(np.int64), n, spec.window)
         return softmax(np.where(mask, scores, np.float32(-np.inf))).astype(np.float32)

@@ -109,3 +109,77 @@ def make_tiny_llama(
     ts = [t for t in ts if t[0] not in drop_tensors]
     write_gguf(path, md, ts)
     return path
+
+
+def make_tiny_gemma3(
+    path: Path,
+    *,
+    n_layers: int = 6,
+    dim: int = 32,
+    n_heads: int = 2,
+    n_kv_heads: int = 1,
+    head_dim: int = 16,
+    hidden: int = 64,
+    n_ctx: int = 1024,
+    window: int = 16,
+    seed: int = 0,
+) -> Path:
+    """Write a random gemma3-architecture model (local and global layers) with the tiny BPE vocabulary."""
+    rng = np.random.default_rng(seed)
+    tokens, types, merges = tiny_vocab()
+    n_vocab = len(tokens)
+    md: dict[str, Any] = {
+        "general.architecture": "gemma3",
+        "general.name": "tiny-gemma3",
+        "gemma3.block_count": n_layers,
+        "gemma3.context_length": n_ctx,
+        "gemma3.embedding_length": dim,
+        "gemma3.feed_forward_length": hidden,
+        "gemma3.attention.head_count": n_heads,
+        "gemma3.attention.head_count_kv": n_kv_heads,
+        "gemma3.attention.key_length": head_dim,
+        "gemma3.attention.value_length": head_dim,
+        "gemma3.rope.freq_base": 1_000_000.0,
+        "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma3.attention.sliding_window": window,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+
+    def mat(n_in: int, n_out: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    f32 = GGMLType.F32
+    ts: list[tuple[str, GGMLType, tuple[int, ...], np.ndarray]] = [
+        ("token_embd.weight", f32, (dim, n_vocab), (0.2 * rng.standard_normal((n_vocab, dim))).astype(np.float32)),
+        ("output_norm.weight", f32, (dim,), norm(dim)),
+    ]
+    qd, kvd = n_heads * head_dim, n_kv_heads * head_dim
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        ts += [
+            (b + "attn_norm.weight", f32, (dim,), norm(dim)),
+            (b + "attn_q.weight", f32, (dim, qd), mat(dim, qd)),
+            (b + "attn_k.weight", f32, (dim, kvd), mat(dim, kvd)),
+            (b + "attn_v.weight", f32, (dim, kvd), mat(dim, kvd)),
+            (b + "attn_q_norm.weight", f32, (head_dim,), norm(head_dim)),
+            (b + "attn_k_norm.weight", f32, (head_dim,), norm(head_dim)),
+            (b + "attn_output.weight", f32, (qd, dim), mat(qd, dim)),
+            (b + "post_attention_norm.weight", f32, (dim,), norm(dim)),
+            (b + "ffn_norm.weight", f32, (dim,), norm(dim)),
+            (b + "ffn_gate.weight", f32, (dim, hidden), mat(dim, hidden)),
+            (b + "ffn_up.weight", f32, (dim, hidden), mat(dim, hidden)),
+            (b + "ffn_down.weight", f32, (hidden, dim), mat(hidden, dim)),
+            (b + "post_ffw_norm.weight", f32, (dim,), norm(dim)),
+        ]
+    write_gguf(path, md, ts)
+    return path

@@ -10,7 +10,8 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
-from engine.models.base import BaseArgs
+from engine.models.attention_tiled import attention_tiled
+from engine.models.base import BaseArgs, attention, causal_mask
 from engine.observe import Recorder
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, Linear, QTensor
@@ -54,12 +55,17 @@ class Weights:
         return [n for n in self.gguf.tensors if n not in self.used]
 
 
+TILED_MIN_KEYS = 1024  # prefill chunks attending to this many keys or more take the tiled path
+
+
 class DecoderModel:
     """A decoder-only transformer. Subclasses set `Args`, build layers in `__init__` and implement `forward`."""
 
     arch_name: ClassVar[str] = ""
     rope_mode: ClassVar[str] = "norm"
     args: BaseArgs
+    attention_path: str = "plain"  # which path the last forward took: 'plain' or 'tiled'
+    tiled_min_keys: int = TILED_MIN_KEYS
 
     def __init__(self, args: BaseArgs, weights: Weights):
         self.args = args
@@ -69,10 +75,10 @@ class DecoderModel:
     def args_from_metadata(cls, metadata: dict[str, Any]) -> BaseArgs:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def new_cache(self, n_ctx: int | None = None, dtype: npt.DTypeLike = np.float32) -> KVCache:
-        """An empty KV cache for up to n_ctx positions (default: the model's trained context)."""
+    def new_cache(self, n_ctx: int | None = None, cache_type: str = "F32") -> KVCache:
+        """An empty KV cache for up to n_ctx positions (default: the model's trained context) of F32/F16/Q8_0/Q4_0 rows."""
         a = self.args
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, dtype)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, cache_type)
 
     def forward(
         self,
@@ -86,6 +92,21 @@ class DecoderModel:
         Writes K/V for the new positions into the cache but does not commit them.
         """
         raise NotImplementedError
+
+    def attend(
+        self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, pos: np.ndarray, scale: float,
+        window: int | None, masks: dict,
+    ) -> np.ndarray:
+        """Attention for one layer: the plain path for short contexts and single tokens, tiled for long prefills."""
+        n_keys = keys.shape[1]
+        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys:
+            self.attention_path = "tiled"
+            return attention_tiled(q, keys, values, pos, scale, window)
+        self.attention_path = "plain"
+        if window not in masks:
+            masks[window] = causal_mask(pos, n_keys, window)
+        out, _ = attention(q, keys, values, masks[window], scale)
+        return out
 
     def linears(self) -> dict[str, Linear]:
         """Every quantized matrix by tensor name (for the Quantization lens and requantizing)."""

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import BaseArgs, MetadataView, attention, causal_mask, rms_norm, silu
+from engine.models.base import BaseArgs, MetadataView, rms_norm, silu
 from engine.models.decoder import DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
@@ -118,7 +118,7 @@ class Llama(DecoderModel):
         cache.reserve(start + t)
         pos = np.arange(start, start + t)
         cos, sin = rope_angles(pos, self.freqs)
-        mask = causal_mask(pos, start + t)
+        masks: dict = {}
         if recorder is not None:
             recorder.begin(start, t)
         x = self.tok_embd.rows(ids)  # (T, dim)
@@ -132,7 +132,7 @@ class Llama(DecoderModel):
             keys, values = cache.write(i, start, k, v)
             if recorder is not None:
                 recorder.record_q(i, start, q, self.spec)
-            o, _ = attention(q, keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False), mask, self.spec.scale)
+            o = self.attend(q, keys, values, pos, self.spec.scale, None, masks)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
             h = rms_norm(x, layer.ffn_norm, a.norm_eps)
             x = x + layer.w_down(silu(layer.w_gate(h)) * layer.w_up(h))

@@ -1,6 +1,8 @@
 """Architecture registry: `general.architecture` -> the class that runs it. Adding one is one new file."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Callable
 
 from engine.errors import ModelFormatError
@@ -24,10 +26,21 @@ def register(name: str) -> Callable[[type[DecoderModel]], type[DecoderModel]]:
 
 def model_class(arch: str) -> type[DecoderModel]:
     """The class for `general.architecture`; ModelFormatError naming the supported ones otherwise."""
-    import engine.models  # noqa: F401,PLC0415 - registers every architecture
-
+    _discover()
     try:
         return ARCHITECTURES[arch]
     except KeyError:
         known = ", ".join(sorted(ARCHITECTURES))
         raise ModelFormatError("general.architecture", f"is not supported (supported: {known})", arch) from None
+
+
+_SHARED = {"base", "decoder", "registry", "rope"}
+
+
+def _discover() -> None:
+    """Import every architecture module in this package once (each registers itself)."""
+    import engine.models as pkg  # noqa: PLC0415
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in _SHARED:
+            importlib.import_module(f"engine.models.{info.name}")

@@ -1,0 +1,172 @@
+"""The gemma3 architecture: scaled embeddings, Q/K norms, GELU-gated FFN, post-norms, local/global attention."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.models.base import BaseArgs, MetadataView, gelu_tanh, rms_norm
+from engine.models.decoder import DecoderModel, Weights
+from engine.models.registry import register
+from engine.models.rope import apply_rope, rope_angles, rope_freqs
+from engine.observe import LayerAttentionSpec, Recorder
+from engine.tensor import Linear
+
+SWA_PATTERN = 6  # every 6th layer is global, the other five use the sliding window (as llama.cpp's set_swa_pattern(6))
+ROPE_BASE_LOCAL = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 when the file does not say
+
+
+@dataclass
+class Gemma3Args(BaseArgs):
+    """Gemma 3 hyper-parameters from `gemma3.*` metadata."""
+
+    sliding_window: int | None = None  # attention.sliding_window; None = every layer global
+    rope_base_local: float = ROPE_BASE_LOCAL
+    attn_scale: float = 0.0  # query scale, 1/sqrt(key_length)
+
+    def is_local(self, layer: int) -> bool:
+        return self.sliding_window is not None and layer % SWA_PATTERN < SWA_PATTERN - 1
+
+    @classmethod
+    def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "gemma3") -> Gemma3Args:
+        m = MetadataView(md, arch)
+        n_heads = m.int("attention.head_count")
+        dim = m.int("embedding_length")
+        head_dim = m.int("attention.key_length", dim // max(1, n_heads))
+        window = m.optional_int("attention.sliding_window")
+        args = cls(
+            arch=arch,
+            dim=dim,
+            hidden_dim=m.int("feed_forward_length"),
+            n_layers=m.int("block_count"),
+            n_heads=n_heads,
+            n_kv_heads=m.int("attention.head_count_kv", n_heads),
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            n_ctx=m.int("context_length"),
+            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
+            rope_base=m.float("rope.freq_base", 1_000_000.0),
+            rope_dim=m.int("rope.dimension_count", head_dim),
+            sliding_window=window if window and window > 0 else None,
+            rope_base_local=m.float("rope.freq_base_swa", ROPE_BASE_LOCAL),
+            attn_scale=1.0 / math.sqrt(head_dim),
+        )
+        args.check()
+        return args
+
+
+@dataclass
+class Gemma3Layer:
+    attn_norm: npt.NDArray[np.float32]
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
+    q_norm: npt.NDArray[np.float32]
+    k_norm: npt.NDArray[np.float32]
+    post_attn_norm: npt.NDArray[np.float32]
+    ffn_norm: npt.NDArray[np.float32]
+    w_gate: Linear
+    w_up: Linear
+    w_down: Linear
+    post_ffn_norm: npt.NDArray[np.float32]
+
+
+@register("gemma3")
+class Gemma3(DecoderModel):
+    """Gemma 3 as llama.cpp's build_gemma3 (iswa) runs it; norm weights in the GGUF already include Gemma's +1."""
+
+    rope_mode = "neox"
+
+    @classmethod
+    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> Gemma3Args:
+        return Gemma3Args.from_metadata(md, n_vocab, cls.arch_name)
+
+    def __init__(self, args: Gemma3Args, w: Weights):
+        super().__init__(args, w)
+        a = args
+        d, q_dim, kv_dim = a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
+        self.layers = [
+            Gemma3Layer(
+                attn_norm=w.vector(f"blk.{i}.attn_norm.weight", a.dim),
+                wq=w.linear(f"blk.{i}.attn_q.weight", a.dim, q_dim),
+                wk=w.linear(f"blk.{i}.attn_k.weight", a.dim, kv_dim),
+                wv=w.linear(f"blk.{i}.attn_v.weight", a.dim, kv_dim),
+                wo=w.linear(f"blk.{i}.attn_output.weight", q_dim, a.dim),
+                q_norm=w.vector(f"blk.{i}.attn_q_norm.weight", d),
+                k_norm=w.vector(f"blk.{i}.attn_k_norm.weight", d),
+                post_attn_norm=w.vector(f"blk.{i}.post_attention_norm.weight", a.dim),
+                ffn_norm=w.vector(f"blk.{i}.ffn_norm.weight", a.dim),
+                w_gate=w.linear(f"blk.{i}.ffn_gate.weight", a.dim, a.hidden_dim),
+                w_up=w.linear(f"blk.{i}.ffn_up.weight", a.dim, a.hidden_dim),
+                w_down=w.linear(f"blk.{i}.ffn_down.weight", a.hidden_dim, a.dim),
+                post_ffn_norm=w.vector(f"blk.{i}.post_ffw_norm.weight", a.dim),
+            )
+            for i in range(a.n_layers)
+        ]
+        self.out_norm = w.vector("output_norm.weight", a.dim)
+        name = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        self.output = w.linear(name, a.dim, a.n_vocab)
+        self.freqs_global = rope_freqs(a.rope_dim, a.rope_base)
+        self.freqs_local = rope_freqs(a.rope_dim, a.rope_base_local)
+        group = a.n_heads // a.n_kv_heads
+        # the query is scaled before attention (ggml_scale by f_attention_scale), so the kq scale is 1
+        self.specs = [
+            LayerAttentionSpec(a.attn_scale, a.sliding_window if a.is_local(i) else None, group,
+                               a.rope_base_local if a.is_local(i) else a.rope_base)
+            for i in range(a.n_layers)
+        ]
+
+    def linears(self) -> dict[str, Linear]:
+        out: dict[str, Linear] = {}
+        for layer in self.layers:
+            for lin in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down):
+                out[lin.weight.name] = lin
+        out[self.output.weight.name] = self.output
+        return out
+
+    def forward(
+        self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False
+    ) -> npt.NDArray[np.float32]:
+        a: Gemma3Args = self.args  # type: ignore[assignment]
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self.check_tokens(ids)
+        t, start = ids.size, cache.length
+        cache.reserve(start + t)
+        pos = np.arange(start, start + t)
+        rope = {
+            "global": rope_angles(pos, self.freqs_global),
+            "local": rope_angles(pos, self.freqs_local),
+        }
+        masks: dict = {}
+        if recorder is not None:
+            recorder.begin(start, t)
+        x = self.tok_embd.rows(ids) * np.float32(math.sqrt(a.dim))  # (T, dim)
+        for i, layer in enumerate(self.layers):
+            spec = self.specs[i]
+            cos, sin = rope["local" if a.is_local(i) else "global"]
+            h = rms_norm(x, layer.attn_norm, a.norm_eps)
+            q = layer.wq(h).reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
+            k = layer.wk(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            v = layer.wv(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            q = apply_rope(rms_norm(q, layer.q_norm, a.norm_eps), cos, sin, self.rope_mode)
+            k = apply_rope(rms_norm(k, layer.k_norm, a.norm_eps), cos, sin, self.rope_mode)
+            keys, values = cache.write(i, start, k, v)
+            if recorder is not None:
+                recorder.record_q(i, start, q, spec)
+            # the query is scaled first (ggml_scale by f_attention_scale), then attention runs with scale 1
+            o = self.attend(q * np.float32(spec.scale), keys, values, pos, 1.0, spec.window, masks)
+            o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
+            x = x + rms_norm(o, layer.post_attn_norm, a.norm_eps)
+            h = rms_norm(x, layer.ffn_norm, a.norm_eps)
+            f = layer.w_down(gelu_tanh(layer.w_gate(h)) * layer.w_up(h))
+            x = x + rms_norm(f, layer.post_ffn_norm, a.norm_eps)
+            if recorder is not None:
+                recorder.record_hidden(i, start, x)
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, a.norm_eps)
+        return self.output(x)

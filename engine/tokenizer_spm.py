@@ -1,0 +1,82 @@
+"""SentencePiece-style BPE (tokenizer.ggml.model = 'llama'): merges by token score with byte fallback."""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+
+SPACE = "\u2581"  # '▁', SentencePiece's escaped space
+
+
+def merge_by_score(text: str, token_to_id: Mapping[str, int], scores: Sequence[float]) -> list[str]:
+    """Merge adjacent pieces whose union is a token, highest score first, leftmost on ties (llm_tokenizer_spm)."""
+    n = len(text)
+    if n < 2:
+        return list(text)
+    sym = list(text)  # one piece per code point, as llama.cpp's split into UTF-8 characters
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    heap: list[tuple[float, int, int, str]] = []
+
+    def push(left: int, right: int) -> None:
+        merged = sym[left] + sym[right]
+        tid = token_to_id.get(merged)
+        if tid is not None:
+            heapq.heappush(heap, (-scores[tid], left, right, merged))
+
+    for i in range(n - 1):
+        push(i, i + 1)
+    while heap:
+        _, left, right, merged = heapq.heappop(heap)
+        lt, rt = sym[left], sym[right]
+        if not lt or not rt or lt + rt != merged:
+            continue  # one side was merged since this pair was queued
+        sym[left] = merged
+        sym[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        if prv[left] >= 0:
+            push(prv[left], left)
+        if nxt[left] >= 0:
+            push(left, nxt[left])
+    return [s for s in sym if s]
+
+
+class SpmModel:
+    """Encodes raw text fragments the way llama.cpp's SPM tokenizer does; decodes normal tokens to bytes."""
+
+    def __init__(
+        self,
+        token_to_id: Mapping[str, int],
+        scores: Sequence[float],
+        byte_ids: Sequence[int | None],
+        unk_id: int | None,
+    ):
+        self.token_to_id = token_to_id
+        self.scores = scores
+        self.byte_ids = byte_ids  # byte value -> id of '<0xXX>' (or of the 1-character token), None if absent
+        self.unk_id = unk_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one raw-text fragment whose spaces are already escaped to '▁'."""
+        out: list[int] = []
+        vocab = self.token_to_id
+        for piece in merge_by_score(text, vocab, self.scores):
+            tid = vocab.get(piece)
+            if tid is not None:
+                out.append(tid)
+                continue
+            # byte fallback: one <0xXX> token per UTF-8 byte (llama.cpp throws when one is missing; we use unk)
+            for b in piece.encode("utf-8"):
+                bid = self.byte_ids[b]
+                if bid is None:
+                    bid = self.unk_id
+                if bid is not None:
+                    out.append(bid)
+        return out
+
+    @staticmethod
+    def normal_piece(text: str) -> bytes:
+        """Bytes of a normal token: '▁' back to a space (llama_unescape_whitespace)."""
+        return text.replace(SPACE, " ").encode("utf-8")

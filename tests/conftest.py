@@ -1,0 +1,54 @@
+"""Shared fixtures: where the real test models live (skipped cleanly when they are absent)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def _model_dirs() -> list[Path]:
+    """Folders searched for model files: $GGUF_LENS_MODELS_DIR, /work/models, the app's user cache."""
+    dirs = []
+    if env := os.environ.get("GGUF_LENS_MODELS_DIR"):
+        dirs.append(Path(env))
+    dirs.append(Path("/work/models"))
+    try:
+        import platformdirs
+
+        cache = Path(platformdirs.user_cache_dir("gguf-lens"))
+        dirs.append(cache / "models")  # as engine.catalog.models_dir()
+    except ImportError:
+        pass
+    return dirs
+
+
+def model_path(name: str) -> Path | None:
+    """The first existing file called `name` in the model folders, or None."""
+    for folder in _model_dirs():
+        candidate = folder / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _require(name: str) -> Path:
+    path = model_path(name)
+    if path is None:
+        pytest.skip(f"model {name} not found (set GGUF_LENS_MODELS_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama architecture, BPE vocab)."""
+    return _require(SMOLLM2_FILE)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m Q4_K_M (gemma3 architecture, 262k-token SPM vocab)."""
+    return _require(GEMMA3_FILE)

@@ -1,0 +1,93 @@
+"""The gguf-lens command: JSON contracts and one-line errors with exit status 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tiny_models import make_tiny_llama
+
+
+def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, input=input,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("cli") / "tiny.gguf")
+
+
+def ok_json(*args: str) -> dict | list:
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_inspect_json(tiny: Path) -> None:
+    out = ok_json("inspect", str(tiny), "--json")
+    assert out["metadata"]["general.architecture"] == "llama"
+    names = {t["name"] for t in out["tensors"]}
+    assert "blk.0.attn_q.weight" in names
+    t = next(t for t in out["tensors"] if t["name"] == "blk.0.attn_q.weight")
+    assert t["type"] == "F32" and t["shape"] == [64, 64] and t["bytes"] == 64 * 64 * 4 and t["bpw"] == 32.0
+
+
+def test_tokenize_flags(tiny: Path) -> None:
+    plain = ok_json("tokenize", str(tiny), "--text", "the cat<|im_end|>")
+    assert plain[-1] == 2  # <|im_end|> parsed as a special token
+    nospecial = ok_json("tokenize", str(tiny), "--text", "the cat<|im_end|>", "--no-special")
+    assert 2 not in nospecial and len(nospecial) > len(plain)
+    bos = ok_json("tokenize", str(tiny), "--text", "the", "--bos")
+    assert bos[0] == 0 and bos[1:] == ok_json("tokenize", str(tiny), "--text", "the")
+
+
+def test_logits_from_tokens_file(tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text("[5, 6, 7, 8]")
+    r = cli("logits", str(tiny), "--tokens-file", str(tmp_path / "t.json"), "--out", str(tmp_path / "o.npy"))
+    assert r.returncode == 0, r.stderr
+    a = np.load(tmp_path / "o.npy")
+    assert a.shape == (4, 269) and a.dtype == np.float32 and np.isfinite(a).all()
+
+
+def test_generate_and_perplexity_json(tiny: Path, tmp_path: Path) -> None:
+    g = ok_json("generate", str(tiny), "--prompt", "the", "-n", "5", "--json")
+    assert set(g) >= {"text", "tokens", "prompt_tok_s", "gen_tok_s"} and g["tokens"] == 5
+    (tmp_path / "p.txt").write_text("the cat sat on the mat and then the dog sat on the cat")
+    p = ok_json("perplexity", str(tiny), "--text-file", str(tmp_path / "p.txt"), "--json")
+    assert set(p) == {"ppl", "tokens"} and p["ppl"] > 1.0 and p["tokens"] > 5
+
+
+def test_bench_json(tiny: Path) -> None:
+    b = ok_json("bench", str(tiny), "-p", "16", "-n", "4", "-r", "1", "--json")
+    assert set(b) >= {"prompt_tok_s", "gen_tok_s", "load_s", "peak_rss_mb", "backend"} and b["backend"] == "numpy"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "/nonexistent/model.gguf"],
+        ["inspect", "not-a-catalog-name"],
+        ["generate", "TINY", "--prompt", "x", "--temp", "-3"],
+        ["generate", "TINY", "--prompt", "x", "--top-p", "7"],
+        ["tokenize", "TINY"],
+        ["bench", "TINY", "-p", "0"],
+        ["logits", "TINY", "--tokens-file", "/nonexistent.json", "--out", "/tmp/x.npy"],
+        ["perplexity", "TINY", "--text-file", "/nonexistent.txt"],
+        ["nosuchcommand"],
+        ["inspect", "BADFILE"],
+        ["generate", "TINY", "--prompt", "x", "-n", "notanumber"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 16)
+    args = [str(tiny) if a == "TINY" else str(bad) if a == "BADFILE" else a for a in args]
+    r = cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
