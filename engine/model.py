@@ -120,11 +120,7 @@ def load_model(
         chat = ChatTemplate.from_metadata(gguf.metadata, arch, tokenizer)
         model = Model(Path(path), gguf, net, tokenizer, chat, get_backend(backend), budget, warnings)
         if warm:
-            linears = list(net.linears().values())
-            for i, lin in enumerate(linears):
-                lin.dense()
-                if i % 8 == 0:
-                    say("dequantizing weights", 0.1 + 0.9 * i / max(1, len(linears)))
+            net.warm(lambda frac: say("dequantizing weights", 0.1 + 0.9 * frac))
         say("ready", 1.0)
         for w in warnings:
             log.warning(w)

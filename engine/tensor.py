@@ -109,3 +109,51 @@ class Linear:
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         # x: (T, n_in) -> (T, n_out)
         return x @ self.dense().T
+
+
+class FusedLinear:
+    """Several Linears that read the same input (q/k/v, gate/up) multiplied as one matrix.
+
+    One BLAS call instead of several matters for single-token decode, where each call is short. The parts
+    keep their identity (the Quantization lens and requantizing address them by tensor name): their float32
+    copies become row-views into one stacked array, rebuilt when any part was replaced.
+    """
+
+    def __init__(self, parts: list[Linear]):
+        self.parts = parts
+        self._stacked: np.ndarray | None = None
+        self._views: list[np.ndarray] = []
+        self.splits = np.cumsum([p.n_out for p in parts])[:-1].tolist()
+
+    def _fresh(self) -> bool:
+        return self._stacked is not None and all(p._dense is v for p, v in zip(self.parts, self._views))
+
+    def _build(self) -> np.ndarray | None:
+        budget = self.parts[0].budget
+        for p in self.parts:
+            p.drop_cache()
+        n_in = self.parts[0].n_in
+        n_out = sum(p.n_out for p in self.parts)
+        if not budget.take(n_out * n_in * 4):
+            return None
+        stacked = np.empty((n_out, n_in), np.float32)
+        self._views = []
+        row = 0
+        for p in self.parts:
+            view = stacked[row : row + p.n_out]
+            view[:] = p.weight.dequantize()
+            p._dense = view
+            self._views.append(view)
+            row += p.n_out
+        # the parts' views are accounted for once, here; drop_cache on a part gives back its share
+        self._stacked = stacked
+        return stacked
+
+    def __call__(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
+        """[x @ W_i^T for each part], computed with one matrix product when the cache allows."""
+        if not self._fresh():
+            self._stacked = None
+            if self._build() is None:
+                return [p(x) for p in self.parts]
+        y = x @ self._stacked.T  # (T, sum n_out)
+        return np.split(y, self.splits, axis=-1)

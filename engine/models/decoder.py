@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +14,7 @@ from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, attention, causal_mask
 from engine.observe import Recorder
 from engine.quant.types import GGMLType
-from engine.tensor import DenseBudget, Linear, QTensor
+from engine.tensor import DenseBudget, FusedLinear, Linear, QTensor
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,21 @@ class DecoderModel:
     def linears(self) -> dict[str, Linear]:
         """Every quantized matrix by tensor name (for the Quantization lens and requantizing)."""
         return {}
+
+    def warm(self, progress: Callable[[float], None] | None = None) -> None:
+        """Build the float32 weight copies now (stacked for fused matrices) instead of on the first token."""
+        fused = [f for layer in getattr(self, "layers", []) for f in vars(layer).values() if isinstance(f, FusedLinear)]
+        linears = list(self.linears().values())
+        total = max(1, len(fused) + len(linears))
+        for i, f in enumerate(fused):
+            if not f._fresh():
+                f._build()
+            if progress is not None and i % 8 == 0:
+                progress(i / total)
+        for j, lin in enumerate(linears):
+            lin.dense()
+            if progress is not None and j % 8 == 0:
+                progress((len(fused) + j) / total)
 
     def weight_bytes(self) -> int:
         return sum(info.nbytes for info in self.weights.gguf.tensors.values())

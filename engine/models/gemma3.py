@@ -14,7 +14,7 @@ from engine.models.decoder import DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
 from engine.observe import LayerAttentionSpec, Recorder
-from engine.tensor import Linear
+from engine.tensor import FusedLinear, Linear
 
 SWA_PATTERN = 6  # every 6th layer is global, the other five use the sliding window (as llama.cpp's set_swa_pattern(6))
 ROPE_BASE_LOCAL = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 when the file does not say
@@ -73,6 +73,10 @@ class Gemma3Layer:
     w_gate: Linear
     w_up: Linear
     w_down: Linear
+
+    def __post_init__(self) -> None:
+        self.qkv = FusedLinear([self.wq, self.wk, self.wv])
+        self.gate_up = FusedLinear([self.w_gate, self.w_up])
     post_ffn_norm: npt.NDArray[np.float32]
 
 
@@ -151,9 +155,10 @@ class Gemma3(DecoderModel):
             spec = self.specs[i]
             cos, sin = rope["local" if a.is_local(i) else "global"]
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
-            q = layer.wq(h).reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
-            k = layer.wk(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            v = layer.wv(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            q, k, v = layer.qkv(h)
+            q = q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
+            k = k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
             q = apply_rope(rms_norm(q, layer.q_norm, a.norm_eps), cos, sin, self.rope_mode)
             k = apply_rope(rms_norm(k, layer.k_norm, a.norm_eps), cos, sin, self.rope_mode)
             keys, values = cache.write(i, start, k, v)
@@ -164,7 +169,8 @@ class Gemma3(DecoderModel):
             o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
             x = x + rms_norm(o, layer.post_attn_norm, a.norm_eps)
             h = rms_norm(x, layer.ffn_norm, a.norm_eps)
-            f = layer.w_down(gelu_tanh(layer.w_gate(h)) * layer.w_up(h))
+            gate, up = layer.gate_up(h)
+            f = layer.w_down(gelu_tanh(gate) * up)
             x = x + rms_norm(f, layer.post_ffn_norm, a.norm_eps)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)

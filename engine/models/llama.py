@@ -14,7 +14,7 @@ from engine.models.decoder import DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
 from engine.observe import LayerAttentionSpec, Recorder
-from engine.tensor import Linear
+from engine.tensor import FusedLinear, Linear
 
 
 @dataclass
@@ -62,6 +62,10 @@ class LlamaLayer:
     w_gate: Linear
     w_up: Linear
     w_down: Linear
+
+    def __post_init__(self) -> None:
+        self.qkv = FusedLinear([self.wq, self.wk, self.wv])
+        self.gate_up = FusedLinear([self.w_gate, self.w_up])
 
 
 @register("llama")
@@ -124,9 +128,10 @@ class Llama(DecoderModel):
         x = self.tok_embd.rows(ids)  # (T, dim)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
-            q = layer.wq(h).reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
-            k = layer.wk(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            v = layer.wv(h).reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            q, k, v = layer.qkv(h)
+            q = q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
+            k = k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+            v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
             q = apply_rope(q, cos, sin, self.rope_mode)
             k = apply_rope(k, cos, sin, self.rope_mode)
             keys, values = cache.write(i, start, k, v)
@@ -135,7 +140,8 @@ class Llama(DecoderModel):
             o = self.attend(q, keys, values, pos, self.spec.scale, None, masks)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
             h = rms_norm(x, layer.ffn_norm, a.norm_eps)
-            x = x + layer.w_down(silu(layer.w_gate(h)) * layer.w_up(h))
+            gate, up = layer.gate_up(h)
+            x = x + layer.w_down(silu(gate) * up)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         x = rms_norm(x if all_logits else x[-1:], self.out_norm, a.norm_eps)
