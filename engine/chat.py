@@ -1,6 +1,7 @@
 """Chat templates from tokenizer.chat_template, rendered in a Jinja sandbox with time, size and depth caps."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -9,17 +10,17 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MappingView, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from jinja2 import nodes, pass_eval_context
+from jinja2 import Undefined, nodes, pass_eval_context
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from jinja2.filters import do_batch, do_format, do_indent, do_replace, do_wordwrap, make_attrgetter, sync_do_slice
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import generate_lorem_ipsum
+from jinja2.utils import Namespace, _PassArg, generate_lorem_ipsum
 
 if TYPE_CHECKING:
     from engine.tokenizer import Tokenizer
@@ -33,6 +34,7 @@ MAX_ITEMS = 100_000  # longest range() or list a template may build
 MAX_CALL_DEPTH = 64  # nested calls (macros, loop(), functions) a template may make
 MAX_INT_BITS = 8192  # largest integer a template may compute
 MAX_WIDTH = 10_000  # widths and precisions in format specs, center(), indent()
+MAX_NESTING = 100  # brackets plus blocks nested deeper than this are refused before jinja parses them
 
 CHATML_SOURCE = (
     "{% for message in messages %}"
@@ -54,6 +56,8 @@ GEMMA_SOURCE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
 _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d*)(?:\.(\*|\d*))?")
+_BLOCK_TAG = re.compile(r"\{%[-+]?\s*(end)?(?:if|for|macro|call|filter|with|block)\b")
+_DELIMITER = re.compile(r"\{[{%#][-+]?|[-+]?[}%#]\}")
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding"})
 
 
@@ -107,8 +111,8 @@ def render_gemma(messages: Sequence[Mapping[str, Any]], add_generation_prompt: b
     out = []
     for i, m in enumerate(turns):
         role = "model" if m["role"] == "assistant" else m["role"]
-        body = (prefix if i == 0 else "") + m["content"]
-        out.append(f"<start_of_turn>{role}\n{body.strip()}<end_of_turn>\n")
+        body = (prefix if i == 0 else "") + m["content"].strip()
+        out.append(f"<start_of_turn>{role}\n{body}<end_of_turn>\n")
     if add_generation_prompt:
         out.append("<start_of_turn>model\n")
     return "".join(out)
@@ -127,8 +131,19 @@ def builtin_for(arch: str) -> tuple[str, _Builtin]:
 # -- the capped sandbox ---------------------------------------------------------------------------
 
 
-class _CheckedConcat(CodeGenerator):
-    """Compiles `a ~ b` to a size-checked join (jinja2 cannot intercept `~` otherwise)."""
+class _CountingCodeGenerator(CodeGenerator):
+    """Routes every output chunk (also into macro and {% set %} buffers) and every `a ~ b` through size checks."""
+
+    def _output_const_repr(self, group: Any) -> str:
+        return f"environment.emit({super()._output_const_repr(group)})"
+
+    def _output_child_pre(self, node: nodes.Expr, frame: Frame, finalize: Any) -> None:
+        self.write("environment.emit(")
+        super()._output_child_pre(node, frame, finalize)
+
+    def _output_child_post(self, node: nodes.Expr, frame: Frame, finalize: Any) -> None:
+        super()._output_child_post(node, frame, finalize)
+        self.write(")")
 
     @optimizeconst
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
@@ -161,46 +176,136 @@ def _check_width(width: Any, what: str) -> None:
 
 
 def _check_printf(fmt: str) -> None:
-    """Reject %-format specs with '*' widths or widths/precisions above MAX_WIDTH."""
+    """Reject %-format specs with '*' widths, or widths/precisions above MAX_WIDTH (each, and all together)."""
+    total = 0
     for m in _PRINTF_SPEC.finditer(fmt):
         for number in m.groups():
             if number == "*":
                 raise LimitExceeded("'*' width in a % format")
             if number:
-                _check_width(int(number), "% format")
+                total += int(number)
+                _check_width(total, "% format")
+
+
+def _check_nesting(source: str) -> None:
+    """Reject templates nested deeper than MAX_NESTING (blocks plus brackets) before jinja recurses into them."""
+    depth = blocks = 0
+    for m in _BLOCK_TAG.finditer(source):
+        depth = max(depth - 1, 0) if m.group(1) else depth + 1
+        blocks = max(blocks, depth)
+    depth = brackets = 0
+    for c in _DELIMITER.sub("", source):
+        if c in "([{":
+            depth += 1
+            brackets = max(brackets, depth)
+        elif c in ")]}":
+            depth = max(depth - 1, 0)
+    if blocks + brackets > MAX_NESTING:
+        raise LimitExceeded(f"template nested {blocks + brackets} deep (more than {MAX_NESTING})")
 
 
 def _check_format_spec(fmt: str) -> None:
     """Reject str.format specs with nested fields or widths above MAX_WIDTH."""
+    total = 0
     for _, field, spec, _ in string.Formatter().parse(fmt):
         if field is not None and spec:
             if "{" in spec:
                 raise LimitExceeded("nested field in a format spec")
             for number in "".join(c if c.isdigit() else " " for c in spec).split():
-                _check_width(int(number), "format spec")
+                total += int(number)
+                _check_width(total, "format spec")
 
 
 class _CappedEnvironment(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment whose operators, calls and filters check a deadline and size caps."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
-    code_generator_class = _CheckedConcat
+    code_generator_class = _CountingCodeGenerator
 
     def __init__(self) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
+                         finalize=self._finalize)
         self.deadline = float("inf")
         self.output_limit = OUTPUT_LIMIT
         self.depth = 0
+        self.emitted = 0
+        self._weights: dict[int, tuple[Any, int]] = {}
         self.globals.update(range=self._range, lipsum=_lipsum, raise_exception=_raise_exception,
                             strftime_now=_strftime_now)
         self.filters.update(center=self._center, indent=self._indent, wordwrap=self._wordwrap, format=self._format,
                             replace=self._replace, join=self._join, batch=self._batch, slice=self._slice,
                             tojson=self._tojson)
+        self.filters = {name: self._checked_filter(f) for name, f in self.filters.items()}
+
+    def start(self, time_limit_s: float, output_limit: int) -> None:
+        """Reset the budgets for one render."""
+        self.deadline = time.monotonic() + time_limit_s
+        self.output_limit = output_limit
+        self.depth = 0
+        self.emitted = 0
+        self._weights.clear()
 
     def tick(self) -> None:
         """Raise LimitExceeded once the deadline has passed."""
         if time.monotonic() > self.deadline:
             raise LimitExceeded("time")
+
+    def weight(self, value: Any, depth: int = 0) -> int:
+        """About how many characters str(value) would take; raises LimitExceeded past the output limit."""
+        if isinstance(value, str):
+            return len(value)
+        if value is None or isinstance(value, (bool, float, range)):
+            return 24
+        if isinstance(value, int):
+            return value.bit_length() // 3 + 2
+        if isinstance(value, Namespace):
+            value = value._Namespace__attrs  # type: ignore[attr-defined]
+        if not isinstance(value, (Mapping, list, tuple, set, frozenset, MappingView)):
+            return 64  # functions, macros, loop objects, Undefined: short reprs
+        hit = self._weights.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        if depth > 32:
+            raise LimitExceeded("data nested too deeply")
+        total = 2
+        for item in (value.items() if isinstance(value, Mapping) else value):
+            total += self.weight(item, depth + 1) + 2
+            if total > self.output_limit:
+                raise LimitExceeded(f"value larger than {self.output_limit} characters")
+        self._weights[id(value)] = (value, total)
+        return total
+
+    def _finalize(self, value: Any) -> Any:
+        """Applied to every {{ expression }} before str(): refuse unsafe attributes and values too large to print."""
+        if isinstance(value, Undefined) and getattr(value, "_undefined_exception", None) is SecurityError:
+            raise SecurityError(value._undefined_message)  # printing it would silently show ''
+        self.weight(value)
+        return value
+
+    def emit(self, chunk: str) -> str:
+        """Count a chunk of output, wherever it goes; all chunks of one render share 4x the output limit."""
+        self.emitted += len(chunk)
+        if self.emitted > 4 * self.output_limit:
+            raise LimitExceeded(f"template produced more than {4 * self.output_limit} characters")
+        return chunk
+
+    def _checked_filter(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap a filter so its arguments are weighed (and the deadline checked) before it runs."""
+        pass_arg = _PassArg.from_obj(f)
+        skip = 0 if pass_arg is None else 1
+
+        @functools.wraps(f)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            self.tick()
+            for a in args[skip:]:
+                self.weight(a)
+            for a in kwargs.values():
+                self.weight(a)
+            return f(*args, **kwargs)
+
+        if pass_arg is not None:
+            checked.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
+        return checked
 
     def _check_size(self, value: Any) -> None:
         if isinstance(value, str) and len(value) > self.output_limit:
@@ -219,8 +324,9 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
                     limit = self.output_limit if isinstance(seq, str) else MAX_ITEMS
                     if len(seq) * max(n, 0) > limit:
                         raise LimitExceeded(f"repetition of {len(seq)} x {n}")
-            if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                raise LimitExceeded("integer too large")
+            if isinstance(left, int) and isinstance(right, int):
+                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise LimitExceeded("integer too large")
         elif operator == "**":
             if isinstance(left, int) and isinstance(right, int) and right > 0:
                 if max(left.bit_length(), 1) * right > MAX_INT_BITS and abs(left) > 1:
@@ -232,11 +338,14 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
                     raise LimitExceeded(f"concatenation of {len(left) + len(right)}")
         elif operator == "%" and isinstance(left, str):
             _check_printf(left)
+            self.weight(right)
         return super().call_binop(context, operator, left, right)
 
     def checked_concat(self, parts: tuple[Any, ...]) -> str:
         """`a ~ b ~ ...` with a size check on the result."""
         self.tick()
+        for p in parts:
+            self.weight(p)
         strs = [str(p) for p in parts]
         if sum(len(s) for s in strs) > self.output_limit:
             raise LimitExceeded("concatenation too long")
@@ -247,8 +356,14 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's API)
         """Count nesting, check str methods that can allocate a lot, then call as the sandbox does."""
         __self.tick()
+        for a in args:
+            __self.weight(a)
+        for a in kwargs.values():
+            __self.weight(a)
         target = getattr(__obj, "__wrapped__", __obj)
         if isinstance(target, types.BuiltinMethodType) and isinstance(getattr(target, "__self__", None), str):
+            if target.__name__ == "join" and len(args) == 1 and not kwargs:
+                return __self.join_checked(args[0], target.__self__)
             __self._check_str_call(target.__self__, target.__name__, args, kwargs)
         __self.depth += 1
         try:
@@ -268,8 +383,6 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
             raise LimitExceeded("expandtabs too wide")
         elif name == "replace" and len(args) >= 2:
             self._check_replace(s, args[0], args[1])
-        elif name == "join":
-            raise LimitExceeded("str.join is not available in chat templates; use the join filter")
         elif name in ("format", "format_map"):
             _check_format_spec(s)
 
@@ -328,19 +441,21 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
 
     @pass_eval_context
     def _join(self, eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) -> str:
+        if attribute is not None:
+            value = map(make_attrgetter(eval_ctx.environment, attribute), value)
+        return self.join_checked(value, str(d))
+
+    def join_checked(self, value: Any, sep: str) -> str:
+        """sep.join(str(x) for x in value), refused before building anything too large."""
         items = []
+        total = 0
         for item in value:
             self.tick()
             items.append(item)
-            if len(items) > MAX_ITEMS:
-                raise LimitExceeded(f"join of more than {MAX_ITEMS} items")
-        if attribute is not None:
-            items = [make_attrgetter(eval_ctx.environment, attribute)(x) for x in items]
-        strs = [str(x) for x in items]
-        sep = str(d)
-        if sum(len(x) for x in strs) + len(sep) * max(len(strs) - 1, 0) > self.output_limit:
-            raise LimitExceeded("join result too long")
-        return sep.join(strs)
+            total += self.weight(item) + len(sep)
+            if len(items) > MAX_ITEMS or total > self.output_limit:
+                raise LimitExceeded("join result too long")
+        return sep.join(str(x) for x in items)
 
     def _batch(self, value: Any, linecount: int, fill_with: Any = None) -> Any:
         if linecount > MAX_ITEMS:
@@ -356,8 +471,8 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
     def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
                 sort_keys: bool = False) -> str:
         # as Hugging Face's chat-template tojson (no HTML escaping, unicode kept)
-        if indent is not None:
-            _check_width(indent if isinstance(indent, int) else str(indent), "tojson indent")
+        if isinstance(indent, int) and indent > 16 or isinstance(indent, str) and len(indent) > 16:
+            raise LimitExceeded("tojson indent wider than 16")
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
@@ -368,14 +483,15 @@ class _Deadline:
     def __init__(self, env: _CappedEnvironment):
         self.env = env
 
-    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+    def trace(self, frame: Any, event: str, arg: Any) -> Any:
+        """sys.settrace hook: called on every call and line while rendering."""
         if time.monotonic() > self.env.deadline:
             raise LimitExceeded("time")
-        return self._trace
+        return self.trace
 
     def __enter__(self) -> _Deadline:
         self._old = sys.gettrace()
-        sys.settrace(self._trace)
+        sys.settrace(self.trace)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -425,6 +541,8 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> RenderResult:
         """The prompt for messages; the text is meant for encode(add_special=True, parse_special=True)."""
+        if not isinstance(messages, Sequence) or not all(isinstance(m, Mapping) for m in messages):
+            raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
         if self.is_builtin:
             return RenderResult(self._fallback(messages, add_generation_prompt), None, False)
         limit = max(OUTPUT_LIMIT, 4 * sum(len(_content_text(m.get("content"))) for m in messages) + 65536)
@@ -465,32 +583,34 @@ class ChatTemplate:
         if self._env is None:
             self._env = _CappedEnvironment()
         env = self._env
-        env.deadline = time.monotonic() + self.time_limit_s
-        env.output_limit = limit
-        env.depth = 0
-        with _Deadline(env) as guard:
-            if self._compiled is None:
-                try:
-                    self._compiled = env.from_string(self.source)
-                except TemplateSyntaxError as e:
-                    self._compile_error = e
-                    raise
-            env.tick()  # a timeout inside jinja's constant folding may have been swallowed
-            sys.settrace(guard._trace)
-            context = {
-                "messages": [dict(m) for m in messages],
-                "add_generation_prompt": add_generation_prompt,
-                "bos_token": self._bos_token,
-                "eos_token": self._eos_token,
-            }
-            chunks: list[str] = []
-            size = 0
-            for chunk in self._compiled.generate(**context):
-                size += len(chunk)
-                if size > limit:
-                    raise LimitExceeded(f"output longer than {limit} characters")
-                chunks.append(chunk)
-            env.tick()
+        env.start(self.time_limit_s, limit)
+        chunks: list[str] = []
+        output = None
+        try:
+            with _Deadline(env) as guard:
+                if self._compiled is None:
+                    try:
+                        _check_nesting(self.source)
+                        self._compiled = env.from_string(self.source)
+                    except Exception as e:  # a template that fails to compile once always will
+                        self._compile_error = e
+                        raise
+                env.tick()  # a timeout inside jinja's constant folding may have been swallowed
+                sys.settrace(guard.trace)
+                output = self._compiled.generate(
+                    messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                    bos_token=self._bos_token, eos_token=self._eos_token)
+                size = 0
+                for chunk in output:
+                    size += len(chunk)
+                    if size > limit:
+                        raise LimitExceeded(f"output longer than {limit} characters")
+                    chunks.append(chunk)
+                env.tick()
+        finally:
+            if output is not None:
+                output.close()
+            env.start(0.0, OUTPUT_LIMIT)  # drop references to this render's data
         return "".join(chunks)
 
 

@@ -56,6 +56,8 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
               "<｜end▁of▁sentence｜>", "[e~[")
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: USER_DEFINED
+_NUMBER = (int, float, np.integer, np.floating)
+_PREFIX = 8  # special tokens are first looked for by their first _PREFIX characters
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -77,8 +79,8 @@ def _numeric_array(metadata: Mapping[str, Any], key: str, n: int, dtypes: tuple[
     want = f"{dtypes[0]}[{n}]"
     if isinstance(value, (list, tuple)):
         kind = float if dtypes[0].startswith("float") else int
-        if len(value) == n and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            if kind is int and not all(isinstance(v, int) for v in value):
+        if len(value) == n and all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in value):
+            if kind is int and not all(isinstance(v, (int, np.integer)) for v in value):
                 raise ModelFormatError(key, f"must be {want}, got {_describe(value)}")
             return np.asarray(value, dtype=dtypes[0])
         raise ModelFormatError(key, f"must be {want}, got {_describe(value)}")
@@ -126,6 +128,8 @@ class Tokenizer:
         special = [i for i, a in enumerate(attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
         special.sort(key=lambda i: -len(texts[i].encode("utf-8")))
         self._special_order = [(i, texts[i], bool(attrs[i] & (CONTROL | UNKNOWN))) for i in special]
+        # looking for a few distinct prefixes first keeps partitioning fast with thousands of <unusedN> tokens
+        self._special_prefixes = frozenset(texts[i][:_PREFIX] for i in special)
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -245,10 +249,12 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split text around special tokens, longest first (tokenizer_st_partition)."""
-        chars = set(text)
+        present = {p for p in self._special_prefixes if p in text}
+        if not present:
+            return [text]
         frags: list[str | int] = [text]
         for tid, tok, control in self._special_order:
-            if (control and not parse_special) or tok[0] not in chars or tok not in text:
+            if (control and not parse_special) or tok[:_PREFIX] not in present or tok not in text:
                 continue
             new: list[str | int] = []
             for frag in frags:
