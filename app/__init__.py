@@ -1,0 +1,1 @@
+"""GGUF Lens desktop app: a chat beside lenses that show what happens inside the model."""

@@ -1,0 +1,314 @@
+"""MainWindow: docks and wiring only: the chat beside the lens tabs, chat list and sampling docks, status bar."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QCoreApplication, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget
+
+from app.conversation import Conversation
+from app.jobs import Loaded
+from app.lens_bridge import LensBridge
+from app.state import AppState
+from app.store import Settings, Store, export_chat
+from app.views.catalog import CatalogDialog
+from app.views.chat import ChatView
+from app.views.chat_list import ChatList
+from app.views.lenses import LENSES, LensSlot
+from app.views.model_info import ModelLens
+from app.views.sampling import SamplingPanel
+from app.views.status import StatusPanel
+from app.workers import Engine, Saver
+
+log = logging.getLogger(__name__)
+
+TITLE = "GGUF Lens"
+
+
+class MainWindow(QMainWindow):
+    """The app window; owns the state, the engine handle, the saver and the conversation."""
+
+    def __init__(self, model: str | None = None, store: Store | None = None, load: bool = True):
+        super().__init__()
+        self.setWindowTitle(TITLE)
+        self.setAcceptDrops(True)
+        self.store = store or Store()
+        self.state = AppState(self.store.load_settings())
+        self.saver = Saver(self)
+        self.engine = Engine(self.state.settings.context_limit, self)
+        self.conversation = Conversation(self.store, self.engine, self.saver, lambda: self.state.settings, self)
+        self.closed = False
+        self._build()
+        self._wire()
+        self._restore_layout()
+        self.conversation.load(self.state.settings.current_chat)
+        if load:
+            QTimer.singleShot(0, lambda: self.open_model(model or self.initial_model()))
+
+    # -- building
+    def _build(self) -> None:
+        self.chat_view = ChatView()
+        self.lens_tabs = QTabWidget()
+        self.lens_slots = {spec.title: LensSlot(spec) for spec in LENSES}
+        for title, slot in self.lens_slots.items():
+            self.lens_tabs.addTab(slot, title)
+        self.model_lens = ModelLens()
+        self.lens_tabs.addTab(self.model_lens, "Model")
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.setObjectName("mainSplit")
+        split.addWidget(self.chat_view)
+        split.addWidget(self.lens_tabs)
+        split.setStretchFactor(0, 5)
+        split.setStretchFactor(1, 6)
+        self.split = split
+        self.setCentralWidget(split)
+        self.chat_list = ChatList()
+        self.sampling = SamplingPanel(self.state)
+        self.chat_dock = self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.sampling_dock = self._dock("Sampling", self.sampling, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.bridge = LensBridge(self.engine, self.state, self.lens_slots, self)
+        self.bridge.visible = lambda title: self.lens_tabs.currentWidget() is self.lens_slots.get(title)
+        self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
+        self.status = StatusPanel(self.state)
+        self.setStatusBar(self.status)
+        self._menus()
+
+    def _dock(self, title: str, widget: Any, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"dock{title}")
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _action(self, menu: Any, text: str, slot: Any, shortcut: Any = None) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(lambda _checked=False: slot())
+        menu.addAction(action)
+        return action
+
+    def _menus(self) -> None:
+        bar = self.menuBar()
+        f = bar.addMenu("&File")
+        self._action(f, "New chat", self.conversation.new_chat, QKeySequence.StandardKey.New)
+        self._action(f, "Open model…", self.choose_file, QKeySequence.StandardKey.Open)
+        self._action(f, "Model catalog…", self.choose_catalog)
+        f.addSeparator()
+        self._action(f, "Export chat as Markdown…", lambda: self.export(self.conversation.current.id, "md"))
+        self._action(f, "Export chat as JSON…", lambda: self.export(self.conversation.current.id, "json"))
+        f.addSeparator()
+        self._action(f, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        c = bar.addMenu("&Chat")
+        self._action(c, "Stop reply\tEsc", self.conversation.stop)
+        self._action(c, "Regenerate", self.conversation.regenerate, "Ctrl+R")
+        self._action(c, "Continue reply", self.conversation.continue_reply)
+        v = bar.addMenu("&View")
+        v.addAction(self.chat_dock.toggleViewAction())
+        v.addAction(self.sampling_dock.toggleViewAction())
+
+    # -- wiring
+    def _wire(self) -> None:
+        conv, view, st = self.conversation, self.chat_view, self.state
+        view.send.connect(conv.send)
+        view.stop.connect(conv.stop)
+        view.regenerate.connect(conv.regenerate)
+        view.continue_reply.connect(conv.continue_reply)
+        view.edit_resend.connect(conv.edit_resend)
+        view.system_prompt_edited.connect(conv.set_system_prompt)
+        view.draft_edited.connect(conv.set_draft)
+        conv.chat_opened.connect(self._chat_opened)
+        conv.chats_changed.connect(lambda: self.chat_list.show_chats(conv.chats, conv.current))
+        conv.messages_changed.connect(lambda cid: view.sync() if view.chat is not None and view.chat.id == cid else None)
+        conv.message_updated.connect(
+            lambda cid, i, now: view.message_changed(i, now) if view.chat is not None and view.chat.id == cid else None)
+        conv.generating_changed.connect(view.set_generating)
+        conv.generating_changed.connect(lambda on: setattr(st, "generating", on))
+        conv.prefill.connect(view.set_prefill)
+        conv.banner.connect(view.show_banner)
+        conv.input_consumed.connect(view.clear_input)
+        conv.input_restored.connect(view.set_input)
+        conv.reply_done.connect(self._reply_done)
+        conv.live_stats.connect(lambda tok_s, used: (setattr(st, "tok_s", tok_s), setattr(st, "ctx_used", used)))
+        conv.message_updated.connect(lambda _cid, _i, _now: self.bridge.reply_progress())
+        self.chat_list.open_requested.connect(conv.open_chat)
+        self.chat_list.new_requested.connect(conv.new_chat)
+        self.chat_list.rename_requested.connect(conv.rename)
+        self.chat_list.delete_requested.connect(self.confirm_delete)
+        self.chat_list.export_requested.connect(self.export)
+        self.engine.load_progress.connect(
+            lambda p: setattr(st, "loading", None if p is None else (p.what, p.fraction)))
+        self.engine.loaded.connect(self._loaded)
+        self.engine.load_failed.connect(self._load_failed)
+        self.engine.load_cancelled.connect(lambda msg: self.status.showMessage(f"Model not loaded: {msg}", 8000))
+        self.status.cancel_load.connect(self.engine.cancel_load)
+        self.saver.failed.connect(lambda msg: view.show_banner("error", msg))
+        st.settings_changed.connect(self._settings_changed)
+        st.model_changed.connect(lambda info: self.model_lens.show_info(info))
+        st.model_changed.connect(
+            lambda info: self.setWindowTitle(f"{TITLE} — {info.name}" if info is not None else TITLE))
+
+    def _chat_opened(self, chat: Any) -> None:
+        self.chat_view.show_chat(chat)
+        self.chat_list.show_chats(self.conversation.chats, chat)
+        self.state.settings = dataclasses.replace(self.state.settings, current_chat=chat.id)
+
+    def _settings_changed(self, settings: Settings) -> None:
+        self.engine.set_context_limit(settings.context_limit)
+        self.saver.submit("settings", lambda s=settings: self.store.save_settings(s))
+
+    # -- models
+    def initial_model(self) -> str:
+        """The last model used, else the catalog's default model."""
+        from engine.catalog import DEFAULT_MODEL  # noqa: PLC0415
+
+        last = self.state.settings.last_model
+        return last or DEFAULT_MODEL
+
+    def open_model(self, source: str) -> None:
+        """Load a model on a worker; the current model and every chat stay if it fails."""
+        if self.conversation.generating:
+            self.conversation.stop()
+        self.state.loading = (f"opening {Path(source).name}", 0.0)
+        if self.state.model is None:
+            self.chat_view.input.setPlaceholderText("Loading the model… (you can type already)")
+        self.engine.open_model(source)
+
+    def choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.open_model(path)
+
+    def choose_catalog(self) -> None:
+        dialog = CatalogDialog(self)
+        dialog.chosen.connect(self.open_model)
+        dialog.open()
+
+    def _loaded(self, result: Loaded) -> None:
+        st = self.state
+        st.model = result.info
+        st.backend = result.info.backend
+        st.model_record = result.record
+        st.attention_record = None
+        st.ctx_size, st.ctx_used, st.kv_bytes = result.n_ctx, 0, 0
+        self.conversation.model_ready = True
+        self.chat_view.input.setPlaceholderText("Message the model…")
+        self.conversation.model_name = result.info.name
+        self.chat_view.clear_banners("warning")
+        for w in result.info.warnings:
+            self.chat_view.show_banner("warning", f"{result.info.name}: {w}")
+        st.settings = dataclasses.replace(st.settings, last_model=result.source)
+        self.bridge.model_loaded()
+
+    def _load_failed(self, message: str) -> None:
+        self.state.loading = None
+        previous = self.state.model
+        keep = f"{previous.name} stays loaded; your chats are unchanged." if previous else (
+            "Open another .gguf file (File > Open model) or pick one from the catalog.")
+        # the reason quotes values from the file: plain text only (informativeText would guess rich text)
+        box = QMessageBox(QMessageBox.Icon.Warning, TITLE, f"The model could not be loaded.\n\n{message}\n\n{keep}",
+                          parent=self)
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.open()
+        self.load_error_box = box
+        if previous is None:
+            self.chat_view.input.setPlaceholderText("No model loaded: open a .gguf file or pick one from the catalog")
+
+    # -- replies
+    def _reply_done(self, done: Any) -> None:
+        st = self.state
+        st.tok_s, st.ctx_used, st.ctx_size, st.kv_bytes = done.gen_tok_s, done.ctx_used, done.n_ctx, done.kv_bytes
+        self.bridge.reply_finished(done.finish_reason == "cancelled")
+
+    # -- chats
+    def confirm_delete(self, chat_id: str) -> None:
+        chat = self.conversation.chat(chat_id)
+        if chat is None:
+            return
+        box = QMessageBox(QMessageBox.Icon.Question, TITLE, f"Delete the chat “{chat.title}”?", parent=self)
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.setInformativeText("Its file is removed; this cannot be undone. Export it first to keep a copy.")
+        box.setStandardButtons(QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel)
+        if box.exec() == QMessageBox.StandardButton.Yes:
+            self.conversation.delete(chat_id)
+
+    def export(self, chat_id: str, kind: str) -> None:
+        chat = self.conversation.chat(chat_id)
+        if chat is None:
+            return
+        suffix = ".md" if kind == "md" else ".json"
+        name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in chat.title)[:60].strip() or "chat"
+        filt = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / (name + suffix)), filt)
+        if not path:
+            return
+        path = path if path.endswith(suffix) else path + suffix
+        try:
+            export_chat(chat, Path(path))
+        except OSError as exc:
+            self.chat_view.show_banner("error", f"Export failed: {exc}")
+        else:
+            self.status.showMessage(f"Exported to {path}", 5000)
+
+    # -- drag and drop, layout, closing
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt override
+        if any(u.toLocalFile().lower().endswith(".gguf") for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt override
+        files = [u.toLocalFile() for u in event.mimeData().urls() if u.toLocalFile().lower().endswith(".gguf")]
+        if files:
+            event.acceptProposedAction()
+            self.open_model(files[0])
+
+    def _restore_layout(self) -> None:
+        s = self.state.settings
+        if s.geometry:
+            self.restoreGeometry(QByteArray.fromBase64(s.geometry.encode()))
+        else:
+            self.resize(1560, 940)
+            QTimer.singleShot(0, self._default_docks)
+        split = s.extra.get("split")
+        if isinstance(split, str):
+            self.split.restoreState(QByteArray.fromBase64(split.encode()))
+        else:
+            self.split.setSizes([470, 830])
+        if s.window_state:
+            self.restoreState(QByteArray.fromBase64(s.window_state.encode()))
+
+    def _default_docks(self) -> None:
+        self.resizeDocks([self.chat_dock], [250], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.chat_dock, self.sampling_dock], [300, 400], Qt.Orientation.Vertical)
+        self.split.setSizes([470, max(600, self.split.width() - 470)])
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        """Stop the reply, wait for every worker thread, then save chats and settings."""
+        if not self.closed:
+            self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        self.closed = True
+        self.conversation.stop()
+        self.engine.shutdown()
+        QCoreApplication.processEvents()  # deliver the stopped replies' last records
+        for reply in list(self.conversation.replies.values()):
+            if reply.message.content or reply.message.tokens:
+                reply.message.stopped = True
+            self.conversation.save(reply.chat)
+        self.conversation.save_pending()
+        self.state.settings = dataclasses.replace(
+            self.state.settings,
+            geometry=bytes(self.saveGeometry().toBase64()).decode(),
+            window_state=bytes(self.saveState().toBase64()).decode(),
+            extra={**self.state.settings.extra, "split": bytes(self.split.saveState().toBase64()).decode()},
+        )
+        self.saver.stop()
+        try:
+            self.store.save_settings(self.state.settings)
+        except OSError as exc:
+            log.error("could not save settings: %s", exc)

@@ -1,0 +1,138 @@
+"""ModelInfo: what the Model lens shows, made on the worker from a loaded model; every string is display-safe."""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.model import Model
+
+VALUE_LIMIT = 400  # characters of a metadata value shown in the table
+TEMPLATE_LIMIT = 200_000  # characters of chat-template source shown
+ARRAY_HEAD = 8
+
+
+@dataclass(frozen=True)
+class MetadataRow:
+    key: str
+    type_name: str
+    value: str  # escaped and elided
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model described in plain, escaped strings and numbers."""
+
+    name: str
+    path: str
+    file_bytes: int
+    arch: str
+    backend: str
+    args: tuple[tuple[str, str], ...]  # the architecture's numbers, in declaration order
+    n_ctx: int  # the context the KV cache was made with
+    metadata: tuple[MetadataRow, ...]
+    template_source: str
+    template_origin: str  # where the template came from (the file, or the built-in fallback)
+    tokenizer: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+    n_tensors: int
+
+
+def escape_text(text: str, limit: int = VALUE_LIMIT, keep_lines: bool = False) -> str:
+    """Control, format (bidi overrides) and line-break characters shown as escapes; cut at `limit` with '…'."""
+    out: list[str] = []
+    n = 0
+    for ch in text:
+        if keep_lines and ch in "\n\t":
+            piece = ch
+        elif ch == "\n":
+            piece = "\\n"
+        elif ch == "\t":
+            piece = "\\t"
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp", "Co", "Cn"):
+            code = ord(ch)
+            piece = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+        else:
+            piece = ch
+        out.append(piece)
+        n += len(piece)
+        if n >= limit:
+            return "".join(out)[: limit - 1] + "…"
+    return "".join(out)
+
+
+def format_value(value: Any, limit: int = VALUE_LIMIT) -> str:
+    """A metadata value as one escaped line: strings as-is, arrays as their type, length and first items."""
+    if isinstance(value, str):
+        return escape_text(value, limit)
+    if isinstance(value, np.ndarray):
+        head = ", ".join(_scalar(v) for v in value.reshape(-1)[:ARRAY_HEAD])
+        more = ", …" if value.size > ARRAY_HEAD else ""
+        return escape_text(f"{value.dtype}[{value.size}] [{head}{more}]", limit)
+    if isinstance(value, (list, tuple)):
+        head = ", ".join(format_value(v, 60) if not isinstance(v, str) else repr(escape_text(v, 60)) for v in value[:ARRAY_HEAD])
+        more = ", …" if len(value) > ARRAY_HEAD else ""
+        return escape_text(f"[{len(value)} items] [{head}{more}]", limit)
+    return escape_text(_scalar(value), limit)
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.6g}"
+    return str(v)
+
+
+def _type_name(types: dict[str, Any], key: str, value: Any) -> str:
+    t = types.get(key)
+    if t:
+        outer, inner = t
+        name = getattr(outer, "name", str(outer)).lower()
+        return f"{name}[{getattr(inner, 'name', inner).lower()}]" if inner is not None else name
+    return type(value).__name__
+
+
+def _token(tok: Any, tid: int | None) -> str:
+    if tid is None:
+        return "none"
+    return f"{tid} {escape_text(repr(tok.token_text(tid)), 60)}"
+
+
+def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
+    """Describe a loaded model for the Model lens (runs on the worker thread)."""
+    md = model.gguf.metadata
+    types = getattr(model.gguf, "metadata_types", {}) or {}
+    rows = tuple(MetadataRow(escape_text(k, 200), _type_name(types, k, v), format_value(v)) for k, v in md.items())
+    tok = model.tokenizer
+    eog = sorted(tok.eog_ids)
+    tok_rows = (
+        ("model", escape_text(str(tok.model_name), 60)),
+        ("vocabulary", f"{tok.n_vocab:,} tokens"),
+        ("BOS", _token(tok, tok.bos_id) + ("" if getattr(tok, "add_bos", True) else " (not added)")),
+        ("EOS", _token(tok, getattr(tok, "eos_id", None))),
+        ("end of generation", ", ".join(_token(tok, i) for i in eog[:8]) + (" …" if len(eog) > 8 else "") or "none"),
+    )
+    args = tuple((k, _scalar(v)) for k, v in model.args.as_dict().items())
+    source = getattr(model.chat, "source", "") or ""
+    source = escape_text(source, TEMPLATE_LIMIT, keep_lines=True)
+    builtin = bool(getattr(model.chat, "is_builtin", "tokenizer.chat_template" not in md))
+    origin = "the app's built-in template (the file has none)" if builtin else "tokenizer.chat_template in the file"
+    return ModelInfo(
+        name=escape_text(model.name, 120),
+        path=escape_text(str(model.path), 300),
+        file_bytes=int(getattr(model.gguf, "file_size", 0)),
+        arch=escape_text(model.arch, 60),
+        backend=str(getattr(model.backend, "name", "numpy")),
+        args=args,
+        n_ctx=int(n_ctx),
+        metadata=rows,
+        template_source=source,
+        template_origin=escape_text(str(origin), 80),
+        tokenizer=tok_rows,
+        warnings=tuple(escape_text(w, 500) for w in model.warnings),
+        n_tensors=len(model.gguf.tensors),
+    )

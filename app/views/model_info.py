@@ -1,0 +1,191 @@
+"""The Model lens: the architecture's numbers, tokenizer, load warnings, searchable metadata, chat template."""
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QAbstractItemView, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPlainTextEdit,
+    QScrollArea, QTableView, QTabWidget, QVBoxLayout, QWidget,
+)
+
+from app.summary import MetadataRow, ModelInfo
+
+Index = QModelIndex | QPersistentModelIndex
+
+
+def _plain(text: str, style: str = "") -> QLabel:
+    label = QLabel(text)
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.setWordWrap(True)
+    if style:
+        label.setStyleSheet(style)
+    return label
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class MetadataModel(QAbstractTableModel):
+    """Key, type, value of each metadata entry (already escaped and elided by app.summary)."""
+
+    HEADERS = ("key", "type", "value")
+
+    def __init__(self, rows: tuple[MetadataRow, ...] = ()):
+        super().__init__()
+        self.rows = rows
+
+    def set_rows(self, rows: tuple[MetadataRow, ...]) -> None:
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: N802 - Qt override
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: N802 - Qt override
+        return 0 if parent.isValid() else 3
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        value = (row.key, row.type_name, row.value)[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return value
+        if role == Qt.ItemDataRole.ToolTipRole and index.column() == 2:
+            return "<qt>" + html.escape(value) + "</qt>"  # forced rich text of escaped text: never markup
+        return None
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> object:  # noqa: N802
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+
+class ModelLens(QWidget):
+    """Everything the file says about the model, as plain text."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.info: ModelInfo | None = None
+        lay = QVBoxLayout(self)
+        self.title = _plain("No model loaded", "font-size: 15px; font-weight: bold;")
+        self.subtitle = _plain("", "color: #666;")
+        lay.addWidget(self.title)
+        lay.addWidget(self.subtitle)
+        self.tabs = QTabWidget()
+        lay.addWidget(self.tabs, 1)
+        self.tabs.addTab(self._overview(), "Overview")
+        self.tabs.addTab(self._metadata(), "Metadata")
+        self.tabs.addTab(self._template(), "Chat template")
+
+    def _overview(self) -> QWidget:
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        host = QWidget()
+        v = QVBoxLayout(host)
+        row = QHBoxLayout()
+        self.arch_box = QGroupBox("Architecture")
+        self.arch_form = QFormLayout(self.arch_box)
+        self.tok_box = QGroupBox("Tokenizer")
+        self.tok_form = QFormLayout(self.tok_box)
+        row.addWidget(self.arch_box, 1)
+        row.addWidget(self.tok_box, 1)
+        v.addLayout(row)
+        self.warn_box = QGroupBox("Load warnings")
+        self.warn_layout = QVBoxLayout(self.warn_box)
+        v.addWidget(self.warn_box)
+        v.addStretch(1)
+        scroll.setWidget(host)
+        return scroll
+
+    def _metadata(self) -> QWidget:
+        w = QWidget()
+        v = QVBoxLayout(w)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search keys and values…")
+        self.search.setClearButtonEnabled(True)
+        v.addWidget(self.search)
+        self.meta_model = MetadataModel()
+        self.proxy = QSortFilterProxyModel()
+        self.proxy.setSourceModel(self.meta_model)
+        self.proxy.setFilterKeyColumn(-1)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.search.textChanged.connect(self.proxy.setFilterFixedString)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.verticalHeader().hide()
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        self.table.setColumnWidth(0, 280)
+        v.addWidget(self.table, 1)
+        self.meta_count = _plain("", "color: #777;")
+        v.addWidget(self.meta_count)
+        self.proxy.rowsInserted.connect(self._count)
+        self.proxy.modelReset.connect(self._count)
+        self.proxy.layoutChanged.connect(self._count)
+        self.search.textChanged.connect(lambda _t: self._count())
+        return w
+
+    def _template(self) -> QWidget:
+        w = QWidget()
+        v = QVBoxLayout(w)
+        self.template_origin = _plain("", "color: #666;")
+        v.addWidget(self.template_origin)
+        self.template = QPlainTextEdit()
+        self.template.setReadOnly(True)
+        self.template.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.template.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        v.addWidget(self.template, 1)
+        return w
+
+    def _count(self, *args: object) -> None:
+        total = len(self.meta_model.rows)
+        shown = self.proxy.rowCount()
+        self.meta_count.setText(f"{shown} of {total} entries" if shown != total else f"{total} entries")
+
+    def show_info(self, info: ModelInfo | None) -> None:
+        """Fill every section from a ModelInfo (None clears them)."""
+        self.info = info
+        for form in (self.arch_form, self.tok_form):
+            while form.rowCount():
+                form.removeRow(0)
+        while self.warn_layout.count():
+            item = self.warn_layout.takeAt(0)
+            if item.widget():
+                item.widget().deleteLater()
+        if info is None:
+            self.title.setText("No model loaded")
+            self.subtitle.setText("")
+            self.meta_model.set_rows(())
+            self.template.setPlainText("")
+            return
+        self.title.setText(f"{info.name}  ({info.arch})")
+        self.subtitle.setText(f"{info.path}  ·  {human_bytes(info.file_bytes)}  ·  {info.n_tensors} tensors  ·  "
+                              f"backend {info.backend}  ·  KV cache context {info.n_ctx:,}")
+        for key, value in info.args:
+            self.arch_form.addRow(_plain(key, "color: #555;"), _plain(value))
+        for key, value in info.tokenizer:
+            self.tok_form.addRow(_plain(key, "color: #555;"), _plain(value))
+        if info.warnings:
+            for w in info.warnings:
+                self.warn_layout.addWidget(_plain("• " + w, "color: #a05a00;"))
+        else:
+            self.warn_layout.addWidget(_plain("none", "color: #777;"))
+        self.meta_model.set_rows(info.metadata)
+        self.template_origin.setText(f"Source: {info.template_origin}. Shown as plain text; rendered only in a sandbox.")
+        self.template.setPlainText(info.template_source or "(this model has no chat template)")

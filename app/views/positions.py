@@ -1,0 +1,254 @@
+"""The Positions lens: the sinusoidal encoding of "Attention Is All You Need" next to RoPE as the model uses it."""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+
+from app.records import ModelRecord
+from app.views.attention_tokens import colormap, token_label
+from engine.models.rope import rope_freqs
+from engine.positions import (
+    relative_rotation,
+    rope_pair_angles,
+    rope_score_vs_distance,
+    shift_error,
+    sinusoid_freqs,
+    sinusoidal_encoding,
+    wavelengths,
+)
+
+MIN_POSITIONS = 128
+MAX_POSITIONS = 4096
+MAX_CIRCLE_LABELS = 24
+MAX_CIRCLE_POINTS = 256  # the newest tokens placed on the circle (older ones only crowd it)
+M_K_SHOWN = 16  # dims of M_k drawn (it is block diagonal; the rest repeats the pattern)
+BASE_COLOURS = ((0, 114, 178), (213, 94, 0), (0, 158, 115), (204, 121, 167))  # Okabe-Ito, colour-blind safe
+GREY = (120, 120, 120)
+
+
+class PositionsLens(QWidget):
+    """Sinusoid heatmap and frequencies, RoPE per base: token angles on the unit circle, q.k vs distance, M_k.
+
+    Every plot item is made once and updated in place (no clear/re-add): cheap enough to follow a streaming reply.
+    """
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model: ModelRecord | None = None
+        self.tokens: list[str] = []
+        self.d_model = 512
+        self.rope_dim = 64
+        self.bases: tuple[float, ...] = (10000.0,)
+        self.n_ctx = 2048
+        self.last_error = float("nan")
+        self.pair_spin = QSpinBox()
+        self.pair_spin.setPrefix("RoPE pair ")
+        self.pair_spin.setRange(0, 31)
+        self.offset_spin = QSpinBox()
+        self.offset_spin.setRange(0, MAX_POSITIONS)
+        self.offset_spin.setValue(3)
+        self.offset_spin.setPrefix("offset k = ")
+        self.pos_spin = QSpinBox()
+        self.pos_spin.setRange(8, MAX_POSITIONS)
+        self.pos_spin.setValue(MIN_POSITIONS)
+        self.pos_spin.setPrefix("positions ")
+        bar = QHBoxLayout()
+        for w in (self.pos_spin, self.pair_spin, self.offset_spin):
+            bar.addWidget(w)
+        self.summary = QLabel("")
+        bar.addWidget(self.summary, 1)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.plots.setBackground("w")
+        self.check = QLabel("")
+        self.check.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.legend = QLabel("")  # one key for every panel: each RoPE base keeps its colour throughout
+        root = QVBoxLayout(self)
+        root.addLayout(bar)
+        root.addWidget(self.legend)
+        root.addWidget(self.plots, 1)
+        root.addWidget(self.check)
+        self._build_plots()
+        self.pair_spin.valueChanged.connect(lambda _: (self._draw_circle(), self._draw_pair_marker()))
+        self.offset_spin.valueChanged.connect(lambda _: self._draw_shift())
+        self.pos_spin.valueChanged.connect(lambda _: (self._draw_pe(), self._draw_shift()))
+        self.redraw()
+
+    def _build_plots(self) -> None:
+        p = self.plots
+        self.pe_plot = p.addPlot(row=0, col=0)
+        self.pe_plot.invertY(True)
+        self.pe_plot.setLabel("left", "position")
+        self.pe_plot.setLabel("bottom", "dimension (even: sin, odd: cos)")
+        self.pe_image = pg.ImageItem(axisOrder="row-major")
+        self.pe_plot.addItem(self.pe_image)
+        self.pe_bar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap("CET-D1"), interactive=False, width=14)
+        self.pe_bar.setImageItem(self.pe_image, insert_in=self.pe_plot)
+        self.freq_plot = p.addPlot(row=0, col=1)
+        self.freq_plot.setLogMode(y=True)
+        self.freq_plot.setLabel("bottom", "pair index i (frequency base^(-2i/d))")
+        self.freq_plot.setLabel("left", "2π / θᵢ (tokens per turn)")
+        self.sinusoid_curve = self.freq_plot.plot(pen=pg.mkPen(GREY, width=2, style=Qt.PenStyle.DashLine))
+        self.freq_curves = [self.freq_plot.plot(pen=pg.mkPen(c, width=2), symbol="o", symbolSize=4, symbolBrush=c, symbolPen=None)
+                            for c in BASE_COLOURS]
+        self.ctx_line = pg.InfiniteLine(angle=0, pen=pg.mkPen((200, 0, 0), style=Qt.PenStyle.DotLine), label="context",
+                                        labelOpts={"position": 0.85, "color": (200, 0, 0)})
+        self.pair_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((0, 0, 0, 90)))
+        self.freq_plot.addItem(self.ctx_line)
+        self.freq_plot.addItem(self.pair_line)
+        self.circle_plot = p.addPlot(row=0, col=2)
+        self.circle_plot.setAspectLocked(True)
+        t = np.linspace(0, 2 * np.pi, 200)
+        self.circle_plot.plot(np.cos(t), np.sin(t), pen=pg.mkPen((180, 180, 180)))
+        self.rings = [pg.ScatterPlotItem(size=7, pen=None) for _ in BASE_COLOURS]
+        self.labels = [pg.TextItem("", color=(60, 60, 60), anchor=(0.5, 0.5)) for _ in range(MAX_CIRCLE_LABELS)]
+        for item in self.rings + self.labels:
+            self.circle_plot.addItem(item)
+        self.circle_plot.setRange(xRange=(-1.55, 1.55), yRange=(-1.55, 1.55), padding=0)
+        self.dot_plot = p.addPlot(row=1, col=0, colspan=2)
+        self.dot_plot.setLabel("bottom", "distance m − n (tokens)")
+        self.dot_plot.setLabel("left", "q·k / q·k at distance 0")
+        self.dot_sinusoid = self.dot_plot.plot(pen=pg.mkPen(GREY, width=1.5, style=Qt.PenStyle.DashLine))
+        self.dot_curves = [self.dot_plot.plot(pen=pg.mkPen(c, width=1.5)) for c in BASE_COLOURS]
+        self.dot_ctx = pg.InfiniteLine(angle=90, pen=pg.mkPen((200, 0, 0), style=Qt.PenStyle.DotLine), label="current context",
+                                       labelOpts={"position": 0.9, "color": (200, 0, 0)})
+        self.dot_plot.addItem(self.dot_ctx)
+        self.mk_plot = p.addPlot(row=1, col=2)
+        self.mk_plot.invertY(True)
+        self.mk_plot.setAspectLocked(True)
+        self.mk_image = pg.ImageItem(axisOrder="row-major")
+        self.mk_plot.addItem(self.mk_image)
+        self.mk_bar = pg.ColorBarItem(values=(-1, 1), colorMap=colormap("CET-D1"), interactive=False, width=14)
+        self.mk_bar.setImageItem(self.mk_image, insert_in=self.mk_plot)
+
+    # ---- public API
+
+    def set_model(self, model: ModelRecord) -> None:
+        """Use the model's width, RoPE dimensions and per-layer bases."""
+        self.model = model
+        self.d_model = model.dim
+        self.rope_dim = model.rope_dim
+        self.bases = (model.rope_bases or (10000.0,))[: len(BASE_COLOURS)]
+        self.n_ctx = model.n_ctx
+        self.pair_spin.setRange(0, max(0, self.rope_dim // 2 - 1))
+        layers = ", ".join(f"{b:,.0f} ({sum(1 for x in model.layers if x.rope_base == b)} layers)" for b in self.bases)
+        self.summary.setText(f"{model.name}: d_model {model.dim}, RoPE on {model.rope_dim} of {model.head_dim} head dims "
+                             f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}")
+        self.redraw()
+
+    def set_tokens(self, tokens: list[str]) -> None:
+        """The current context: its tokens go on the unit circle and set the plotted positions (cheap: streaming calls it)."""
+        self.tokens = list(tokens)
+        want = int(np.clip(len(self.tokens), MIN_POSITIONS, MAX_POSITIONS))
+        if want != self.pos_spin.value():
+            self.pos_spin.setValue(want)  # redraws the heatmap and the shift check
+        self._draw_circle()
+        self._draw_context()
+
+    def redraw(self) -> None:
+        self._draw_pe()
+        self._draw_freqs()
+        self._draw_circle()
+        self._draw_dots()
+        self._draw_shift()
+
+    # ---- panels
+
+    def _positions(self) -> int:
+        return self.pos_spin.value()
+
+    def _draw_pe(self) -> None:
+        pe = sinusoidal_encoding(self._positions(), self.d_model).astype(np.float32)
+        self.pe_image.setImage(pe, autoLevels=False, levels=(-1.0, 1.0))
+        self.pe_plot.setTitle(f"Sinusoidal encoding at d_model = {self.d_model} (Vaswani et al. §3.5)")
+
+    def _draw_freqs(self) -> None:
+        w = wavelengths(sinusoid_freqs(self.d_model))
+        # against i * rope_dim / d_model: the same geometric ladder, so base 10,000 lies on the sinusoid's line
+        self.sinusoid_curve.setData(np.arange(len(w)) * (self.rope_dim / self.d_model), w)
+        for k, curve in enumerate(self.freq_curves):
+            if k < len(self.bases):
+                wl = wavelengths(rope_freqs(self.rope_dim, self.bases[k]))
+                curve.setData(np.arange(len(wl)), wl)
+            curve.setVisible(k < len(self.bases))
+        self.ctx_line.setValue(np.log10(max(2, self.n_ctx)))
+        self.ctx_line.label.setFormat(f"context {self.n_ctx:,}")
+        self._draw_pair_marker()
+        keys = [_key(c, f"RoPE base {b:,.0f} ({self.rope_dim // 2} pairs)") for c, b in zip(BASE_COLOURS, self.bases)]
+        keys.append(_key(GREY, f"sinusoid, d_model {self.d_model}, base 10,000 (pair index rescaled to RoPE's)", dashed=True))
+        self.legend.setText("&nbsp;&nbsp;&nbsp;".join(keys))
+        self.freq_plot.setTitle("Wavelength of each pair (tokens per turn)")
+
+    def _draw_pair_marker(self) -> None:
+        self.pair_line.setValue(self.pair_spin.value())
+
+    def _draw_circle(self) -> None:
+        i = self.pair_spin.value()
+        n = len(self.tokens) or 32
+        positions = np.arange(max(0, n - MAX_CIRCLE_POINTS), n)
+        fade = (60 + 195 * positions / max(1, n - 1)).astype(int)
+        title = [f"pair {i}"]
+        for k, ring in enumerate(self.rings):
+            if k >= len(self.bases):
+                ring.setVisible(False)
+                continue
+            freqs = rope_freqs(self.rope_dim, self.bases[k])
+            ang = rope_pair_angles(positions, freqs, i)
+            r = 1.0 - 0.12 * k  # one ring per base so both stay readable
+            c = BASE_COLOURS[k]
+            ring.setData(r * np.cos(ang), r * np.sin(ang), brush=[pg.mkBrush(*c, a) for a in fade])
+            ring.setVisible(True)
+            title.append(f"<span style='color:rgb{c}'>{2 * np.pi / freqs[i]:,.1f}</span>")
+        freqs = rope_freqs(self.rope_dim, self.bases[0])
+        for j, label in enumerate(self.labels):
+            p = j
+            if p >= n:
+                label.setVisible(False)
+                continue
+            a = float(rope_pair_angles([p], freqs, i)[0])
+            r_label = 1.18 + 0.14 * (int(p * freqs[i] // (2 * np.pi)) % 2)  # alternate turns apart
+            text = token_label(self.tokens[p], 10) if self.tokens else str(p)
+            label.setText(f"{p}:{text}")
+            label.setPos(r_label * np.cos(a), r_label * np.sin(a))
+            label.setVisible(True)
+        self.circle_plot.setTitle(f"{title[0]}: tokens per turn " + " / ".join(title[1:]))
+
+    def _draw_dots(self) -> None:
+        far = int(min(max(self.n_ctx, 256), 8192))
+        dist = np.arange(far)
+        for k, curve in enumerate(self.dot_curves):
+            if k < len(self.bases):
+                s = rope_score_vs_distance(rope_freqs(self.rope_dim, self.bases[k]), dist)
+                curve.setData(dist, s / s[0])
+            curve.setVisible(k < len(self.bases))
+        w = sinusoid_freqs(self.d_model)
+        pe_dot = np.cos(dist[:, None] * w[None, :]).sum(axis=1)  # PE(p) . PE(p + k) = sum_i cos(k w_i)
+        self.dot_sinusoid.setData(dist, pe_dot / pe_dot[0])
+        self.dot_plot.setTitle("q·k after rotation vs distance m − n (q = k = 1, RoFormer §3.4.3); dashed: PE(p)·PE(p+k)")
+        self._draw_context()
+
+    def _draw_context(self) -> None:
+        self.dot_ctx.setValue(len(self.tokens))
+        self.dot_ctx.setVisible(bool(self.tokens))
+
+    def _draw_shift(self) -> None:
+        """M_k for the plotted encoding and the numeric check PE(pos + k) = M_k PE(pos)."""
+        k = self.offset_spin.value()
+        pe = sinusoidal_encoding(self._positions(), self.d_model)
+        m_k = relative_rotation(k, sinusoid_freqs(self.d_model), self.d_model)
+        self.last_error = shift_error(pe, k, m_k)
+        d = min(M_K_SHOWN, self.d_model)
+        self.mk_image.setImage(m_k[:d, :d].astype(np.float32), autoLevels=False, levels=(-1.0, 1.0))
+        self.mk_plot.setTitle(f"M_k for k = {k} (first {d} of {self.d_model} dims; block diagonal)")
+        pairs = max(0, self._positions() - k)
+        self.check.setText(
+            f"Check on the plotted data: max |PE(pos + {k}) − M_{k} · PE(pos)| over {pairs} positions × {self.d_model} dims "
+            f"= {self.last_error:.2e}   (M_k has one 2×2 rotation [[cos kω, sin kω], [−sin kω, cos kω]] per frequency ω)"
+        )
+
+
+def _key(colour: tuple[int, int, int], text: str, dashed: bool = False) -> str:
+    """A legend entry as HTML for a plot title (pyqtgraph legends are avoided: their items are re-created)."""
+    mark = "╌╌" if dashed else "━━"
+    return f"<span style='color:rgb{colour}'>{mark}</span>&nbsp;{text}"

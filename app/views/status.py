@@ -1,0 +1,90 @@
+"""The status bar: model, backend, tokens/s, context used, KV-cache bytes, process memory, load progress."""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
+
+from app.state import AppState
+from app.views.model_info import human_bytes
+
+
+def process_memory() -> int:
+    """Resident memory of this process in bytes (peak RSS where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _segment(tip: str) -> QLabel:
+    label = QLabel("")
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setToolTip(tip)
+    label.setContentsMargins(6, 0, 6, 0)
+    return label
+
+
+class StatusPanel(QStatusBar):
+    """Mirrors AppState into status-bar segments; shows a progress bar with Cancel while a model loads."""
+
+    cancel_load = Signal()
+
+    def __init__(self, state: AppState, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state = state
+        self.model = _segment("the loaded model")
+        self.backend = _segment("the compute backend")
+        self.speed = _segment("generation speed of the last reply")
+        self.ctx = _segment("tokens in the KV cache / its context length")
+        self.kv = _segment("memory the KV cache holds")
+        self.memory = _segment("resident memory of the app")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(220)
+        self.progress.setRange(0, 1000)
+        self.progress_label = _segment("")
+        self.cancel = QToolButton()
+        self.cancel.setText("Cancel")
+        self.cancel.clicked.connect(self.cancel_load)
+        for w in (self.progress_label, self.progress, self.cancel):
+            self.addWidget(w)
+            w.hide()
+        for w in (self.model, self.backend, self.speed, self.ctx, self.kv, self.memory):
+            self.addPermanentWidget(w)
+        state.model_changed.connect(self._model)
+        state.backend_changed.connect(lambda b: self.backend.setText(f"backend: {b}"))
+        state.tok_s_changed.connect(lambda v: self.speed.setText(f"{v:.1f} tok/s"))
+        state.ctx_used_changed.connect(lambda _v: self._ctx())
+        state.ctx_size_changed.connect(lambda _v: self._ctx())
+        state.kv_bytes_changed.connect(lambda v: self.kv.setText(f"KV {human_bytes(v)}"))
+        state.memory_bytes_changed.connect(lambda v: self.memory.setText(f"memory {human_bytes(v)}"))
+        state.loading_changed.connect(self._loading)
+        self._model(state.model)
+        self.backend.setText(f"backend: {state.backend}")
+        self.speed.setText("– tok/s")
+        self._ctx()
+        self.kv.setText("KV 0 B")
+        self.timer = QTimer(self, interval=1000)
+        self.timer.timeout.connect(lambda: setattr(state, "memory_bytes", process_memory()))
+        self.timer.start()
+        state.memory_bytes = process_memory()
+
+    def _model(self, info: object) -> None:
+        self.model.setText(getattr(info, "name", None) or "no model")
+
+    def _ctx(self) -> None:
+        self.ctx.setText(f"context {self.state.ctx_used:,} / {self.state.ctx_size:,}")
+
+    def _loading(self, value: tuple[str, float] | None) -> None:
+        on = value is not None
+        for w in (self.progress_label, self.progress, self.cancel):
+            w.setVisible(on)
+        if on:
+            what, frac = value
+            self.progress_label.setText(what[:80])
+            self.progress.setValue(int(max(0.0, min(1.0, frac)) * 1000))

@@ -1,0 +1,154 @@
+"""Position encodings for display and checking: the sinusoids of "Attention Is All You Need" and RoPE per layer.
+
+Sinusoidal encoding (Vaswani et al. 2017, section 3.5), d = d_model, omega_i = base^(-2i/d):
+    PE[pos, 2i] = sin(pos * omega_i),   PE[pos, 2i + 1] = cos(pos * omega_i)
+Because sin and cos of a sum expand, a fixed offset k is a linear map: PE(pos + k) = M_k PE(pos), with M_k
+block diagonal, one 2x2 block [[cos k w, sin k w], [-sin k w, cos k w]] per frequency (`relative_rotation`).
+
+RoPE (Su et al. 2021) rotates each pair of query/key dimensions by pos * theta_i instead of adding a
+vector, so the score of query m and key n depends on m - n only:
+    q_m . k_n = sum_i [ (q0 k0 + q1 k1) cos(d theta_i) + (q0 k1 - q1 k0) sin(d theta_i) ],  d = m - n
+(`rope_score_vs_distance`). Bases differ per layer in some models (Gemma 3: local layers 10,000 with a
+sliding window, global layers the file's freq_base); `layer_rope_layout` reads that from the metadata.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.models.rope import rope_freqs
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+SINUSOID_BASE = 10000.0
+
+
+def sinusoid_freqs(d_model: int, base: float = SINUSOID_BASE) -> F64:
+    """omega_i = base^(-2i/d_model), one angular frequency per (sin, cos) pair: (d_model // 2,)."""
+    return base ** (-2.0 * np.arange(d_model // 2, dtype=np.float64) / d_model)
+
+
+def sinusoidal_encoding(n_pos: int, d_model: int, base: float = SINUSOID_BASE, start: int = 0) -> F64:
+    """PE of positions start..start+n_pos-1: (n_pos, d_model), sin in even and cos in odd dimensions."""
+    w = sinusoid_freqs(d_model, base)
+    ang = np.arange(start, start + n_pos, dtype=np.float64)[:, None] * w[None, :]  # (P, d/2)
+    pe = np.zeros((n_pos, d_model), np.float64)
+    pe[:, 0 : 2 * len(w) : 2] = np.sin(ang)
+    pe[:, 1 : 2 * len(w) : 2] = np.cos(ang)
+    return pe
+
+
+def relative_rotation(k: int, freqs: F64, d_model: int | None = None) -> F64:
+    """M_k (d, d) with PE(pos + k) = M_k @ PE(pos) for the sin/cos-interleaved encoding."""
+    d = d_model or 2 * len(freqs)
+    m = np.eye(d, dtype=np.float64)  # an odd trailing dimension (never used in practice) stays fixed
+    c, s = np.cos(k * freqs), np.sin(k * freqs)
+    i = np.arange(len(freqs))
+    m[2 * i, 2 * i] = c  # sin((p+k)w) = sin(pw) cos(kw) + cos(pw) sin(kw)
+    m[2 * i, 2 * i + 1] = s
+    m[2 * i + 1, 2 * i] = -s  # cos((p+k)w) = cos(pw) cos(kw) - sin(pw) sin(kw)
+    m[2 * i + 1, 2 * i + 1] = c
+    return m
+
+
+def shift_error(pe: F64, k: int, m_k: F64) -> float:
+    """max |PE(pos + k) - M_k PE(pos)| over the rows of pe that have a partner k rows later."""
+    if k < 0 or k >= len(pe):
+        return 0.0
+    pred = pe[: len(pe) - k] @ m_k.T
+    return float(np.abs(pe[k:] - pred).max()) if len(pred) else 0.0
+
+
+def wavelengths(freqs: F64) -> F64:
+    """Positions per full turn of each pair, 2 pi / theta_i."""
+    return 2.0 * np.pi / freqs
+
+
+def rope_pair_angles(positions: npt.ArrayLike, freqs: F64, pair: int) -> F64:
+    """Rotation angle pos * theta_pair of each position, wrapped to [0, 2 pi)."""
+    return np.mod(np.asarray(positions, dtype=np.float64) * freqs[pair], 2.0 * np.pi)
+
+
+def rope_score_vs_distance(
+    freqs: F64, distances: npt.ArrayLike, q: npt.ArrayLike | None = None, k: npt.ArrayLike | None = None
+) -> F64:
+    """q.k after RoPE as a function of distance m - n, for pair-ordered q, k (rope_dim,); all-ones by default.
+
+    With q = k = 1 this is RoFormer's long-term-decay curve (section 3.4.3): sum_i 2 cos(d theta_i).
+    """
+    p = len(freqs)
+    q = np.ones((p, 2)) if q is None else np.asarray(q, np.float64).reshape(p, 2)
+    k = np.ones((p, 2)) if k is None else np.asarray(k, np.float64).reshape(p, 2)
+    a = q[:, 0] * k[:, 0] + q[:, 1] * k[:, 1]  # (P,)
+    b = q[:, 0] * k[:, 1] - q[:, 1] * k[:, 0]
+    ang = np.asarray(distances, np.float64)[:, None] * freqs[None, :]  # (D, P)
+    return np.cos(ang) @ a + np.sin(ang) @ b
+
+
+def pairs_from_head(x: npt.ArrayLike, rope_dim: int, mode: str) -> F64:
+    """The rotated pairs of a head vector (head_dim,), (rope_dim/2, 2), for 'norm' or 'neox' pairing."""
+    x = np.asarray(x, np.float64)
+    n = rope_dim // 2
+    if mode == "norm":
+        return np.stack([x[0 : 2 * n : 2], x[1 : 2 * n : 2]], axis=1)
+    if mode == "neox":
+        return np.stack([x[:n], x[n : 2 * n]], axis=1)
+    raise ValueError(f"unknown rope mode {mode!r}")
+
+
+@dataclass(frozen=True)
+class LayerRope:
+    """How one layer encodes positions: RoPE base and mode, sliding window, attention scale."""
+
+    base: float
+    window: int | None
+    rope_dim: int
+    mode: str  # 'norm' | 'neox'
+    scale: float
+
+    @property
+    def freqs(self) -> F64:
+        return rope_freqs(self.rope_dim, self.base)
+
+
+# Per-architecture rules for layers that differ, as llama.cpp's llama-model.cpp sets them:
+# (rope mode, sliding-window pattern n (every n-th layer is global; 0 = none), local RoPE base)
+_ARCH_ROPE: dict[str, tuple[str, int, float | None]] = {
+    "llama": ("norm", 0, None),
+    "gemma3": ("neox", 6, 10000.0),  # set_swa_pattern(6); rope_freq_base_train_swa = 10000
+    "gemma2": ("neox", 2, None),
+    "qwen2": ("neox", 0, None),
+    "qwen3": ("neox", 0, None),
+    "phi3": ("neox", 0, None),
+}
+
+
+def layer_rope_layout(md: dict[str, Any], n_layers: int, rope_base: float, head_dim: int) -> list[LayerRope]:
+    """Per-layer RoPE base, window and scale from GGUF metadata (local vs global layers where the arch has them)."""
+    arch = str(md.get("general.architecture", ""))
+    mode, pattern, local_base = _ARCH_ROPE.get(arch, ("norm", 0, None))
+    swa_base = md.get(f"{arch}.rope.freq_base_swa")
+    if isinstance(swa_base, (int, float, np.integer, np.floating)) and swa_base > 0:
+        local_base = float(swa_base)
+    rope_dim = int(md.get(f"{arch}.rope.dimension_count", head_dim))
+    window = md.get(f"{arch}.attention.sliding_window")
+    window = int(window) if isinstance(window, (int, np.integer)) and window > 0 else None
+    scale = 1.0 / math.sqrt(head_dim)
+    out = []
+    for i in range(n_layers):
+        local = window is not None and pattern > 0 and (i + 1) % pattern != 0
+        out.append(
+            LayerRope(
+                base=float(local_base) if local and local_base else float(rope_base),
+                window=window if local else None,
+                rope_dim=rope_dim,
+                mode=mode,
+                scale=scale,
+            )
+        )
+    return out
