@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from app.blas import limit_blas_threads, set_blas_threads
+from app.blas import limit_blas_threads, restore_blas_threads
 from engine.errors import LensError
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class Engine(QObject):
             r.cancel.set()
             r.wait(max(0, int((end - time.monotonic()) * 1000)))
         if self._blas_before is not None and not self.threads():
-            set_blas_threads(self._blas_before)
+            restore_blas_threads(self._blas_before)
             self._blas_before = None
         return not self.threads()
 
