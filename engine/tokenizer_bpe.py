@@ -131,8 +131,12 @@ class PreTokenizer:
     add_bos: bool
 
 
-def pre_tokenizer(name: str | None) -> PreTokenizer:
-    """The pre-tokenizer for a tokenizer.ggml.pre value; unknown or missing names get 'default' with a warning."""
+def pre_tokenizer(name: object) -> PreTokenizer:
+    """The pre-tokenizer for a tokenizer.ggml.pre value; unknown, missing or non-string values get 'default' with a warning."""
+    if not isinstance(name, str):
+        if name is not None:
+            log.warning("tokenizer.ggml.pre is a %s, not a string; using the 'default' pre-tokenizer", type(name).__name__)
+        name = None
     if name is None or name == "":
         log.warning("tokenizer.ggml.pre is missing; using the 'default' pre-tokenizer (quality may suffer)")
         name = "default"

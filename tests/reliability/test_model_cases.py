@@ -137,11 +137,6 @@ def run_rejected(server: LoaderServer, tmp_path: Path, build: Builder, pattern: 
 
 # -- case 16: metadata type confusion in the vocabulary ---------------------------------------------
 
-_TOKENIZER_XFAIL = pytest.mark.xfail(
-    strict=True, reason="tokenizer helper: engine/tokenizer.py compares tokenizer.ggml.model / engine/tokenizer_bpe.py "
-    "pre_tokenizer() looks up tokenizer.ggml.pre without checking it is a str (a numpy array or list raises "
-    "ValueError/TypeError); check isinstance(value, str) first"
-)
 CASE16: list[tuple] = [
     ("scores-int8", llama({K + "scores": np.zeros(N_VOCAB, np.int8)}),
      rf"tokenizer\.ggml\.scores: must be float32\[{N_VOCAB}\], got int8\[{N_VOCAB}\]"),
@@ -170,10 +165,8 @@ CASE16: list[tuple] = [
     ("model-int", llama({K + "model": 5}), r"tokenizer\.ggml\.model = 5: unsupported tokenizer"),
     ("model-unknown", llama({K + "model": "bert"}), r"tokenizer\.ggml\.model = 'bert': unsupported tokenizer"),
     ("model-missing", edit(del_md=(K + "model",)), r"tokenizer\.ggml\.model: missing"),
-    ("model-int32-array", llama({K + "model": np.array([1, 2], np.int32)}), r"tokenizer\.ggml\.model.*unsupported tokenizer",
-     _TOKENIZER_XFAIL),
-    ("model-empty-array", llama({K + "model": np.zeros(0, np.int32)}), r"tokenizer\.ggml\.model.*unsupported tokenizer",
-     _TOKENIZER_XFAIL),
+    ("model-int32-array", llama({K + "model": np.array([1, 2], np.int32)}), r"tokenizer\.ggml\.model.*unsupported tokenizer"),
+    ("model-empty-array", llama({K + "model": np.zeros(0, np.int32)}), r"tokenizer\.ggml\.model.*unsupported tokenizer"),
     ("tokens-longer-than-embd", llama({K + "tokens": tiny_vocab()[0] + ["extra"],
                                        K + "token_type": np.ones(N_VOCAB + 1, np.int32)}),
      r"token_embd\.weight: has 269 rows but the vocabulary has 270 tokens"),
@@ -189,9 +182,9 @@ def test_case16_vocab_type_confusion_rejected(server: LoaderServer, tmp_path: Pa
 @pytest.mark.parametrize("value", [
     pytest.param(5, id="int"),
     pytest.param(2.5, id="float"),
-    pytest.param(np.array([1, 2], np.int32), id="int32-array", marks=_TOKENIZER_XFAIL),
-    pytest.param(["llama3", "default"], id="string-array", marks=_TOKENIZER_XFAIL),
-    pytest.param(np.zeros(0, np.float32), id="empty-array", marks=_TOKENIZER_XFAIL),
+    pytest.param(np.array([1, 2], np.int32), id="int32-array"),
+    pytest.param(["llama3", "default"], id="string-array"),
+    pytest.param(np.zeros(0, np.float32), id="empty-array"),
 ])
 def test_case16_pre_tokenizer_of_the_wrong_type(server: LoaderServer, tmp_path: Path, value: Any) -> None:
     """Case 16: tokenizer.ggml.pre that is not a string is ignored with a warning or rejected naming the key."""
