@@ -499,7 +499,12 @@ class GGUFFile:
         self.check_unchanged()
         if self._map is None:
             assert self._file is not None
-            self._map = np.memmap(self._file, dtype=np.uint8, mode="r", shape=(self.file_size,))
+            try:
+                self._map = np.memmap(self._file, dtype=np.uint8, mode="r", shape=(self.file_size,))
+            except (OSError, ValueError) as exc:  # ENOMEM: no address space for the mapping
+                raise ModelFormatError(
+                    "file", f"cannot be memory-mapped ({getattr(exc, 'strerror', None) or exc}); "
+                    "not enough address space or memory for a file this size", self.file_size) from None
         return self._map[info.offset : info.offset + info.nbytes]
 
     def rows(self, name: str) -> npt.NDArray[np.uint8]:

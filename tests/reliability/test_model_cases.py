@@ -764,8 +764,6 @@ def test_case35_offsets_above_4gib(server: LoaderServer, big_sparse_file: Path) 
     assert out["maxrss_kib"] < 512 * 1024, out  # the hole is mapped, never read
 
 
-@pytest.mark.xfail(strict=True, reason="engine/gguf/reader.py GGUFFile.raw: np.memmap's OSError ENOMEM escapes; "
-                   "turn it into a ModelFormatError/InferenceError naming the file and its size")
 def test_case35_map_failure_is_a_clear_error(server: LoaderServer, big_sparse_file: Path) -> None:
     """Case 28/35: when the file cannot be mapped (RLIMIT_AS 2 GiB < 4 GiB file) the error is a LensError, not OSError."""
     res = server.load(big_sparse_file, limit=2 * GIB)
