@@ -382,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_perplexity)
+
+    from engine.cli_quant import add_commands  # noqa: PLC0415 - quantize and compare
+
+    add_commands(sub)
     return ap
 
 

@@ -8,6 +8,9 @@ kquants.py.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -30,6 +33,22 @@ U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
 _f = np.float32
+
+
+# super-blocks searched at once: the searches' ~10 (n, N) float32 buffers then stay in L2 cache
+_BLOCKS_AT_ONCE = 512
+
+
+def _in_pieces(kernel: Callable[[F32], U8]) -> Callable[[F32], U8]:
+    """Run a super-block kernel on at most _BLOCKS_AT_ONCE blocks at a time (blocks are independent)."""
+
+    @functools.wraps(kernel)
+    def run(x: F32) -> U8:
+        if len(x) <= _BLOCKS_AT_ONCE:
+            return kernel(x)
+        return np.concatenate([kernel(x[i : i + _BLOCKS_AT_ONCE]) for i in range(0, len(x), _BLOCKS_AT_ONCE)])
+
+    return run
 
 
 def _sub_blocks(x: F32, size: int) -> F32:
@@ -64,6 +83,7 @@ def _pick(cond: npt.NDArray[np.bool_], value: F32) -> F32:
     return np.where(cond, value, _f(0.0)).astype(np.float32)
 
 
+@_in_pieces
 def quantize_q2_k(x: F32) -> U8:
     """float32 super-blocks to Q2_K, as quantize_row_q2_K_ref."""
     nb = len(x)
@@ -83,6 +103,7 @@ def quantize_q2_k(x: F32) -> U8:
     return np.concatenate([packed, pack_two_bit(q.reshape(nb, QK_K)), d_bytes, dmin_bytes], axis=1)
 
 
+@_in_pieces
 def quantize_q3_k(x: F32) -> U8:
     """float32 super-blocks to Q3_K, as quantize_row_q3_K_ref."""
     nb = len(x)
@@ -124,18 +145,21 @@ def _quantize_k4(x: F32, nmax: int, rmin: float, nstep: int) -> tuple[U8, U8, I3
     return np.concatenate([d_bytes, dmin_bytes, packed], axis=1), q.reshape(nb, QK_K)
 
 
+@_in_pieces
 def quantize_q4_k(x: F32) -> U8:
     """float32 super-blocks to Q4_K, as quantize_row_q4_K_ref."""
     head, q = _quantize_k4(x, 15, -1.0, 20)
     return np.concatenate([head, pack_nibble_pairs(q)], axis=1)
 
 
+@_in_pieces
 def quantize_q5_k(x: F32) -> U8:
     """float32 super-blocks to Q5_K, as quantize_row_q5_K_ref."""
     head, q = _quantize_k4(x, 31, -0.5, 15)
     return np.concatenate([head, pack_bits(q >> 4), pack_nibble_pairs(q & 0x0F)], axis=1)
 
 
+@_in_pieces
 def quantize_q6_k(x: F32) -> U8:
     """float32 super-blocks to Q6_K, as quantize_row_q6_K_ref."""
     nb = len(x)

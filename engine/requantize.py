@@ -1,0 +1,442 @@
+"""Requantizing a model: plan the types (a preview), apply them in memory, reset to the file, save a GGUF.
+
+Every new tensor is made from the file's own weights, dequantized and quantized again (what
+llama-quantize does with --allow-requantize), so the bytes equal llama.cpp's for the same
+preset and rules. A tensor whose type does not change keeps the file's bytes, as llama.cpp
+copies it. Applying is all or nothing: new blocks are computed first, checking `cancel`
+between row chunks, and swapped into the model only when every one is ready. The engine starts
+no threads: a caller that owns a thread pool may pass it as `executor` to requantize several
+tensors at once (NumPy releases the GIL inside the kernels).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import SettingError
+from engine.gguf import GGUFFile, GGUFValueType, open_gguf, write_gguf
+from engine.quant import dequantize_rows, quantize
+from engine.quant.presets import ModelShape, Preset, choose_types, preset_by_name
+from engine.quant.rules import Rule, parse_rules
+from engine.quant.types import TYPES, GGMLType
+from engine.tensor import QTensor
+
+if TYPE_CHECKING:
+    from engine.model import Model
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
+
+QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION in ggml.h, written as general.quantization_version
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops these
+_CHUNK_WEIGHTS = 1 << 20  # rows are requantized this many weights at a time: the cancel/progress step
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor's change: its type now and after, why, and the sizes."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length
+    old: GGMLType
+    new: GGMLType
+    reason: str
+    fallback: bool  # the wanted type did not fit the row; `new` is llama.cpp's fallback
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def old_bytes(self) -> int:
+        return _nbytes(self.old, self.shape)
+
+    @property
+    def new_bytes(self) -> int:
+        return _nbytes(self.new, self.shape)
+
+    @property
+    def old_bpw(self) -> float:
+        return TYPES[self.old].bits_per_weight
+
+    @property
+    def new_bpw(self) -> float:
+        return TYPES[self.new].bits_per_weight
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "shape": list(self.shape), "old": self.old.name, "new": self.new.name,
+            "reason": self.reason, "fallback": self.fallback, "old_bytes": self.old_bytes,
+            "new_bytes": self.new_bytes, "old_bpw": self.old_bpw, "new_bpw": self.new_bpw,
+        }
+
+
+def _nbytes(qtype: GGMLType, shape: tuple[int, ...]) -> int:
+    return math.prod(shape[1:]) * TYPES[qtype].row_bytes(shape[0])
+
+
+def _bpw(nbytes: int, n: int) -> float:
+    return 8.0 * nbytes / n if n else 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The type of every tensor of a file under a preset and rules, in llama.cpp's tensor order."""
+
+    preset: Preset | None  # None: the file's types stay, only rules change tensors
+    rules: tuple[Rule, ...]
+    tensors: dict[str, TensorPlan]
+
+    @property
+    def file_type(self) -> int | None:
+        """general.file_type to write (the preset's llama_ftype), None to keep the file's."""
+        return self.preset.ftype if self.preset is not None else None
+
+    def types(self) -> dict[str, tuple[GGMLType, GGMLType, str]]:
+        """{tensor name: (old type, new type, reason)}."""
+        return {t.name: (t.old, t.new, t.reason) for t in self.tensors.values()}
+
+    @property
+    def changed(self) -> list[TensorPlan]:
+        return [t for t in self.tensors.values() if t.changed]
+
+    @property
+    def fallbacks(self) -> list[TensorPlan]:
+        return [t for t in self.tensors.values() if t.fallback]
+
+    @property
+    def n_elements(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())
+
+    @property
+    def old_bytes(self) -> int:
+        return sum(t.old_bytes for t in self.tensors.values())
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(t.new_bytes for t in self.tensors.values())
+
+    @property
+    def old_bpw(self) -> float:
+        return _bpw(self.old_bytes, self.n_elements)
+
+    @property
+    def new_bpw(self) -> float:
+        return _bpw(self.new_bytes, self.n_elements)
+
+    def label(self) -> str:
+        """A short name for the plan: 'Q4_K_M', 'Q8_0 + attn_v=Q6_K', 'file + ffn_down=Q4_K'."""
+        head = self.preset.name if self.preset is not None else "file"
+        return " + ".join([head, *map(str, self.rules)])
+
+    def summary(self) -> str:
+        """One line: what changes and the size before and after."""
+        return (
+            f"{self.label()}: {len(self.changed)} of {len(self.tensors)} tensors change, "
+            f"{self.old_bytes / 2**20:.1f} MiB -> {self.new_bytes / 2**20:.1f} MiB "
+            f"({self.old_bpw:.2f} -> {self.new_bpw:.2f} bits per weight)"
+            + (f", {len(self.fallbacks)} fell back to a type that fits their rows" if self.fallbacks else "")
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label(), "preset": self.preset.name if self.preset else None,
+            "file_type": self.file_type, "rules": [str(r) for r in self.rules],
+            "old_bytes": self.old_bytes, "new_bytes": self.new_bytes,
+            "old_bpw": self.old_bpw, "new_bpw": self.new_bpw, "n_changed": len(self.changed),
+            "n_fallback": len(self.fallbacks), "tensors": [t.as_dict() for t in self.tensors.values()],
+        }
+
+
+def make_plan(gguf: GGUFFile, preset: str | Preset | None, rules: Sequence[str | Rule] = ()) -> Plan:
+    """Choose every tensor's type as llama-quantize would; SettingError for a bad preset or rule."""
+    if isinstance(preset, str):
+        preset = preset_by_name(preset)
+    parsed = parse_rules(rules)
+    shape = ModelShape.from_metadata(gguf.metadata)
+    infos = gguf.tensors
+    choices = choose_types({n: (t.shape, t.qtype) for n, t in infos.items()}, shape, preset, parsed)
+    tensors = {
+        n: TensorPlan(n, tuple(infos[n].shape), c.old, c.new, c.reason, c.fallback) for n, c in choices.items()
+    }
+    return Plan(preset, parsed, tensors)
+
+
+def requantize_rows(
+    rows: npt.NDArray[np.uint8],
+    old: GGMLType,
+    new: GGMLType,
+    *,
+    source: npt.NDArray[np.float32] | None = None,
+    cancel: threading.Event | None = None,
+    on_weights: Callable[[int], None] | None = None,
+) -> npt.NDArray[np.uint8] | None:
+    """(n_rows, row_bytes) blocks of `old` requantized to `new` via float32, a row chunk at a time; None if cancelled.
+
+    `source` may hold the same weights already dequantized (n_rows, n_cols), to skip that step.
+    """
+    n_rows = len(rows)
+    n_cols = rows.shape[1] // TYPES[old].type_size * TYPES[old].block_size
+    out = np.empty((n_rows, TYPES[new].row_bytes(n_cols)), dtype=np.uint8)
+    step = max(1, _CHUNK_WEIGHTS // max(1, n_cols))
+    for r0 in range(0, n_rows, step):
+        if cancel is not None and cancel.is_set():
+            return None
+        r1 = min(n_rows, r0 + step)
+        x = source[r0:r1] if source is not None else dequantize_rows(rows[r0:r1], old)
+        out[r0:r1] = quantize(x, new)
+        if on_weights is not None:
+            on_weights((r1 - r0) * n_cols)
+    return out
+
+
+Job = tuple[TensorPlan, "npt.NDArray[np.uint8]", "npt.NDArray[np.float32] | None"]  # (what, file rows, float32 rows)
+
+
+def _run_jobs(
+    jobs: list[Job], progress: Progress | None, cancel: threading.Event | None, executor: Executor | None
+) -> dict[str, npt.NDArray[np.uint8]] | None:
+    """Requantize every job, on `executor` when given; progress is reported from the calling thread."""
+    total = max(1, sum(tp.n_elements for tp, _, _ in jobs))
+    done = [0]
+    lock = threading.Lock()
+    say = progress or (lambda what, frac: None)
+
+    def count(n: int) -> None:
+        with lock:
+            done[0] += n
+        if executor is None:
+            say("requantizing", min(1.0, done[0] / total))
+
+    say("requantizing", 0.0)
+    out: dict[str, npt.NDArray[np.uint8]] = {}
+    if executor is None:
+        for tp, rows, source in jobs:
+            blocks = requantize_rows(rows, tp.old, tp.new, source=source, cancel=cancel, on_weights=count)
+            if blocks is None:
+                return None
+            out[tp.name] = blocks
+        return out
+    stop = threading.Event()  # set on cancel or error, so the other jobs end at their next chunk
+    futures = {
+        executor.submit(requantize_rows, rows, tp.old, tp.new, source=source, cancel=stop, on_weights=count): tp.name
+        for tp, rows, source in jobs
+    }
+    try:
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            if cancel is not None and cancel.is_set():
+                stop.set()
+            for fut in finished:
+                blocks = fut.result()
+                if blocks is None:
+                    stop.set()
+                else:
+                    out[futures[fut]] = blocks
+            say("requantizing", min(1.0, done[0] / total))
+    except BaseException:
+        stop.set()
+        raise
+    return None if stop.is_set() else out
+
+
+def output_metadata(gguf: GGUFFile, plan: Plan | None) -> tuple[dict[str, object], dict[str, tuple[GGUFValueType, GGUFValueType | None]]]:
+    """The metadata llama-quantize writes: the file's keys, split keys dropped, quantization version and file type last."""
+    md = {k: v for k, v in gguf.metadata.items() if k not in _SPLIT_KEYS}
+    types = {k: v for k, v in gguf.metadata_types.items() if k in md}
+    u32 = (GGUFValueType.UINT32, None)
+    file_type = plan.file_type if plan is not None else None
+    if file_type is None and "general.file_type" in md:
+        file_type = int(md["general.file_type"])  # type: ignore[call-overload]
+    for key, value in (("general.quantization_version", QUANTIZATION_VERSION), ("general.file_type", file_type)):
+        md.pop(key, None)
+        types.pop(key, None)
+        if value is not None:
+            md[key], types[key] = value, u32
+    return md, types
+
+
+def quantize_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    preset: str | Preset,
+    rules: Sequence[str | Rule] = (),
+    *,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    executor: Executor | None = None,
+) -> Plan | None:
+    """Write `dst`: `src` requantized to a preset and rules, as llama-quantize does; None if cancelled."""
+    with open_gguf(src) as gguf:
+        plan = make_plan(gguf, preset, rules)
+        if not _write(gguf, plan, {}, dst, progress, cancel, executor):
+            return None
+    for tp in plan.fallbacks:
+        log.info("%s: %s", tp.name, tp.reason)
+    return plan
+
+
+def _write(
+    gguf: GGUFFile, plan: Plan, held: dict[str, QTensor], dst: str | os.PathLike[str],
+    progress: Progress | None, cancel: threading.Event | None, executor: Executor | None,
+) -> bool:
+    """Write the plan's file: blocks held in memory, else requantized now, else the file's own bytes."""
+    jobs = [(tp, gguf.rows(tp.name), None) for tp in plan.changed if not _holds(held, tp)]
+    made = _run_jobs(jobs, progress, cancel, executor)
+    if made is None:
+        return False
+    tensors = []
+    for tp in plan.tensors.values():
+        blocks = held[tp.name].blocks if _holds(held, tp) else made.get(tp.name)
+        tensors.append((tp.name, tp.new, tp.shape, blocks if blocks is not None else gguf.rows(tp.name)))
+    md, types = output_metadata(gguf, plan)
+    write_gguf(dst, md, tensors, metadata_types=types, alignment=gguf.alignment)
+    return True
+
+
+def _holds(held: dict[str, QTensor], tp: TensorPlan) -> bool:
+    return tp.name in held and held[tp.name].qtype == tp.new
+
+
+class Requantizer:
+    """Requantizes a loaded Model in place: preview a plan, apply it, reset to the file, save it.
+
+    The app keeps one per loaded model and calls it from its worker thread:
+      plan = rq.plan("Q4_K_M", ["attn_v=Q8_0"])      # cheap: types, reasons, sizes
+      rq.apply(plan, progress=..., cancel=event)     # True when applied, False when cancelled
+      rq.reset()                                     # the file's blocks again
+      rq.save(path, progress=..., cancel=event)      # a GGUF llama.cpp loads
+    """
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.gguf = model.gguf
+        self.applied: Plan | None = None
+        self._held: dict[str, QTensor] = {}  # tensors whose blocks in the model are not the file's
+
+    def plan(self, preset: str | Preset | None, rules: Sequence[str | Rule] = ()) -> Plan:
+        """The plan for this model's file (see make_plan)."""
+        return make_plan(self.gguf, preset, rules)
+
+    def current_types(self) -> dict[str, GGMLType]:
+        """The type each tensor has in memory now."""
+        return {n: (self._held[n].qtype if n in self._held else t.qtype) for n, t in self.gguf.tensors.items()}
+
+    def _setters(self) -> dict[str, list[tuple[tuple[int, ...], Callable[[QTensor], None]]]]:
+        """For each tensor the model holds: (its shape in the model, how to swap new blocks in)."""
+        net = self.model.net
+        owner = getattr(net, "cpu", net)  # a GPU runner wraps the NumPy model and re-uploads what changed there
+        out: dict[str, list[tuple[tuple[int, ...], Callable[[QTensor], None]]]] = {}
+        for name, lin in net.linears().items():
+            out.setdefault(name, []).append((lin.weight.shape, lin.replace))
+        embd = getattr(owner, "tok_embd", None)  # the embedding table is looked up by rows, not a Linear
+        if isinstance(embd, QTensor):
+            out.setdefault(embd.name, []).append((embd.shape, lambda qt: setattr(owner, "tok_embd", qt)))
+        return out
+
+    def _file_qtensor(self, name: str, shape: tuple[int, ...]) -> QTensor:
+        return QTensor(name, GGMLType(self.gguf.tensors[name].qtype), shape, self.gguf.rows(name))
+
+    def _dense_source(self, name: str) -> npt.NDArray[np.float32] | None:
+        """The file's float32 weights when the model still holds them dequantized (saves a dequantize)."""
+        if name in self._held:
+            return None
+        lin = self.model.net.linears().get(name)
+        if lin is None or lin.weight.qtype != self.gguf.tensors[name].qtype:
+            return None
+        dense = lin.dense()
+        return dense if dense.shape == (lin.n_out, lin.n_in) and lin.n_in == self.gguf.tensors[name].shape[0] else None
+
+    def apply(
+        self,
+        plan: Plan,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        executor: Executor | None = None,
+    ) -> bool:
+        """Put the plan's types into the model; False (and the model untouched) if cancelled.
+
+        Tensors already holding the planned type are kept; `executor` (the caller's thread pool)
+        requantizes several tensors at once, else this thread does them one after another.
+        """
+        say = progress or (lambda what, frac: None)
+        setters = self._setters()
+        missing = [tp.name for tp in plan.changed if tp.name not in setters]
+        if missing:
+            log.warning("%d tensors are not used by the model in memory and stay as in the file: %s",
+                        len(missing), ", ".join(missing[:5]))
+        restore = [n for n in self._held if n not in plan.tensors or not plan.tensors[n].changed]
+        jobs = [(tp, self.gguf.rows(tp.name), self._dense_source(tp.name)) for tp in plan.changed
+                if tp.name in setters and not _holds(self._held, tp)]
+        made = _run_jobs(jobs, say, cancel, executor)
+        if made is None or (cancel is not None and cancel.is_set()):
+            say("cancelled", 0.0)
+            return False
+        for name in restore:  # the commit: nothing here can fail half way
+            self._swap(setters[name], None, name)
+        for tp, _, _ in jobs:
+            self._swap(setters[tp.name], QTensor(tp.name, tp.new, setters[tp.name][0][0], made[tp.name]), tp.name)
+        self.applied = plan if plan.changed else None
+        say("done", 1.0)
+        log.info("applied %s", plan.summary())
+        return True
+
+    def _swap(self, setters: list[tuple[tuple[int, ...], Callable[[QTensor], None]]], qt: QTensor | None, name: str) -> None:
+        for shape, put in setters:
+            if qt is None:
+                put(self._file_qtensor(name, shape))
+            else:
+                put(QTensor(name, qt.qtype, shape, qt.blocks))
+        if qt is None:
+            self._held.pop(name, None)
+        else:
+            self._held[name] = qt
+
+    def reset(self) -> None:
+        """Give every tensor back its blocks from the file."""
+        setters = self._setters()
+        for name in list(self._held):
+            self._swap(setters[name], None, name)
+        self.applied = None
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        executor: Executor | None = None,
+    ) -> bool:
+        """Write the model as it is now (the applied plan, or the file) to a GGUF; False if cancelled."""
+        plan = self.applied or make_plan(self.gguf, None)
+        if not _write(self.gguf, plan, self._held, path, progress, cancel, executor):
+            return False
+        if progress is not None:
+            progress("saved", 1.0)
+        return True
+
+
+def check_output_path(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Refuse to write over the input file (it is memory-mapped while we read it)."""
+    try:
+        same = os.path.samefile(src, dst)
+    except OSError:
+        same = False
+    if same:
+        raise SettingError(f"output {os.fspath(dst)!r} is the input file; choose another path")
