@@ -29,7 +29,7 @@ def run_bench(
     if gpu_layers is not None and backend == "numpy":
         raise SettingError("--gpu-layers needs the cupy backend")
     t0 = time.perf_counter()
-    model = load_model(model_source, backend=backend)
+    model = load_model(model_source, backend=backend, gpu_layers=gpu_layers)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.args.n_vocab, size=n_prompt).tolist()
@@ -45,9 +45,7 @@ def run_bench(
         tok = ids[0]
         t = time.perf_counter()
         for _ in range(n_gen):
-            logits = model.forward([tok], cache)
-            cache.commit([tok])
-            tok = int(np.argmax(logits[-1]))
+            tok = model.greedy_step(tok, cache)
         tg_best = min(tg_best, time.perf_counter() - t)
     return {
         "model": model.name,
@@ -56,6 +54,9 @@ def run_bench(
         "load_s": load_s,
         "peak_rss_mb": peak_rss_mb(),
         "backend": model.backend.name,
+        "device": model.backend.device_name(),
+        "gpu_layers": model.gpu_layers,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
+        "notes": list(model.warnings),
     }

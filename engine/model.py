@@ -13,7 +13,7 @@ import numpy.typing as npt
 from engine.backend import Backend, get_backend
 from engine.cache import KVCache
 from engine.chat import ChatTemplate
-from engine.errors import ModelFormatError
+from engine.errors import ModelFormatError, SettingError
 from engine.gguf import GGUFFile, open_gguf
 from engine.models.registry import model_class
 from engine.models.base import BaseArgs
@@ -69,6 +69,29 @@ class Model:
         self.gguf.check_unchanged()
         return self.net.forward(tokens, cache, recorder, all_logits)
 
+    def _on_fallback(self, backend: Backend, note: str) -> None:
+        """The GPU failed mid-run: the model now runs on NumPy; say so once."""
+        self.backend = backend
+        self.warnings.append(note)
+
+    def greedy_step(self, token: int, cache: KVCache) -> int:
+        """Run one token, commit it to the cache and return the most likely next one (bench, greedy decoding).
+
+        On a GPU only the picked id comes back to the host, not the logits.
+        """
+        step = getattr(self.net, "greedy_step", None)
+        if step is not None:
+            self.gguf.check_unchanged()
+            return step(token, cache)
+        logits = self.forward([token], cache)
+        cache.commit([token])
+        return int(np.argmax(logits[-1]))
+
+    @property
+    def gpu_layers(self) -> int:
+        """Layers running on the GPU (0 on NumPy)."""
+        return int(getattr(self.net, "gpu_layers", 0))
+
     def close(self) -> None:
         self.gguf.close()
 
@@ -88,11 +111,19 @@ def load_model(
     dense_budget: int | None = None,
     progress: LoadProgress | None = None,
     warm: bool = True,
+    gpu_layers: int | None = None,
 ) -> Model:
-    """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run."""
+    """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run.
+
+    backend 'cupy' (or 'auto' with a GPU) runs the last `gpu_layers` layers (default all) and the head on the
+    GPU, fewer when they do not fit; what was decided is in Model.warnings and Model.backend.note.
+    """
     from engine.catalog import resolve_model  # noqa: PLC0415 - avoids importing pip machinery for plain paths
 
     say = progress or (lambda what, frac: None)
+    if gpu_layers is not None and backend == "numpy":
+        raise SettingError("--gpu-layers needs the cupy (or auto) backend")
+    chosen = get_backend(backend)
     path = resolve_model(str(source), progress=progress)
     say("reading the GGUF header", 0.0)
     gguf = open_gguf(path)
@@ -118,9 +149,19 @@ def load_model(
         if extra:
             warnings.append(f"{len(extra)} tensors not used by the {arch} architecture, ignored: {', '.join(extra[:5])}")
         chat = ChatTemplate.from_metadata(gguf.metadata, arch, tokenizer)
-        model = Model(Path(path), gguf, net, tokenizer, chat, get_backend(backend), budget, warnings)
+        runner: Any = net
+        if chosen.is_device:
+            from engine.gpu import to_device  # noqa: PLC0415 - the CUDA path loads only with a GPU
+
+            say(f"uploading weights to {chosen.device_name()}", 0.08)
+            runner, chosen = to_device(net, chosen, gpu_layers, notes=warnings)
+        elif chosen.note:
+            warnings.append(chosen.note)
+        model = Model(Path(path), gguf, runner, tokenizer, chat, chosen, budget, warnings)
+        if hasattr(runner, "on_fallback"):
+            runner.on_fallback = model._on_fallback
         if warm:
-            net.warm(lambda frac: say("dequantizing weights", 0.1 + 0.9 * frac))
+            runner.warm(lambda frac: say("dequantizing weights", 0.1 + 0.9 * frac))
         say("ready", 1.0)
         for w in warnings:
             log.warning(w)

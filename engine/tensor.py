@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +76,7 @@ class Linear:
     weight: QTensor
     budget: DenseBudget
     _dense: np.ndarray | None = field(default=None, repr=False)
+    swaps: ClassVar[int] = 0  # weights replaced in any Linear so far: device copies (engine/gpu) look when it moves
 
     @property
     def n_in(self) -> int:
@@ -105,6 +107,7 @@ class Linear:
             raise ValueError(f"{weight.name}: new shape {weight.shape} != {self.weight.shape}")
         self.drop_cache()
         self.weight = weight
+        Linear.swaps += 1
 
     def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         # x: (T, n_in) -> (T, n_out)

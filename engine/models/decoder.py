@@ -86,11 +86,33 @@ class DecoderModel:
         cache: KVCache,
         recorder: Recorder | None = None,
         all_logits: bool = False,
-    ) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
+    ) -> npt.NDArray[np.float32]:
         """Run tokens at positions [cache.length, +T); logits (T, n_vocab) or (1, n_vocab) for the last one.
 
         Writes K/V for the new positions into the cache but does not commit them.
         """
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self.check_tokens(ids)
+        t, start = ids.size, cache.length
+        cache.reserve(start + t)
+        if recorder is not None:
+            recorder.begin(start, t)
+        x = self.embed(ids)
+        x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
+        return self.head(x, all_logits)
+
+    def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
+        """The input embeddings of token ids, (T, dim)."""
+        raise NotImplementedError
+
+    def run_layers(
+        self, x: npt.NDArray[np.float32], start: int, cache: KVCache, recorder: Recorder | None, which: range
+    ) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
+        """The residual stream (T, dim) at positions [start, +T) after the layers `which` (the GPU runner runs a prefix here)."""
+        raise NotImplementedError
+
+    def head(self, x: npt.NDArray[np.float32], all_logits: bool) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
+        """Final norm and output matrix: logits for every row, or for the last one."""
         raise NotImplementedError
 
     def attend(

@@ -134,24 +134,22 @@ class Gemma3(DecoderModel):
         out[self.output.weight.name] = self.output
         return out
 
-    def forward(
-        self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False
+    def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        return self.tok_embd.rows(ids) * np.float32(math.sqrt(self.args.dim))  # (T, dim)
+
+    def run_layers(
+        self, x: npt.NDArray[np.float32], start: int, cache: KVCache, recorder: Recorder | None, which: range
     ) -> npt.NDArray[np.float32]:
         a: Gemma3Args = self.args  # type: ignore[assignment]
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        self.check_tokens(ids)
-        t, start = ids.size, cache.length
-        cache.reserve(start + t)
+        t = x.shape[0]
         pos = np.arange(start, start + t)
         rope = {
             "global": rope_angles(pos, self.freqs_global),
             "local": rope_angles(pos, self.freqs_local),
         }
         masks: dict = {}
-        if recorder is not None:
-            recorder.begin(start, t)
-        x = self.tok_embd.rows(ids) * np.float32(math.sqrt(a.dim))  # (T, dim)
-        for i, layer in enumerate(self.layers):
+        for i in which:
+            layer = self.layers[i]
             spec = self.specs[i]
             cos, sin = rope["local" if a.is_local(i) else "global"]
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
@@ -174,5 +172,8 @@ class Gemma3(DecoderModel):
             x = x + rms_norm(f, layer.post_ffn_norm, a.norm_eps)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, a.norm_eps)
+        return x
+
+    def head(self, x: npt.NDArray[np.float32], all_logits: bool) -> npt.NDArray[np.float32]:
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.args.norm_eps)
         return self.output(x)

@@ -112,21 +112,19 @@ class Llama(DecoderModel):
         out[self.output.weight.name] = self.output
         return out
 
-    def forward(
-        self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False
+    def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        return self.tok_embd.rows(ids)  # (T, dim)
+
+    def run_layers(
+        self, x: npt.NDArray[np.float32], start: int, cache: KVCache, recorder: Recorder | None, which: range
     ) -> npt.NDArray[np.float32]:
         a = self.args
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        self.check_tokens(ids)
-        t, start = ids.size, cache.length
-        cache.reserve(start + t)
+        t = x.shape[0]
         pos = np.arange(start, start + t)
         cos, sin = rope_angles(pos, self.freqs)
         masks: dict = {}
-        if recorder is not None:
-            recorder.begin(start, t)
-        x = self.tok_embd.rows(ids)  # (T, dim)
-        for i, layer in enumerate(self.layers):
+        for i in which:
+            layer = self.layers[i]
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
             q, k, v = layer.qkv(h)
             q = q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
@@ -144,5 +142,8 @@ class Llama(DecoderModel):
             x = x + layer.w_down(silu(gate) * up)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, a.norm_eps)
+        return x
+
+    def head(self, x: npt.NDArray[np.float32], all_logits: bool) -> npt.NDArray[np.float32]:
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.args.norm_eps)
         return self.output(x)

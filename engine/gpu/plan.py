@@ -1,0 +1,92 @@
+"""What the GPU runner needs to know about an architecture, read off the NumPy model that holds the weights.
+
+One function per architecture, in a table: adding one to the GPU path is a new entry here when its layer
+is made of the pieces runner.py knows (RMSNorm, optional q/k norms and post-norms, RoPE, gated FFN).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import SettingError
+from engine.models.decoder import DecoderModel
+from engine.observe import LayerAttentionSpec
+from engine.tensor import Linear, QTensor
+
+F32 = npt.NDArray[np.float32]
+ACT_SILU, ACT_GELU_TANH = 1, 2  # as gl_act in gemv.cu / ops_act in ops.cu
+
+
+@dataclass
+class LayerPlan:
+    """One transformer block as the device runs it."""
+
+    attn_norm: F32
+    qkv: list[Linear]
+    wo: Linear
+    ffn_norm: F32
+    gate_up: list[Linear]
+    down: Linear
+    freqs: npt.NDArray[np.float64]  # RoPE angular frequencies of this layer
+    window: int | None  # sliding window, None = full attention
+    spec: LayerAttentionSpec  # for the Recorder (its scale is the attention scale)
+    q_norm: F32 | None = None
+    k_norm: F32 | None = None
+    post_attn_norm: F32 | None = None
+    post_ffn_norm: F32 | None = None
+
+
+@dataclass
+class ArchPlan:
+    """The whole decoder: embedding, blocks, head."""
+
+    layers: list[LayerPlan]
+    tok_embd: QTensor
+    embed_scale: float | None  # Gemma multiplies the embeddings by sqrt(dim)
+    out_norm: F32
+    output: Linear
+    eps: float
+    neox: bool  # RoPE pairs (i, i + n/2) instead of (2i, 2i + 1)
+    act: int
+
+
+def _llama(net: DecoderModel) -> ArchPlan:
+    a = net.args
+    layers = [
+        LayerPlan(L.attn_norm, [L.wq, L.wk, L.wv], L.wo, L.ffn_norm, [L.w_gate, L.w_up], L.w_down,
+                  net.freqs, None, net.spec)
+        for L in net.layers
+    ]
+    return ArchPlan(layers, net.tok_embd, None, net.out_norm, net.output, a.norm_eps, net.rope_mode == "neox", ACT_SILU)
+
+
+def _gemma3(net: DecoderModel) -> ArchPlan:
+    a = net.args
+    layers = []
+    for i, L in enumerate(net.layers):
+        local = a.is_local(i)
+        layers.append(LayerPlan(
+            L.attn_norm, [L.wq, L.wk, L.wv], L.wo, L.ffn_norm, [L.w_gate, L.w_up], L.w_down,
+            net.freqs_local if local else net.freqs_global, net.specs[i].window, net.specs[i],
+            q_norm=L.q_norm, k_norm=L.k_norm, post_attn_norm=L.post_attn_norm, post_ffn_norm=L.post_ffn_norm,
+        ))
+    return ArchPlan(layers, net.tok_embd, math.sqrt(a.dim), net.out_norm, net.output, a.norm_eps,
+                    net.rope_mode == "neox", ACT_GELU_TANH)
+
+
+PLANS: dict[str, Callable[[DecoderModel], ArchPlan]] = {"llama": _llama, "gemma3": _gemma3}
+MAX_HEAD_DIM = 256  # ATT_MAX_PER_LANE * 32 in attention.cu
+
+
+def arch_plan(net: DecoderModel) -> ArchPlan:
+    """The plan for a loaded NumPy model; SettingError when the GPU path does not run its architecture."""
+    make = PLANS.get(net.arch_name)
+    if make is None:
+        raise SettingError(f"the GPU path does not run the {net.arch_name} architecture yet")
+    if net.args.head_dim > MAX_HEAD_DIM:
+        raise SettingError(f"the GPU attention kernel takes heads of up to {MAX_HEAD_DIM} dims, this model has {net.args.head_dim}")
+    return make(net)
