@@ -15,6 +15,7 @@ from engine.cache import KVCache
 from engine.chat import ChatTemplate
 from engine.errors import ModelFormatError, SettingError
 from engine.gguf import GGUFFile, open_gguf
+from engine.memory import check_memory, scan_small_tensors
 from engine.models.registry import model_class
 from engine.models.base import BaseArgs
 from engine.models.decoder import DecoderModel, Weights
@@ -112,11 +113,13 @@ def load_model(
     progress: LoadProgress | None = None,
     warm: bool = True,
     gpu_layers: int | None = None,
+    n_ctx: int | None = None,
 ) -> Model:
     """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run.
 
     backend 'cupy' (or 'auto' with a GPU) runs the last `gpu_layers` layers (default all) and the head on the
     GPU, fewer when they do not fit; what was decided is in Model.warnings and Model.backend.note.
+    n_ctx is the context the memory preflight plans for (default: the model's trained context).
     """
     from engine.catalog import resolve_model  # noqa: PLC0415 - avoids importing pip machinery for plain paths
 
@@ -142,9 +145,11 @@ def load_model(
             raise ModelFormatError("token_embd.weight", f"has {n_vocab} rows but the vocabulary has {tokenizer.n_vocab} tokens")
         args = cls.args_from_metadata(gguf.metadata, n_vocab)
         budget = DenseBudget(dense_budget if dense_budget is not None else _default_budget())
+        # refuse before allocating anything a model whose weights and KV cache cannot fit (RELIABILITY 28)
+        check_memory(gguf, args, n_ctx=n_ctx, dense_budget=budget.limit if warm else 0)
         weights = Weights(gguf, budget)
         net = cls(args, weights)
-        warnings = list(gguf.warnings)
+        warnings = list(gguf.warnings) + scan_small_tensors(gguf)
         extra = weights.unused()
         if extra:
             warnings.append(f"{len(extra)} tensors not used by the {arch} architecture, ignored: {', '.join(extra[:5])}")

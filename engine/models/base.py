@@ -146,6 +146,13 @@ class MetadataView:
             raise ModelFormatError(full, "must be finite", v)
         return v
 
+    def reject_experts(self) -> None:
+        """Mixture-of-experts variants need router tensors this engine does not run: refuse them by name."""
+        n = self.optional_int("expert_count")
+        if n is not None and n > 1:
+            why = "must be at most 1024" if n > 1024 else "mixture-of-experts models are not supported by GGUF Lens"
+            raise ModelFormatError(f"{self.arch}.expert_count", why, n)
+
     def optional_int(self, key: str) -> int | None:
         full, v = self._get(key, None)
         return None if v is None else self.int(key)

@@ -34,6 +34,7 @@ class Gemma3Args(BaseArgs):
     @classmethod
     def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "gemma3") -> Gemma3Args:
         m = MetadataView(md, arch)
+        m.reject_experts()
         n_heads = m.int("attention.head_count")
         dim = m.int("embedding_length")
         head_dim = m.int("attention.key_length", dim // max(1, n_heads))
@@ -53,9 +54,9 @@ class Gemma3Args(BaseArgs):
             rope_dim=m.int("rope.dimension_count", head_dim),
             sliding_window=window if window and window > 0 else None,
             rope_base_local=m.float("rope.freq_base_swa", ROPE_BASE_LOCAL),
-            attn_scale=1.0 / math.sqrt(head_dim),
         )
         args.check()
+        args.attn_scale = 1.0 / math.sqrt(args.head_dim)  # after check(): key_length is known to be >= 2
         return args
 
 

@@ -24,6 +24,7 @@ class LlamaArgs(BaseArgs):
     @classmethod
     def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "llama") -> LlamaArgs:
         m = MetadataView(md, arch)
+        m.reject_experts()
         dim = m.int("embedding_length")
         n_heads = m.int("attention.head_count")
         if n_heads <= 0 or dim % n_heads and m.optional_int("attention.key_length") is None:

@@ -288,8 +288,6 @@ def test_gib_formatting() -> None:
     assert memory.gib(GIB // 4) == "0.25 GiB" and memory.gib(3 * GIB) == "3.0 GiB" and memory.gib(0) == "0.00 GiB"
 
 
-@pytest.mark.xfail(strict=True, reason="lead: engine/model.py load_model does not call engine.memory.check_memory "
-                   "(after args_from_metadata, before Weights) so a model too big for free memory fails late")
 def test_load_model_refuses_what_cannot_fit(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Case 28: load_model runs the preflight and refuses with 'needs X GiB, Y GiB available'."""
     from engine.model import load_model  # noqa: PLC0415
