@@ -18,19 +18,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the message --screenshot sends")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds --screenshot waits for the reply")
     p.add_argument("--tab", default="Attention", help="the lens tab --screenshot shows")
+    p.add_argument("--view", choices=("overview", "steps"), default="overview",
+                   help="the Attention lens's view --screenshot shows ('steps': one attention cell, step by step)")
+    p.add_argument("--step", metavar="LAYER,HEAD[,QUERY]", help="the cell --view steps shows (default: 0,0,last token)")
+    p.add_argument("--override", action="append", default=[], metavar="PRESET|REGEX=TYPE",
+                   help="type overrides set in the Quantization lens before --screenshot (B of --tab Compare)")
     return p
 
 
 class Screenshot:
     """Drives the real window: waits for the model, sends the prompt, waits for the reply and lenses, saves a PNG."""
 
-    def __init__(self, window: object, path: Path, prompt: str, timeout_s: float, tab: str):
+    def __init__(self, window: object, path: Path, prompt: str, timeout_s: float, tab: str, view: str = "overview",
+                 step: str | None = None):
         from PySide6.QtCore import QTimer  # noqa: PLC0415
 
         self.window = window
         self.path = path
         self.prompt = prompt
         self.tab = tab
+        self.view = view
+        self.step = [int(v) for v in step.split(",")] if step else []
+        self.steps_asked = False
+        self.overrides: list[str] = []
+        self.layout: tuple[object, object] | None = None
         self.sent = False
         self.done_at = 0.0
         self.deadline = time.monotonic() + timeout_s
@@ -61,15 +72,62 @@ class Screenshot:
             self._show_tab()
         if w.state.attention_record is None and now - self.done_at < 20:
             return None  # give the attention overview time to arrive
+        if self.view == "steps" and not self._steps_ready(now):
+            return None
+        if not self._tab_ready():
+            return None
         if now - self.done_at > 1.5:
             return self.finish(0)
         return None
+
+    def _tab_ready(self) -> bool:
+        """A tab with prepare_screenshot()/screenshot_ready() (the Compare view) computes what it shows first."""
+        widget = self.window.lens_tabs.currentWidget()
+        if not hasattr(widget, "screenshot_ready"):
+            return True
+        if not getattr(self, "prepared", False):
+            self.prepared = True
+            editor = getattr(getattr(self.window, "quant_bridge", None), "editor", None)
+            if self.overrides and editor is not None:
+                from app.overrides import OverrideSpec  # noqa: PLC0415
+
+                preset = [o for o in self.overrides if "=" not in o]
+                editor.set_spec(OverrideSpec(preset[0] if preset else None, tuple(o for o in self.overrides if "=" in o)))
+            widget.prepare_screenshot()
+            self._make_room()
+            return False
+        return bool(widget.screenshot_ready())
+
+    def _make_room(self) -> None:
+        """Hide the docks and narrow the chat so the tab is wide; finish() puts the saved layout back before closing."""
+        w = self.window
+        self.layout = (w.saveState(), w.split.saveState())
+        w.chat_dock.hide()
+        w.sampling_dock.hide()
+        w.split.setSizes([380, max(600, w.split.width() - 380)])
 
     def _show_tab(self) -> None:
         tabs = self.window.lens_tabs
         for i in range(tabs.count()):
             if tabs.tabText(i).lower() == self.tab.lower():
                 tabs.setCurrentIndex(i)
+
+    def _steps_ready(self, now: float) -> bool:
+        """Show the step-through view of the chosen cell; True once its record is drawn (or after 20 s)."""
+        lens = self.window.lens_slots["Attention"].widget
+        if lens is None:
+            return now - self.done_at > 20
+        if not self.steps_asked:
+            self.steps_asked = True
+            self.done_at = now
+            lens.show_steps()
+            if self.step:
+                lens.steps.select(*self.step[:3])
+            lens.steps.request()
+            return False
+        rec = lens.steps.record
+        want = tuple(self.step[:2])
+        return (rec is not None and (not want or (rec.cell.layer, rec.cell.head) == want)) or now - self.done_at > 20
 
     def finish(self, code: int) -> None:
         from PySide6.QtWidgets import QApplication  # noqa: PLC0415
@@ -79,6 +137,9 @@ class Screenshot:
         ok = self.window.grab().save(str(self.path))
         print(f"screenshot {'saved to' if ok else 'could not be saved to'} {self.path}", file=sys.stderr)
         self.code = code if ok else 2
+        if self.layout is not None:  # the layout the user had, not the screenshot's
+            self.window.restoreState(self.layout[0])
+            self.window.split.restoreState(self.layout[1])
         self.window.close()
         QApplication.instance().exit(self.code)
 
@@ -95,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.setApplicationName("GGUF Lens")
     window = MainWindow(model=args.model)
     window.show()
-    shot = Screenshot(window, Path(args.screenshot), args.prompt, args.timeout, args.tab) if args.screenshot else None
+    shot = Screenshot(window, Path(args.screenshot), args.prompt, args.timeout, args.tab, args.view,
+                      args.step) if args.screenshot else None
+    if shot is not None:
+        shot.overrides = list(args.override)
     code = app.exec()
     if not window.closed:
         window.shutdown()

@@ -287,8 +287,10 @@ class Conversation(QObject):
         if item.finish_reason == "cancelled":
             msg.stopped = True
         elif item.finish_reason == "context":
-            msg.error = (f"The model's context is full ({item.n_ctx} tokens), so the reply ends here. Start a new "
-                         "chat, or set 'Context full' to 'Drop oldest turns' in the sampling panel.")
+            advice = ("your next message leaves the oldest turns out of the context"
+                      if self.settings().overflow_policy == "drop_oldest" else
+                      "start a new chat, or set 'Context full' to 'Drop oldest turns' in the sampling panel")
+            msg.error = f"The model's context is full ({item.n_ctx} tokens), so the reply ends here: {advice}."
             self.banner.emit("error", msg.error)
         self.reply_done.emit(item)
         self.message_updated.emit(reply.chat.id, self._index(reply), True)
@@ -313,8 +315,10 @@ class Conversation(QObject):
             if reply.stopping:
                 msg.stopped = True
         if not reply.stopping:
-            if message.startswith("conversation is "):  # ContextFullError under the 'refuse' policy
-                message += " (or set 'Context full' to 'Drop oldest turns' in the sampling panel)"
+            if message.startswith("conversation is "):  # ContextFullError
+                message += (" (even your last message alone is too long: shorten it)"
+                            if self.settings().overflow_policy == "drop_oldest" else
+                            " (or set 'Context full' to 'Drop oldest turns' in the sampling panel)")
             self.banner.emit("error", message)
         self.messages_changed.emit(chat.id)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from app.kv_info import KVInfo
 from app.replies import GenerationRequest, PrefillProgress, Prepared, ReplyDone, TokenStep, fit_context, token_record
 from app.summary import ModelInfo, make_model_info
 from engine.errors import FetchError, LensError
@@ -120,21 +121,31 @@ def _generate(session: Session, req: GenerationRequest, cancel: threading.Event,
         model = session.model
         if model is None:
             raise LensError("no model is loaded; open a .gguf file or pick one from the catalog")
-        if session.cache is None or session.cache.n_ctx != session.n_ctx():
+        if (session.cache is None or session.cache.n_ctx != session.n_ctx()
+                or getattr(session.cache, "cache_type", "F32") != session.cache_type):
             session.fresh_cache()
         cache, recorder = session.cache, session.recorder
         ids, dropped, warning = fit_context(model, req, cache.n_ctx)
     yield Prepared(len(ids), cache.n_ctx, dropped, warning)
     tok = model.tokenizer
-    steps = generate(model, ids, config, cache=cache, recorder=recorder, cancel=cancel,
-                     progress=lambda done, total: emit(PrefillProgress(done, total)))
+    paths: list[str] = []  # the attention path each prefill chunk took
+
+    def progress(done: int, total: int) -> None:
+        if done:
+            paths.append(str(getattr(getattr(model, "net", None), "attention_path", "") or ""))
+        emit(PrefillProgress(done, total))
+
+    steps = generate(model, ids, config, cache=cache, recorder=recorder, cancel=cancel, progress=progress)
     last = None
     n = 0
     while True:
         with session.lock:
             step = next(steps, None)
+            info = kv_info(cache, paths) if last is None else None  # the prefill has just run
         if step is None:
             break
+        if info is not None:
+            yield info
         last = step
         rec = None
         if step.token_id >= 0 and step.finish_reason != "eos":
@@ -151,6 +162,12 @@ def _generate(session: Session, req: GenerationRequest, cancel: threading.Event,
         time.perf_counter() - t0, ctx_used, n_ctx, kv_bytes,
     )
     return None
+
+
+def kv_info(cache: Any, paths: list[str]) -> KVInfo:
+    """The cache's type and bytes now and at its full context, and the prefill chunks' attention paths."""
+    return KVInfo(str(getattr(cache, "cache_type", "F32")), int(cache.nbytes), int(cache.bytes_for(cache.n_ctx)),
+                  int(cache.length), int(cache.n_ctx), tuple(p for p in paths if p))
 
 
 def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emit) -> Iterator[object]:

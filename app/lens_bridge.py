@@ -1,4 +1,8 @@
-"""LensBridge: lens widgets ask through signals, the engine answers on a worker, records come back to them."""
+"""LensBridge: lens widgets ask through signals, the engine answers on a worker, records come back to them.
+
+It also keeps the KV cache in step: the engine's cache type follows the settings, and the KVInfo each
+reply sends after its prefill goes into the state (type, bytes now and at full context, attention path).
+"""
 from __future__ import annotations
 
 import logging
@@ -8,6 +12,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject
 
 from app.jobs import ATTENTION_MAX_ROWS, LensResult
+from app.kv_info import KVInfo, cache_type_setting, kv_bytes_for
 from app.state import AppState
 from app.views.lenses import LensSlot
 from app.workers import Engine
@@ -41,6 +46,17 @@ def _head(layer: Any, head: Any, rows: Any) -> Callable[..., Any]:
     return compute
 
 
+def _step(layer: int, head: int, query: int) -> Callable[..., Any]:
+    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        from app.step_records import make_step_record  # noqa: PLC0415
+
+        if cache is None or recorder is None or min(cache.length, recorder.length) == 0 or not recorder.specs:
+            return None
+        return make_step_record(model, recorder, cache, texts, layer, head, query)
+
+    return compute
+
+
 def _tensor(name: str, block: int) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records import make_tensor_record  # noqa: PLC0415
@@ -64,6 +80,9 @@ class LensBridge(QObject):
         self._asked_at = 0.0
         self._pending: dict[str, dict[str, tuple[Any, ...]]] = {}  # hidden lens -> method -> latest args
         engine.lens_ready.connect(self._ready)
+        engine.reply_event.connect(lambda _rid, item: self.kv_info(item) if isinstance(item, KVInfo) else None)
+        state.settings_changed.connect(lambda s: engine.set_cache_type(cache_type_setting(s)))
+        engine.set_cache_type(cache_type_setting(state.settings))
         engine.lens_failed.connect(lambda kind, msg: log.info("lens %s: %s", kind, msg))
         for slot in slots.values():
             slot.ready.connect(lambda _w, s=slot: self.attach(s))
@@ -76,6 +95,7 @@ class LensBridge(QObject):
         for signal, handler in (
             ("head_requested", lambda layer, head, rows: self.engine.request_lens("head", _head(layer, head, rows))),
             ("attention_requested", lambda max_rows: self.request_attention(max_rows)),
+            ("step_requested", lambda layer, head, query: self.engine.request_lens("step", _step(layer, head, query))),
             ("tensor_requested", lambda name: self.engine.request_lens("tensor", _tensor(name, 0))),
             ("block_requested", lambda name, i: self.engine.request_lens("tensor", _tensor(name, int(i)))),
         ):
@@ -118,6 +138,20 @@ class LensBridge(QObject):
         """A new model: every lens starts over with its ModelRecord."""
         for slot in self.slots.values():
             self.feed(slot)
+        st = self.state
+        st.kv_type = self.engine.cache_type  # the load made a fresh cache of this type
+        st.kv_full_bytes = kv_bytes_for(st.model_record, st.ctx_size, st.kv_type) if st.model_record else None
+        st.attention_path = ""
+        self.deliver("Attention", "set_attention_path", "")
+
+    def kv_info(self, info: KVInfo) -> None:
+        """A reply's prefill ran: the cache's type and bytes, and the attention path it took, into the state."""
+        st = self.state
+        st.kv_type, st.kv_bytes, st.kv_full_bytes = info.cache_type, info.kv_bytes, info.full_bytes
+        st.ctx_used, st.ctx_size = info.n_tokens, info.n_ctx
+        if info.attention_path:
+            st.attention_path = info.attention_path
+            self.deliver("Attention", "set_attention_path", info.attention_path)
 
     def request_attention(self, max_rows: int | None = ATTENTION_MAX_ROWS) -> None:
         self._asked_at = time.perf_counter()
@@ -148,5 +182,7 @@ class LensBridge(QObject):
             self.deliver("Positions", "set_tokens", list(rec.token_texts))
         elif result.kind == "head":
             self.deliver("Attention", "set_head", rec)
+        elif result.kind == "step":
+            self.deliver("Attention", "set_step", rec)
         elif result.kind == "tensor":
             self.deliver("Quantization", "set_tensor", rec)

@@ -13,12 +13,14 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
 from app.conversation import Conversation
 from app.jobs import Loaded
 from app.lens_bridge import LensBridge
+from app.quant_bridge import QuantBridge
 from app.state import AppState
 from app.store import Settings, Store, export_chat
 from app.views.catalog import CatalogDialog
 from app.views.chat import ChatView
 from app.views.chat_list import ChatList
 from app.views.lenses import LENSES, LensSlot
+from app.views.compare import CompareView
 from app.views.model_info import ModelLens
 from app.views.sampling import SamplingPanel
 from app.views.status import StatusPanel
@@ -56,7 +58,9 @@ class MainWindow(QMainWindow):
         self.lens_slots = {spec.title: LensSlot(spec) for spec in LENSES}
         for title, slot in self.lens_slots.items():
             self.lens_tabs.addTab(slot, title)
-        self.model_lens = ModelLens()
+        self.compare_view = CompareView()
+        self.lens_tabs.addTab(self.compare_view, "Compare")
+        self.model_lens = ModelLens(self.state)
         self.lens_tabs.addTab(self.model_lens, "Model")
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setObjectName("mainSplit")
@@ -72,6 +76,8 @@ class MainWindow(QMainWindow):
         self.sampling_dock = self._dock("Sampling", self.sampling, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.bridge = LensBridge(self.engine, self.state, self.lens_slots, self)
         self.bridge.visible = lambda title: self.lens_tabs.currentWidget() is self.lens_slots.get(title)
+        self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_slots["Quantization"], self.compare_view,
+                                        self.bridge, self)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
         self.setStatusBar(self.status)
@@ -295,6 +301,7 @@ class MainWindow(QMainWindow):
         self.closed = True
         self.conversation.stop()
         self.engine.shutdown()
+        self.quant_bridge.close()
         QCoreApplication.processEvents()  # deliver the stopped replies' last records
         for reply in list(self.conversation.replies.values()):
             if reply.message.content or reply.message.tokens:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from app.summary import escape_text
 from engine import attention_maps as amaps
 from engine.positions import layer_rope_layout
 from engine.quant import dequantize_rows
@@ -127,8 +128,9 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
     )
     name = md.get("general.name")
     path = str(getattr(model, "path", getattr(gguf, "path", "")))
+    name = name if isinstance(name, str) and name.strip() else path.rsplit("/", 1)[-1]
     return ModelRecord(
-        name=name if isinstance(name, str) and name.strip() else path.rsplit("/", 1)[-1], arch=arch, path=path,
+        name=escape_text(name, 120), arch=arch, path=path,  # from the file: control characters escaped, cut short
         dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
         n_vocab=a.n_vocab, n_ctx=a.n_ctx, rope_dim=a.rope_dim, rope_mode=getattr(net, "rope_mode", None) or ropes[0].mode,
         group=max(1, a.n_heads // max(1, a.n_kv_heads)), layers=layers,

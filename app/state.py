@@ -44,6 +44,9 @@ class AppState(QObject):
     settings_changed = Signal(object)
     model_record_changed = Signal(object)
     attention_record_changed = Signal(object)
+    kv_type_changed = Signal(object)
+    kv_full_bytes_changed = Signal(object)
+    attention_path_changed = Signal(object)
 
     model = _attr("model", "ModelInfo of the loaded model, or None")
     loading = _attr("loading", "(what, fraction) while a model loads or downloads, else None")
@@ -57,11 +60,15 @@ class AppState(QObject):
     settings = _attr("settings", "the Settings record (replace it, don't mutate it)")
     model_record = _attr("model_record", "app.records.ModelRecord for the lenses, or None")
     attention_record = _attr("attention_record", "app.records.AttentionRecord of the last reply, or None")
+    kv_type = _attr("kv_type", "the KV cache's type: 'F32', 'F16', 'Q8_0' or 'Q4_0'")
+    kv_full_bytes = _attr("kv_full_bytes", "bytes the KV cache would hold at its full context, or None if unknown")
+    attention_path = _attr("attention_path", "the attention path of the last prefill: 'plain', 'tiled', ... or ''")
 
     def __init__(self, settings: Any = None, parent: QObject | None = None):
         super().__init__(parent)
         self._values: dict[str, Any] = {
             "model": None, "loading": None, "backend": "numpy", "generating": False, "tok_s": 0.0,
             "ctx_used": 0, "ctx_size": 0, "kv_bytes": 0, "memory_bytes": 0, "settings": settings,
-            "model_record": None, "attention_record": None,
+            "model_record": None, "attention_record": None, "kv_type": "F32", "kv_full_bytes": None,
+            "attention_path": "",
         }

@@ -18,6 +18,11 @@ OVERFLOW_POLICIES = {
     "refuse": "Refuse with a message",
     "drop_oldest": "Drop oldest turns (keep system prompt)",
 }
+# the sampling panel's ranges: numbers from a hand-edited or damaged settings file are clamped into them
+LIMITS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 5.0), "top_k": (0, 1000), "top_p": (0.01, 1.0), "min_p": (0.0, 1.0),
+    "repeat_penalty": (0.5, 3.0), "max_tokens": (1, 32768), "seed": (-1, 2**31 - 1), "context_limit": (256, 131072),
+}
 
 
 def data_dir() -> Path:
@@ -60,6 +65,11 @@ class Settings:
                 setattr(s, f.name, float(d[f.name]))
         if s.overflow_policy not in OVERFLOW_POLICIES:
             s.overflow_policy = "refuse"
+        for name, (lo, hi) in LIMITS.items():
+            value = getattr(s, name)
+            if value != value:  # NaN (json reads it)
+                value = getattr(cls(), name)
+            setattr(s, name, type(value)(min(max(value, lo), hi)))
         return s
 
 

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[object], None]
 Job = Callable[[Emit], Iterator[object]]
+TaskJob = Callable[[Emit, threading.Event], Iterator[object]]  # job(emit, cancel)
 
 
 def user_message(exc: BaseException) -> str:
@@ -76,7 +77,9 @@ class Session:
     cache: Any = None
     recorder: Any = None
     context_limit: int = 4096
+    cache_type: str = "F32"  # the type the next fresh cache holds (F32 | F16 | Q8_0 | Q4_0), set from the GUI
     generating: threading.Event = field(default_factory=threading.Event)
+    requantizer: Any = None  # engine.requantize.Requantizer of `model`, made by the first requantize job
 
     def n_ctx(self) -> int:
         return max(16, min(int(self.model.args.n_ctx), self.context_limit)) if self.model else 0
@@ -85,7 +88,7 @@ class Session:
         """A new cache and recorder sized by the current context limit (call under lock)."""
         from engine.observe import Recorder  # noqa: PLC0415
 
-        self.cache = self.model.new_cache(self.n_ctx())
+        self.cache = self.model.new_cache(self.n_ctx(), self.cache_type)
         self.recorder = Recorder(capture_q=True)
 
     def token_texts(self) -> list[str]:
@@ -94,7 +97,11 @@ class Session:
 
 
 class Saver(QThread):
-    """Writes files off the GUI thread; the newest write per key wins; `flush` waits for pending writes."""
+    """Writes files off the GUI thread; the newest write per key wins; `flush` waits for pending writes.
+
+    A write that fails (read-only folder, disk full) is kept and tried again with the next submit and at `stop`,
+    unless a newer write for its key replaces it, so nothing is lost once the folder is writable again.
+    """
 
     failed = Signal(str)
 
@@ -103,12 +110,14 @@ class Saver(QThread):
         self.setObjectName("saver")
         self._cond = threading.Condition()
         self._pending: dict[str, Callable[[], None]] = {}
+        self._failed: dict[str, Callable[[], None]] = {}  # key -> its newest write that failed
         self._busy = False
         self._stop = False
 
     def submit(self, key: str, write: Callable[[], None]) -> None:
         with self._cond:
             self._pending[key] = write
+            self._retry_failed()
             self._cond.notify_all()
         if not self.isRunning() and not self._stop:
             self.start()
@@ -124,12 +133,21 @@ class Saver(QThread):
                 self._cond.wait(left)
             rest = self._pending if not self.isRunning() else {}
             self._pending = {} if rest else self._pending
-        for write in rest.values():  # thread not running: write here rather than lose data
-            self._write(write)
+        for key, write in rest.items():  # thread not running: write here rather than lose data
+            self._write(write, key)
         return not self._pending and not self._busy
 
+    def _retry_failed(self) -> None:
+        """Queue the writes that failed again (call under the condition)."""
+        for key, write in self._failed.items():
+            self._pending.setdefault(key, write)
+        self._failed.clear()
+
     def stop(self) -> None:
-        self.flush()
+        with self._cond:
+            self._retry_failed()
+            self._cond.notify_all()
+        self.flush()  # writes on this thread if the saver thread is not running
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -145,19 +163,29 @@ class Saver(QThread):
                 key = next(iter(self._pending))
                 write = self._pending.pop(key)
                 self._busy = True
-            self._write(write)
+            self._write(write, key)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
 
-    def _write(self, write: Callable[[], None]) -> None:
+    def _write(self, write: Callable[[], None], key: str) -> None:
         try:
             write()
         except OSError as exc:
-            self.failed.emit(f"could not save: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''})")
+            self._keep_failed(key, write)
+            self.failed.emit(f"could not save: {exc.strerror or exc} ({getattr(exc, 'filename', '') or ''}). "
+                             "Nothing is lost: the app keeps it and saves again with the next change or when it closes.")
         except Exception as exc:  # noqa: BLE001 - reported, never raised into the GUI
             log.error("save failed:\n%s", traceback.format_exc())
             self.failed.emit(f"could not save: {exc}")
+        else:
+            with self._cond:
+                self._failed.pop(key, None)
+
+    def _keep_failed(self, key: str, write: Callable[[], None]) -> None:
+        with self._cond:
+            if key not in self._pending:  # a newer write for the key replaces this one
+                self._failed[key] = write
 
 
 class Engine(QObject):
@@ -172,6 +200,9 @@ class Engine(QObject):
     reply_ended = Signal(int)  # the reply's thread has finished (after ReplyDone or reply_failed)
     lens_ready = Signal(object)  # jobs.LensResult
     lens_failed = Signal(str, str)  # (kind, message)
+    task_event = Signal(str, object)  # (task kind, what its job yielded): requantize, compare, sweep...
+    task_done = Signal(str, object)  # (task kind, the job's return value)
+    task_failed = Signal(str, str)  # (task kind, message for the user)
 
     def __init__(self, context_limit: int = 4096, parent: QObject | None = None):
         super().__init__(parent)
@@ -183,6 +214,8 @@ class Engine(QObject):
         self._next_id = 0
         self._lens: Runner | None = None
         self._lens_pending: dict[str, Callable[..., Any]] = {}
+        self._tasks: dict[str, Runner | None] = {}  # lane -> its running task
+        self._task_pending: dict[str, dict[str, TaskJob]] = {}  # lane -> kind -> newest waiting job
         self._closing = False
         self._blas_before = limit_blas_threads()
 
@@ -210,6 +243,7 @@ class Engine(QObject):
         self.stop()
         self.cancel_load()
         self._lens_pending.clear()
+        self._task_pending.clear()
         end = time.monotonic() + timeout_s
         for r in list(self._runners):
             r.cancel.set()
@@ -307,6 +341,17 @@ class Engine(QObject):
         """The next reply uses a cache of min(n_ctx, the model's context) (a new cache when it changes)."""
         self.session.context_limit = int(n_ctx)
 
+    def set_cache_type(self, cache_type: str) -> None:
+        """The next reply uses a fresh KV cache of this type (F32, F16, Q8_0, Q4_0) if the current one differs."""
+        from engine.cache import CACHE_TYPES  # noqa: PLC0415
+
+        name = str(cache_type).upper()
+        self.session.cache_type = name if name in CACHE_TYPES else "F32"
+
+    @property
+    def cache_type(self) -> str:
+        return self.session.cache_type
+
     @property
     def generating(self) -> bool:
         return (self._reply is not None and self._reply.isRunning()) or bool(self._queue)
@@ -339,3 +384,44 @@ class Engine(QObject):
         self._lens = runner
         self._start(runner)
 
+    # -- tasks: requantizing, comparing, the preset sweep; each lane runs one job at a time
+    def run_task(self, lane: str, kind: str, job: TaskJob) -> None:
+        """Run job(emit, cancel) on `lane` once its running job ends; a newer waiting job of the same kind wins."""
+        if self._closing:
+            return
+        self._task_pending.setdefault(lane, {})[kind] = job
+        if self._tasks.get(lane) is None:
+            self._next_task(lane)
+
+    def cancel_task(self, lane: str, kind: str | None = None) -> None:
+        """Cancel the lane's running job (only if it is of `kind`, when given) and drop its waiting jobs of that kind."""
+        pending = self._task_pending.get(lane, {})
+        for k in [k for k in pending if kind is None or k == kind]:
+            pending.pop(k)
+        runner = self._tasks.get(lane)
+        if runner is not None and (kind is None or runner.tag == kind):
+            runner.cancel.set()
+
+    def task_running(self, lane: str) -> str | None:
+        """The kind of the lane's running job, or None."""
+        runner = self._tasks.get(lane)
+        return str(runner.tag) if runner is not None and runner.isRunning() else None
+
+    def _next_task(self, lane: str) -> None:
+        pending = self._task_pending.get(lane)
+        if not pending or self._closing:
+            return
+        kind = next(iter(pending))
+        job = pending.pop(kind)
+        runner = self._runner(f"task-{kind}", kind, lambda emit, r: job(emit, r.cancel))
+        runner.yielded.connect(lambda tag, item: self.task_event.emit(tag, item))
+        runner.done.connect(lambda tag, value: self.task_done.emit(tag, value))
+        runner.failed.connect(lambda tag, message: self.task_failed.emit(tag, message))
+        runner.finished.connect(lambda r=runner, ln=lane: self._task_finished(ln, r))
+        self._tasks[lane] = runner
+        self._start(runner)
+
+    def _task_finished(self, lane: str, runner: Runner) -> None:
+        if self._tasks.get(lane) is runner:
+            self._tasks[lane] = None
+            self._next_task(lane)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
+    QSizePolicy,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -25,6 +27,7 @@ from superqt.utils import qthrottled
 from app.records import AttentionRecord, HeadRecord, ModelRecord
 from app.views.attention_grid import GridView
 from app.views.attention_head import HeadView
+from app.views.attention_steps import StepThroughView
 from app.views.attention_text import TokenTextView
 from app.views.attention_tokens import COLORMAPS
 
@@ -39,6 +42,7 @@ class AttentionLens(QWidget):
 
     head_requested = Signal(object, object, object)  # layer, head, rows
     attention_requested = Signal(object)  # max_rows (None = all rows, exact)
+    step_requested = Signal(int, int, int)  # layer, head, query token: answered with set_step(StepRecord)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -46,6 +50,7 @@ class AttentionLens(QWidget):
         self.attention: AttentionRecord | None = None
         self.head: HeadRecord | None = None
         self._pending_index: int | None = None
+        self._lens_pick: tuple[object, object] | None = None  # the layer/head last handed to the step-through view
         self._build()
         self._live_grid = qthrottled(self._redraw_grid, timeout=LIVE_GRID_MS)
         self._live_head = qthrottled(self.request_head, timeout=LIVE_HEAD_MS)
@@ -73,7 +78,9 @@ class AttentionLens(QWidget):
         self.exact_button = QPushButton("Exact grid")
         self.exact_button.setToolTip("Recompute the grid from every query row (live updates sample rows)")
         self.export_button = QPushButton("Export PNG…")
-        bar = QHBoxLayout()
+        self.bar = QWidget()  # the overview's controls: hidden while the step-through view (with its own) is shown
+        bar = QHBoxLayout(self.bar)
+        bar.setContentsMargins(0, 0, 0, 0)
         for w in (QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
                   self.pool_box, self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box,
                   self.follow_check, self.exact_button, self.export_button):
@@ -94,13 +101,26 @@ class AttentionLens(QWidget):
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info = QLabel("")
         self.info.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.path_label = QLabel("")
+        self.path_label.setToolTip("Which attention path the last prefill took: plain (the full score matrix) or "
+                                   "tiled (online softmax over key tiles, for long prompts)")
         foot = QHBoxLayout()
         foot.addWidget(self.status, 1)
         foot.addWidget(self.info)
+        foot.addWidget(self.path_label)
+        # hover text must never widen the lens
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.steps = StepThroughView()
+        self.views = QTabWidget()
+        self.views.addTab(self.splitter, "Overview")
+        self.views.addTab(self.steps, "Step through")
         root = QVBoxLayout(self)
-        root.addLayout(bar)
-        root.addWidget(self.splitter, 1)
+        root.addWidget(self.bar)
+        root.addWidget(self.views, 1)
         root.addLayout(foot)
+        self.steps.step_requested.connect(self.step_requested)
+        self.steps.hovered.connect(self.status.setText)
+        self.views.currentChanged.connect(lambda _i: self._views_changed())
         self.grid.head_clicked.connect(self._grid_clicked)
         self.grid.hovered.connect(self.status.setText)
         self.head_view.hovered.connect(self.status.setText)
@@ -137,6 +157,8 @@ class AttentionLens(QWidget):
         self.grid.set_model(model)
         self.grid.record = None
         self.grid.redraw()
+        self.steps.set_model(model)
+        self._lens_pick = None
         self.status.setText(f"{model.name}: {model.n_layers} layers × {model.n_heads} heads"
                             + (f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""))
 
@@ -150,6 +172,8 @@ class AttentionLens(QWidget):
         if at_end or first:
             self.end_spin.setValue(max(0, rec.n_tokens - 1))
         self._live_grid()
+        self.steps.set_tokens(rec.token_texts)
+        self._refresh_steps()
         if first and rec.n_tokens:
             self.request_head()
         elif grew and self.follow_check.isChecked() and self.head is not None:
@@ -165,6 +189,10 @@ class AttentionLens(QWidget):
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
         if isinstance(rec.layer, int) and isinstance(rec.head, int):
             self.grid.select(rec.layer, rec.head)
+            if self._lens_pick != (rec.layer, rec.head):  # the lens moved: the step-through view follows
+                self._lens_pick = (rec.layer, rec.head)
+                self.steps.select(rec.layer, rec.head)
+                self._refresh_steps()
         pending, self._pending_index = self._pending_index, None
         index = pending if pending is not None else self.text_view.index
         if index is None or not (rec.row_start <= index < rec.row_stop):
@@ -174,12 +202,26 @@ class AttentionLens(QWidget):
 
     def show_token_attention(self, index: int) -> None:
         """Tint the context by how much token `index` attends to each earlier token (asks for rows if needed)."""
+        self.steps.select(query=index)
+        self._refresh_steps()
         if self.head is not None and self._covers(self.head, index):
             self._show_row(index)
             return
         self._pending_index = index
         size = self._window_size(index + 1) or 256
         self.head_requested.emit(self._layer(), self._head(), slice(max(0, index - size + 1), index + 1))
+
+    def set_step(self, rec: object) -> None:
+        """Draw a StepRecord (one attention cell, step by step) in the step-through view."""
+        self.steps.set_record(rec)  # type: ignore[arg-type]
+
+    def set_attention_path(self, path: str) -> None:
+        """Which attention path the last prefill took ('plain', 'tiled', 'plain + tiled'; '' hides it)."""
+        self.path_label.setText(f"last prefill: {path} attention" if path else "")
+
+    def show_steps(self) -> None:
+        """Bring the step-through view on screen (it asks for its cell if it has none yet)."""
+        self.views.setCurrentWidget(self.steps)
 
     def set_colormap(self, name: str) -> None:
         if self.cmap_box.currentText() != name:
@@ -229,6 +271,17 @@ class AttentionLens(QWidget):
         self.layer_box.setCurrentIndex(max(0, self.layer_box.findData(layer)))
         self.head_box.setCurrentIndex(max(0, self.head_box.findData(head)))
         self.request_head()
+
+    def _views_changed(self) -> None:
+        overview = self.views.currentWidget() is not self.steps
+        self.bar.setVisible(overview)
+        self.info.setVisible(overview)
+        self._refresh_steps()
+
+    def _refresh_steps(self) -> None:
+        """Ask for the step-through view's cell when it is on screen and out of date."""
+        if self.views.currentWidget() is self.steps and self.steps.stale():
+            self.steps.request()
 
     def _grid_settings(self) -> None:
         self.grid.pool = self.pool_box.currentData() or "max"

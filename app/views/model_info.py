@@ -1,7 +1,9 @@
-"""The Model lens: the architecture's numbers, tokenizer, load warnings, searchable metadata, chat template."""
+"""The Model lens: the architecture's numbers, tokenizer, KV-cache cost, load warnings, metadata, chat template."""
 from __future__ import annotations
 
 import html
+from types import SimpleNamespace
+from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QFontDatabase
@@ -10,6 +12,7 @@ from PySide6.QtWidgets import (
     QScrollArea, QTableView, QTabWidget, QVBoxLayout, QWidget,
 )
 
+from app.kv_info import CACHE_TYPES, kv_bytes_for, kv_formula
 from app.summary import MetadataRow, ModelInfo
 
 Index = QModelIndex | QPersistentModelIndex
@@ -73,9 +76,10 @@ class MetadataModel(QAbstractTableModel):
 class ModelLens(QWidget):
     """Everything the file says about the model, as plain text."""
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, state: Any = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.info: ModelInfo | None = None
+        self.state: Any = None
         lay = QVBoxLayout(self)
         self.title = _plain("No model loaded", "font-size: 15px; font-weight: bold;")
         self.subtitle = _plain("", "color: #666;")
@@ -86,6 +90,15 @@ class ModelLens(QWidget):
         self.tabs.addTab(self._overview(), "Overview")
         self.tabs.addTab(self._metadata(), "Metadata")
         self.tabs.addTab(self._template(), "Chat template")
+        if state is not None:
+            self.bind(state)
+
+    def bind(self, state: Any) -> None:
+        """Follow an AppState's KV cache (type, bytes now and at full context) and attention path."""
+        self.state = state
+        for name in ("kv_bytes", "kv_type", "kv_full_bytes", "ctx_size", "ctx_used", "attention_path"):
+            getattr(state, f"{name}_changed").connect(lambda _v: self._show_kv())
+        self._show_kv()
 
     def _overview(self) -> QWidget:
         scroll = QScrollArea()
@@ -100,6 +113,9 @@ class ModelLens(QWidget):
         row.addWidget(self.arch_box, 1)
         row.addWidget(self.tok_box, 1)
         v.addLayout(row)
+        self.kv_box = QGroupBox("KV cache")
+        self.kv_form = QFormLayout(self.kv_box)
+        v.addWidget(self.kv_box)
         self.warn_box = QGroupBox("Load warnings")
         self.warn_layout = QVBoxLayout(self.warn_box)
         v.addWidget(self.warn_box)
@@ -153,6 +169,33 @@ class ModelLens(QWidget):
         v.addWidget(self.template, 1)
         return w
 
+    def _show_kv(self) -> None:
+        """Bytes the KV cache holds now and at the full context, in its type and in every type the engine offers."""
+        while self.kv_form.rowCount():
+            self.kv_form.removeRow(0)
+        shape = _kv_shape(self.info)
+        if shape is None:
+            return
+        st = self.state
+        cache_type = getattr(st, "kv_type", None) or "F32"
+        n_ctx = int(getattr(st, "ctx_size", 0) or shape.n_ctx)
+        rows: list[tuple[str, str]] = []
+        if st is not None:
+            rows.append(("now", f"{human_bytes(st.kv_bytes)} for {st.ctx_used:,} tokens, {cache_type}"))
+        full = kv_bytes_for(shape, n_ctx, cache_type)
+        rows.append((f"at {n_ctx:,} tokens", f"{human_bytes(full or 0)} = {kv_formula(shape, n_ctx, cache_type)}"))
+        trained = int(dict(self.info.args).get("n_ctx", 0) or 0) if self.info else 0
+        if trained > n_ctx:
+            rows.append((f"at {trained:,} tokens", f"{human_bytes(kv_bytes_for(shape, trained, cache_type) or 0)}: the "
+                                                   "model's own context (the Context limit setting caps the cache)"))
+        other = (f"{name} {human_bytes(kv_bytes_for(shape, n_ctx, name) or 0)}" for name in CACHE_TYPES)
+        rows.append(("by cache type", "  ·  ".join(other) + "  (Sampling panel: KV cache type)"))
+        path = getattr(st, "attention_path", "")
+        if path:
+            rows.append(("last prefill", f"{path} attention"))
+        for key, value in rows:
+            self.kv_form.addRow(_plain(key, "color: #555;"), _plain(value))
+
     def _count(self, *args: object) -> None:
         total = len(self.meta_model.rows)
         shown = self.proxy.rowCount()
@@ -161,6 +204,7 @@ class ModelLens(QWidget):
     def show_info(self, info: ModelInfo | None) -> None:
         """Fill every section from a ModelInfo (None clears them)."""
         self.info = info
+        self._show_kv()
         for form in (self.arch_form, self.tok_form):
             while form.rowCount():
                 form.removeRow(0)
@@ -189,3 +233,15 @@ class ModelLens(QWidget):
         self.meta_model.set_rows(info.metadata)
         self.template_origin.setText(f"Source: {info.template_origin}. Shown as plain text; rendered only in a sandbox.")
         self.template.setPlainText(info.template_source or "(this model has no chat template)")
+
+
+def _kv_shape(info: ModelInfo | None) -> SimpleNamespace | None:
+    """n_layers, n_kv_heads, head_dim and n_ctx of a ModelInfo (None when its numbers don't say)."""
+    if info is None:
+        return None
+    args = dict(info.args)
+    try:
+        return SimpleNamespace(n_layers=int(args["n_layers"]), n_kv_heads=int(args["n_kv_heads"]),
+                               head_dim=int(args["head_dim"]), n_ctx=int(info.n_ctx))
+    except (KeyError, ValueError):
+        return None

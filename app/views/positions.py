@@ -58,6 +58,7 @@ class PositionsLens(QWidget):
         for w in (self.pos_spin, self.pair_spin, self.offset_spin):
             bar.addWidget(w)
         self.summary = QLabel("")
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)  # it quotes general.name from the file
         bar.addWidget(self.summary, 1)
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setBackground("w")

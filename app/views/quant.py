@@ -9,7 +9,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QGroupBox,
     QHeaderView,
     QLabel,
     QSplitter,
@@ -21,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records import ModelRecord, TensorRecord, TensorRow
+from app.views.quant_overrides import OverrideEditor
 from app.views.quant_tensor import TensorDetail
 
 # one colour per ggml type, darker for fewer bits (Okabe-Ito and friends; F32/F16 are greys)
@@ -84,17 +84,11 @@ class QuantLens(QWidget):
         left.addWidget(self.bars)
         left.setSizes([600, 300])
         self.detail = TensorDetail()
-        self.overrides = QGroupBox("Per-layer overrides (coming later)")
-        note = QLabel("Requantizing chosen layers (e.g. attn_v to Q8_0) will be set up here.")
-        note.setStyleSheet("color:#777")
-        box = QVBoxLayout(self.overrides)
-        box.addWidget(note)
-        self.overrides.setEnabled(False)
-        right = QWidget()
-        rv = QVBoxLayout(right)
-        rv.setContentsMargins(0, 0, 0, 0)
-        rv.addWidget(self.detail, 1)
-        rv.addWidget(self.overrides)
+        self.overrides = OverrideEditor()
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.detail)
+        right.addWidget(self.overrides)
+        right.setSizes([500, 500])
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(right)
@@ -105,6 +99,7 @@ class QuantLens(QWidget):
         self.grid.cellClicked.connect(self._grid_clicked)
         self.flat.cellClicked.connect(lambda r, _c: self._request(self.flat.item(r, 0).text()))
         self.detail.block_requested.connect(self.block_requested)
+        self.overrides.spec_changed.connect(lambda _spec: self._mark_plan())
 
     # ---- public API
 
@@ -125,6 +120,9 @@ class QuantLens(QWidget):
         self._fill_grid(model)
         self._fill_flat(model.tensors)
         self._fill_bars(model)
+        if self.overrides.record is None or self.overrides.record.path != model.path:
+            self.overrides.set_model(model)  # the bridge gives the file's record on load; this covers use without it
+        self._mark_plan()
 
     def set_tensor(self, rec: TensorRecord) -> None:
         """Show one tensor's distributions and decoded block."""
@@ -202,6 +200,23 @@ class QuantLens(QWidget):
         if name:
             self._request(name)
 
+    def _mark_plan(self) -> None:
+        """Cells the override preview changes show the new type (in its colour, italic); the others their own."""
+        plan = self.overrides.plan
+        rows = {t.name: t for t in self.model.tensors} if self.model is not None else {}
+        for (r, c), name in self._cells.items():
+            item, row = self.grid.item(r, c), rows.get(name)
+            tp = plan.tensors.get(name) if plan is not None else None
+            if item is None or row is None:
+                continue
+            new = tp.new.name if tp is not None and tp.new.name != row.type_name else None
+            item.setText(f"→{new}" if new else row.type_name)
+            item.setBackground(QBrush(QColor(*type_colour(new or row.type_name))))
+            font = item.font()
+            font.setItalic(new is not None)
+            item.setFont(font)
+
     def _request(self, name: str) -> None:
+        self.overrides.pick_tensor(name)
         self.detail.title.setText(f"Loading {name}…")
         self.tensor_requested.emit(name)

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
+from app.kv_info import CACHE_TYPES, SETTING_KEY, cache_type_setting
 from app.state import AppState
 from app.store import OVERFLOW_POLICIES, Settings
 
@@ -60,6 +61,14 @@ class SamplingPanel(QWidget):
         self.policy.setMinimumContentsLength(14)
         self.policy.currentIndexChanged.connect(lambda _i: self._set("overflow_policy", self.policy.currentData()))
         form.addRow("Context full", self.policy)
+        self.cache_type = QComboBox()
+        for name in CACHE_TYPES:
+            self.cache_type.addItem(name, name)
+        self.cache_type.setToolTip("How the KV cache holds keys and values, as llama.cpp's --cache-type-k/v: F32, F16, "
+                                   "or Q8_0 / Q4_0 blocks (quantized when written). The next reply starts a fresh "
+                                   "cache of this type.")
+        self.cache_type.currentIndexChanged.connect(lambda _i: self._set_cache_type(self.cache_type.currentData()))
+        form.addRow("KV cache type", self.cache_type)
         lay.addLayout(form)
         self.model_ctx = QLabel("")
         self.model_ctx.setTextFormat(Qt.TextFormat.PlainText)
@@ -84,6 +93,9 @@ class SamplingPanel(QWidget):
         self.policy.blockSignals(True)
         self.policy.setCurrentIndex(max(0, self.policy.findData(s.overflow_policy)))
         self.policy.blockSignals(False)
+        self.cache_type.blockSignals(True)
+        self.cache_type.setCurrentIndex(max(0, self.cache_type.findData(cache_type_setting(s))))
+        self.cache_type.blockSignals(False)
 
     def _set(self, name: str, value: object) -> None:
         current = self.state.settings or Settings()
@@ -93,9 +105,14 @@ class SamplingPanel(QWidget):
             value = float(value)
         self.state.settings = dataclasses.replace(current, **{name: value})
 
+    def _set_cache_type(self, name: object) -> None:
+        current = self.state.settings or Settings()
+        self.state.settings = dataclasses.replace(current, extra={**current.extra, SETTING_KEY: str(name)})
+
     def reset(self) -> None:
         """Sampling back to defaults; what is not sampling (last model, window) is kept."""
         current = self.state.settings or Settings()
         defaults = Settings()
         keep = {f: getattr(current, f) for f in ("last_model", "current_chat", "geometry", "window_state", "extra")}
+        keep["extra"] = {k: v for k, v in current.extra.items() if k != SETTING_KEY}  # the cache type goes back to F32
         self.state.settings = dataclasses.replace(defaults, **keep)

@@ -1,4 +1,5 @@
-"""The status bar: model, backend, tokens/s, context used, KV-cache bytes, process memory, load progress."""
+"""The status bar: model, backend, tokens/s, context used, KV-cache type and bytes (now and at the full context),
+the last prefill's attention path, process memory, load progress."""
 from __future__ import annotations
 
 import os
@@ -42,7 +43,10 @@ class StatusPanel(QStatusBar):
         self.backend = _segment("the compute backend")
         self.speed = _segment("generation speed of the last reply")
         self.ctx = _segment("tokens in the KV cache / its context length")
-        self.kv = _segment("memory the KV cache holds")
+        self.kv = _segment("memory the KV cache holds now")
+        self.kv_cost = _segment("the KV cache's type (as llama.cpp's --cache-type-k/v) and what it would hold at "
+                                "its full context: 2 × layers × context × KV heads × head_dim × bytes per value")
+        self.path = _segment("the attention path of the last prefill: plain, or tiled (online softmax) for long prompts")
         self.memory = _segment("resident memory of the app")
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
@@ -54,21 +58,24 @@ class StatusPanel(QStatusBar):
         for w in (self.progress_label, self.progress, self.cancel):
             self.addWidget(w)
             w.hide()
-        for w in (self.model, self.backend, self.speed, self.ctx, self.kv, self.memory):
+        for w in (self.model, self.backend, self.speed, self.ctx, self.kv, self.kv_cost, self.path, self.memory):
             self.addPermanentWidget(w)
         state.model_changed.connect(self._model)
         state.backend_changed.connect(lambda b: self.backend.setText(f"backend: {b}"))
         state.tok_s_changed.connect(lambda v: self.speed.setText(f"{v:.1f} tok/s"))
         state.ctx_used_changed.connect(lambda _v: self._ctx())
         state.ctx_size_changed.connect(lambda _v: self._ctx())
-        state.kv_bytes_changed.connect(lambda v: self.kv.setText(f"KV {human_bytes(v)}"))
+        for signal in (state.kv_bytes_changed, state.kv_type_changed, state.kv_full_bytes_changed, state.ctx_size_changed):
+            signal.connect(lambda _v: self._kv())
+        state.attention_path_changed.connect(self._path)
         state.memory_bytes_changed.connect(lambda v: self.memory.setText(f"memory {human_bytes(v)}"))
         state.loading_changed.connect(self._loading)
         self._model(state.model)
         self.backend.setText(f"backend: {state.backend}")
         self.speed.setText("– tok/s")
         self._ctx()
-        self.kv.setText("KV 0 B")
+        self._kv()
+        self._path(state.attention_path)
         self.timer = QTimer(self, interval=1000)
         self.timer.timeout.connect(lambda: setattr(state, "memory_bytes", process_memory()))
         self.timer.start()
@@ -79,6 +86,17 @@ class StatusPanel(QStatusBar):
 
     def _ctx(self) -> None:
         self.ctx.setText(f"context {self.state.ctx_used:,} / {self.state.ctx_size:,}")
+
+    def _kv(self) -> None:
+        st = self.state
+        full = st.kv_full_bytes
+        tail = f" · {human_bytes(full)} at {st.ctx_size:,}" if full is not None and st.ctx_size else ""
+        self.kv.setText(f"KV {human_bytes(st.kv_bytes)}")
+        self.kv_cost.setText(f"{st.kv_type}{tail}")
+
+    def _path(self, path: str) -> None:
+        self.path.setText(f"attention: {path}" if path else "")
+        self.path.setVisible(bool(path))
 
     def _loading(self, value: tuple[str, float] | None) -> None:
         on = value is not None
