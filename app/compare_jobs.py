@@ -17,7 +17,6 @@ import numpy as np
 
 from app.compare_records import (
     CompareOptions,
-    CompareRecord,
     HeadPair,
     SweepDone,
     SweepPoint,
@@ -228,6 +227,13 @@ def head_pair(ws: CompareWorkspace, layer: int, head: int) -> HeadPair:
     ha = make_head_record(last.a.model, last.a.recorder, last.a.cache, layer, head, None, last.texts)
     hb = make_head_record(last.b.model, last.b.recorder, last.b.cache, layer, head, None, last.texts)
     return HeadPair(layer, head, ha, hb)
+
+
+def release_job(ws: CompareWorkspace) -> Iterator[object]:
+    """Close the workspace's models (another file was loaded); runs on the workspace's lane, after its jobs."""
+    ws.close()
+    ws.path = None
+    yield from ()
 
 
 def head_job(ws: CompareWorkspace, layer: int, head: int) -> Iterator[object]:

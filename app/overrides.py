@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.records import ModelRecord, TensorRow
-from engine.errors import SettingError
 from engine.quant.presets import ModelShape, Preset, choose_types, preset_by_name
 from engine.quant.rules import RULE_TYPES, Rule, keep_reason, parse_rules
 from engine.quant.types import TYPES, GGMLType

@@ -11,7 +11,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject
 
-from app.compare_jobs import CompareWorkspace, compare_job, head_job, sweep_job
+from app.compare_jobs import CompareWorkspace, compare_job, head_job, release_job, sweep_job
 from app.compare_records import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress
 from app.lens_bridge import LensBridge
 from app.overrides import OverrideSpec, with_types
@@ -75,6 +75,9 @@ class QuantBridge(QObject):
         if record is None:
             return
         self.file_record = record
+        for lane, ws in (("compare", self.workspace), ("sweep", self.sweep_workspace)):
+            if ws.path is not None and ws.path != record.path:
+                self.engine.run_task(lane, "release", lambda emit, cancel, w=ws: release_job(w))
         if self.editor is not None:
             self.editor.set_model(record)
             self.editor.set_applied(OverrideSpec())

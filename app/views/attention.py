@@ -98,6 +98,7 @@ class AttentionLens(QWidget):
         self.splitter.addWidget(right)
         self.splitter.setSizes([380, 1220])
         self.status = QLabel("Run a prompt to see attention.")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # model names and tokens come from the file
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info = QLabel("")
         self.info.setAlignment(Qt.AlignmentFlag.AlignRight)

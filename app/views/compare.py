@@ -6,6 +6,7 @@ statistics, and the presets' size-vs-KLD chart. It only draws records; the bridg
 """
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -141,7 +142,7 @@ class CompareView(QWidget):
         body = QSplitter(Qt.Orientation.Vertical)
         for w in (top, self.heads, bottom):
             body.addWidget(w)
-        body.setSizes([300, 300, 280])
+        body.setSizes([340, 270, 270])
         root = QVBoxLayout(self)
         root.addLayout(bar)
         root.addLayout(text_row)
@@ -171,7 +172,7 @@ class CompareView(QWidget):
         self.sweep.points = []
         self.sweep.set_file_size(record.total_bytes)
         self.sweep._redraw()
-        self.status.setText(f"A is {Path(record.path).name} as on disk. Choose B and press Compare.")
+        self.status.setText(f"A is {html.escape(Path(record.path).name)} as on disk. Choose B and press Compare.")
 
     def set_overrides(self, spec: OverrideSpec) -> None:
         """The Quantization lens's overrides changed: the B menu names them."""
@@ -201,7 +202,7 @@ class CompareView(QWidget):
         self.strip.set_record(rec)
         self.heads.set_shape(rec.n_layers, rec.n_heads)
         s = rec.stats
-        self.status.setText(f"<b>A</b> {rec.a_label} ({rec.a_cache} cache) vs <b>B</b> {rec.b_label} "
+        self.status.setText(f"<b>A</b> {html.escape(rec.a_label)} ({rec.a_cache} cache) vs <b>B</b> {html.escape(rec.b_label)} "
                             f"({rec.b_cache} cache) · {s.n_tokens} tokens · KLD mean {s.kld_mean:.5f} · "
                             f"same top token {s.same_top_pct:.1f} % · PPL {s.ppl_base:.3f} → {s.ppl_other:.3f} "
                             f"· {rec.elapsed_s:.1f} s")
@@ -235,7 +236,7 @@ class CompareView(QWidget):
             self.sweep.finish(None, f"Sweep stopped: {message}")
             return
         self.set_running(False)
-        self.status.setText(f"<span style='color:#b00020'>Comparison stopped: {message}</span>")
+        self.status.setText(f"<span style='color:#b00020'>Comparison stopped: {html.escape(message)}</span>")
 
     def prepare_screenshot(self) -> None:
         """Start a comparison and the preset sweep (python -m app --screenshot PATH --tab Compare)."""

@@ -98,17 +98,21 @@ class SweepChart(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
         self.plot = pg.PlotWidget(background="w", title="Presets: size vs KLD to the file")
         self.plot.setLabel("bottom", "size of the tensors", units="MiB")
         self.plot.setLabel("left", "mean KLD")
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         # y is drawn as log10(KLD), with decade ticks written as KLD values
         self.front = self.plot.plot([], [], pen=pg.mkPen(FRONT, width=2))
-        self.scatter = self.plot.plot([], [], pen=None, symbol="o", symbolSize=9, symbolPen="w", symbolBrush=POINT)
-        self.special = self.plot.plot([], [], pen=None, symbol="star", symbolSize=15, symbolPen="k",
-                                      symbolBrush=OVERRIDES)
+        self.scatter = pg.ScatterPlotItem(size=9, pen=pg.mkPen("w"), brush=pg.mkBrush(*POINT), hoverable=True,
+                                          hoverSize=13, tip=_tip)
+        self.special = pg.ScatterPlotItem(size=15, symbol="star", pen=pg.mkPen("k"), brush=pg.mkBrush(*OVERRIDES),
+                                          hoverable=True, tip=_tip)
+        self.plot.addItem(self.scatter)
+        self.plot.addItem(self.special)
         self.file_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 120, 120), style=Qt.PenStyle.DashLine),
-                                         label="the file", labelOpts={"position": 0.92, "color": (90, 90, 90)})
+                                         label="the file", labelOpts={"position": 0.6, "color": (90, 90, 90)})
         self.file_line.setVisible(False)
         self.plot.addItem(self.file_line)
         self.labels: list[pg.TextItem] = []
@@ -164,8 +168,8 @@ class SweepChart(QWidget):
         presets = [p for p in self.points if p.kind == "preset"]
         others = [p for p in self.points if p.kind != "preset"]
         floor = _floor(self.points)
-        self.scatter.setData([p.nbytes / 2**20 for p in presets], [_y(p.kld_mean, floor) for p in presets])
-        self.special.setData([p.nbytes / 2**20 for p in others], [_y(p.kld_mean, floor) for p in others])
+        self.scatter.setData([p.nbytes / 2**20 for p in presets], [_y(p.kld_mean, floor) for p in presets], data=presets)
+        self.special.setData([p.nbytes / 2**20 for p in others], [_y(p.kld_mean, floor) for p in others], data=others)
         on_front = pareto_front(self.points)
         front = [self.points[i] for i in on_front]
         self.front.setData([p.nbytes / 2**20 for p in front], [_y(p.kld_mean, floor) for p in front])
@@ -180,44 +184,57 @@ class SweepChart(QWidget):
         self._place_labels(on_front, floor)
 
     def _place_labels(self, on_front: list[int], floor: float) -> None:
-        """Label the points without overlaps: the Pareto front first, then the others where there is room."""
+        """Label the points without overlaps, the Pareto front first (every point also has a hover tip)."""
         for label in self.labels:
             self.plot.removeItem(label)
         self.labels = []
         vb = self.plot.getViewBox()
         (x0, x1), (y0, y1) = vb.viewRange()
         w, h = max(vb.width(), 200.0), max(vb.height(), 120.0)
-        placed: list[tuple[float, float, float, float]] = []
+        def pixel(x: float, y: float) -> tuple[float, float]:
+            return (x - x0) / max(x1 - x0, 1e-9) * w, (y1 - y) / max(y1 - y0, 1e-9) * h
+
+        marks = [pixel(p.nbytes / 2**20, _y(p.kld_mean, floor)) for p in self.points]
+        placed = [(mx - 5, my - 5, mx + 5, my + 5) for mx, my in marks]  # labels keep off every point
         order = on_front + [i for i in range(len(self.points)) if i not in on_front]
         for i in order:
             p = self.points[i]
             name = (p.name if p.kind == "preset" else f"★ {p.name}") + (" (≈ file)" if p.kld_mean < floor else "")
-            x, y = p.nbytes / 2**20, _y(p.kld_mean, floor)
-            px, py = (x - x0) / max(x1 - x0, 1e-9) * w, (y1 - y) / max(y1 - y0, 1e-9) * h
-            box = _free_box(px, py, 6.5 * len(name) + 4, 14.0, placed, w, h)
-            if box is None and i not in on_front:
-                continue
-            box = box or (px - 3.25 * len(name), py - 20, px + 3.25 * len(name), py - 6)
-            placed.append(box)
+            px, py = marks[i]
             text = pg.TextItem(name, color=(20, 20, 20) if i in on_front else (120, 120, 120), anchor=(0, 0))
             font = QFont()
             font.setPointSize(8)
             font.setBold(i in on_front)
             text.setFont(font)
+            size = text.textItem.boundingRect()  # in pixels: a TextItem ignores the view's scale
+            box = _free_box(px, py, size.width(), size.height(), placed, w, h)
+            if box is None:
+                continue
+            placed.append(box)
             text.setPos(x0 + box[0] / w * (x1 - x0), y1 - box[1] / h * (y1 - y0))
-            text.setToolTip(f"{p.name}: {p.nbytes / 2**20:.1f} MiB · {p.bpw:.3f} bpw · KLD mean {p.kld_mean:.5f} · "
-                            f"p99 {p.kld_p99:.4f} · same top {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}")
+            text.setToolTip(_tip(data=p))
             self.plot.addItem(text)
             self.labels.append(text)
+
+
+def _tip(x: float = 0.0, y: float = 0.0, data: SweepPoint | None = None) -> str:
+    """A point's hover text."""
+    p = data
+    if p is None:
+        return ""
+    return (f"{p.name}: {p.nbytes / 2**20:.1f} MiB · {p.bpw:.3f} bpw\nKLD mean {p.kld_mean:.5f} · p99 {p.kld_p99:.4f}\n"
+            f"same top token {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}")
 
 
 def _free_box(px: float, py: float, bw: float, bh: float, placed: list[tuple[float, float, float, float]],
               w: float, h: float) -> tuple[float, float, float, float] | None:
     """A label box (left, top, right, bottom in pixels) beside the point that overlaps no placed box, or None."""
-    for dx, dy in ((-bw / 2, -bh - 5), (-bw / 2, 5), (6, -bh / 2), (-bw - 6, -bh / 2)):  # above, below, right, left
+    spots = ((-bw / 2, -bh - 5), (-bw / 2, 5), (7, -bh / 2), (-bw - 7, -bh / 2),  # above, below, right, left
+             (6, -bh - 6), (6, 6), (-bw - 6, -bh - 6), (-bw - 6, 6))  # and the four diagonals
+    for dx, dy in spots:
         box = (px + dx, py + dy, px + dx + bw, py + dy + bh)
         inside = box[0] >= 0 and box[2] <= w and box[1] >= 0 and box[3] <= h
-        if inside and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+        if inside and not any(box[0] < b[2] + 3 and b[0] < box[2] + 3 and box[1] < b[3] and b[1] < box[3] for b in placed):
             return box
     return None
 

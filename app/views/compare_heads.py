@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Signal
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
 
 from app.compare_records import HeadPair
@@ -40,6 +40,7 @@ class HeadPairView(QWidget):
         self.hide_sink.setChecked(True)
         self.hide_sink.toggled.connect(lambda _on: self.set_pair(self.pair) if self.pair is not None else None)
         self.info = QLabel("Run a comparison to see attention in both models.")
+        self.info.setTextFormat(Qt.TextFormat.PlainText)  # token texts, never markup
         self.info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # long hover text never widens
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setBackground("w")
@@ -129,7 +130,7 @@ class HeadPairView(QWidget):
         a, b = self.pair.a, self.pair.b
         if not (0 <= r < a.weights.shape[0] and 0 <= c < a.weights.shape[1]):
             return
-        q, k = a.row_start + r, c
+        q, k = a.row_start + r * a.row_step, c * a.col_step  # long texts are max-pooled to fit
         texts = a.token_texts
         qt = token_label(texts[q], 16) if q < len(texts) else "?"
         kt = token_label(texts[k], 16) if k < len(texts) else "?"

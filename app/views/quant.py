@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -88,7 +89,7 @@ class QuantLens(QWidget):
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.detail)
         right.addWidget(self.overrides)
-        right.setSizes([500, 500])
+        right.setSizes([380, 620])  # the override editor needs room for its preview table
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(right)
@@ -112,7 +113,7 @@ class QuantLens(QWidget):
             by_type[t.type_name] += t.nbytes
         mix = ", ".join(f"{name} {human_bytes(b)} ({100 * b / max(1, model.total_bytes):.0f}%)" for name, b in by_type.most_common())
         self.summary.setText(
-            f"<b>{model.name}</b> ({model.arch}) · {len(model.tensors)} tensors · {model.total_weights:,} weights · "
+            f"<b>{html.escape(model.name)}</b> ({html.escape(model.arch)}) · {len(model.tensors)} tensors · {model.total_weights:,} weights · "
             f"{human_bytes(model.total_bytes)} of tensors in a {human_bytes(model.file_bytes)} file · "
             f"<b>{model.average_bpw:.3f} bits/weight</b> on average · {mix}"
             + ("" if model.runnable else " · <i>(file only: no forward pass for this architecture yet)</i>")

@@ -1,6 +1,7 @@
 """The Quantization lens's override editor: a preset, REGEX=TYPE rules, a live preview, and Apply/Cancel/Reset/Save."""
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -71,7 +72,7 @@ class OverrideEditor(QGroupBox):
         self.rules.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.rules.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         self.rules.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.rules.setMaximumHeight(130)
+        self.rules.setMaximumHeight(110)
         self.layer = QComboBox()
         self.role = QComboBox()
         self.qtype = QComboBox()
@@ -97,6 +98,7 @@ class OverrideEditor(QGroupBox):
         self.progress.setTextVisible(True)
         self.message = QLabel("")
         self.message.setWordWrap(True)
+        self.message.setTextFormat(Qt.TextFormat.PlainText)  # errors quote the user's rules
         self._layout()
         self.preset.currentTextChanged.connect(lambda _t: self._changed())
         self.add.clicked.connect(self._add_picked)
@@ -219,7 +221,7 @@ class OverrideEditor(QGroupBox):
     def set_applied(self, spec: OverrideSpec, summary: str = "") -> None:
         """What the model in memory holds now (an empty spec: the file)."""
         self.applied = spec
-        self.in_memory.setText(f"In memory: <b>{'the file' if spec.empty else spec.label()}</b>")
+        self.in_memory.setText(f"In memory: <b>{'the file' if spec.empty else html.escape(spec.label())}</b>")
         self.in_memory.setToolTip(summary)
         self._enable()
 
@@ -293,7 +295,7 @@ class OverrideEditor(QGroupBox):
                 self.plan = preview_plan(self.record, spec)
             except SettingError as exc:
                 self.summary.setStyleSheet(ERROR_STYLE)
-                self.summary.setText(str(exc))
+                self.summary.setText(html.escape(str(exc)))
             else:
                 self.summary.setStyleSheet("")
                 self.summary.setText(f"<b>Preview</b>: {plan_summary(self.plan)}")

@@ -122,6 +122,8 @@ def test_heads_side_by_side_and_requests(qtbot) -> None:
 def test_sweep_chart_points_front_and_cancel(qtbot) -> None:
     view = CompareView()
     qtbot.addWidget(view)
+    view.resize(1400, 900)
+    view.show()
     view.set_model(synthetic_model_record())
     with qtbot.waitSignal(view.sweep_requested, timeout=1000) as sig:
         view.sweep.run.click()
@@ -134,7 +136,8 @@ def test_sweep_chart_points_front_and_cancel(qtbot) -> None:
                                   ("Q4_0", 20 << 20, 0.3, "preset"), ("Q5_0", 25 << 20, 0.4, "preset")):
         view.add_sweep_point(SweepPoint(name, kind, size, 4.0, kld, kld * 3, 90.0, 1.1, 100))
     xs, _ = view.sweep.scatter.getData()
-    assert len(xs) == 3 and len(view.sweep.special.getData()[0]) == 1 and len(view.sweep.labels) == 4
+    assert len(xs) == 3 and len(view.sweep.special.getData()[0]) == 1 and len(view.sweep.labels) == 4  # room for all
+    assert "Q5_0" in view.sweep.scatter.points()[2].data().name and "KLD mean 0.40000" in view.sweep.labels[-1].toolTip()
     assert len(view.sweep.front.getData()[0]) == 2  # Q4_0 then the overrides (KLD 0 at 30 MiB beats Q8_0)
     with qtbot.waitSignal(view.sweep_cancel_requested, timeout=1000):
         view.sweep.cancel.click()

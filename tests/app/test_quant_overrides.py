@@ -98,6 +98,8 @@ def test_preset_apply_reset_save_signals(qtbot, monkeypatch: pytest.MonkeyPatch,
     assert sig.args == [OverrideSpec("Q8_0"), str(out)]
     ed.preset.setCurrentText(FILE_TYPES)
     assert ed.spec().empty
+    ed.set_applied(OverrideSpec(None, ("<b>x=Q8_0",)))  # a user's regex is shown as text, never as markup
+    assert "&lt;b&gt;x=Q8_0" in ed.in_memory.text()
 
 
 def test_quant_lens_marks_planned_types_and_picks_clicked_tensors(qtbot) -> None:

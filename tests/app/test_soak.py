@@ -143,7 +143,7 @@ def test_soak_both_policies_memory_flat_no_thread_leak(qtbot: Any, tmp_path: Pat
     chats = Store(data_dir).load_chats()
     mib = 1 << 20
     per_widget = (peak_drop - start) / max(1, tally.shown)
-    print(f"\nsoak: {tally.turns} turns in {took:.1f} s (after an {2 * WARM_UP}-turn warm-up): {tally.answered} "
+    print(f"\nsoak: {tally.turns} turns in {took:.1f} s (after a {2 * WARM_UP}-turn warm-up): {tally.answered} "
           f"answered ({tally.stopped} stopped), {tally.refused} refused, {tally.dropped} messages dropped from the "
           f"context; {tally.generated} tokens generated, {tally.prompt} prompt tokens")
     print(f"  RSS after warm-up {start / mib:.1f} MiB, at the end {end / mib:.1f} MiB, growth {100 * growth:+.2f} % "
