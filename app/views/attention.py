@@ -79,13 +79,19 @@ class AttentionLens(QWidget):
         self.exact_button.setToolTip("Recompute the grid from every query row (live updates sample rows)")
         self.export_button = QPushButton("Export PNG…")
         self.bar = QWidget()  # the overview's controls: hidden while the step-through view (with its own) is shown
-        bar = QHBoxLayout(self.bar)
-        bar.setContentsMargins(0, 0, 0, 0)
-        for w in (QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
-                  self.pool_box, self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box,
-                  self.follow_check, self.exact_button, self.export_button):
-            bar.addWidget(w)
-        bar.addStretch(1)
+        rows = QVBoxLayout(self.bar)
+        rows.setContentsMargins(0, 0, 0, 0)
+        rows.setSpacing(2)
+        # two rows, so the lens fits beside the chat without scrolling sideways
+        for group in ((QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
+                       self.pool_box),
+                      (self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box, self.follow_check,
+                       self.exact_button, self.export_button)):
+            bar = QHBoxLayout()
+            for w in group:
+                bar.addWidget(w)
+            bar.addStretch(1)
+            rows.addLayout(bar)
         self.grid = GridView()
         self.head_view = HeadView()
         self.text_view = TokenTextView()
@@ -96,7 +102,7 @@ class AttentionLens(QWidget):
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.addWidget(self.grid)
         self.splitter.addWidget(right)
-        self.splitter.setSizes([380, 1220])
+        self.splitter.setSizes([440, 560])  # the grid needs room for its head labels beside the chat
         self.status = QLabel("Run a prompt to see attention.")
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # model names and tokens come from the file
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
