@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.chats import Chat, to_markdown
+from engine.fileio import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def write_atomic(path: Path, data: bytes, backup: bool = True) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _keep_backup(path: Path) -> None:
@@ -100,19 +101,6 @@ def _keep_backup(path: Path) -> None:
     except OSError:
         shutil.copy2(path, staged)
     os.replace(staged, bak)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _bak(path: Path) -> Path:

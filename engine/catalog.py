@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import FetchError, ModelFormatError
+from engine.fileio import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +205,8 @@ def _download_parts(e: CatalogEntry, part: Path, say: FetchProgress, cancel: thr
 
 def _write_stamp(path: Path, e: CatalogEntry) -> None:
     st = path.stat()
-    tmp = _stamp(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sha256": e.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
-    os.replace(tmp, _stamp(path))
+    stamp = {"sha256": e.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    write_bytes_atomic(_stamp(path), json.dumps(stamp).encode())
 
 
 def _pip_download(p: Part, dest: Path, cancel: threading.Event | None) -> Path:

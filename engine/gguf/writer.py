@@ -26,6 +26,7 @@ from engine.gguf.constants import (
     GGUFValueType,
     pad_to,
 )
+from engine.fileio import fsync_dir
 from engine.quant.types import GGMLType, type_info
 
 log = logging.getLogger(__name__)
@@ -242,19 +243,5 @@ def write_gguf(
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     log.debug("wrote %s: %d keys, %d tensors", path, len(kv_parts), len(infos))
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable where the OS allows it (best effort)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
