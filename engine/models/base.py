@@ -54,15 +54,19 @@ def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = N
 
 
 def attention(
-    q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_], scale: float
+    q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_] | None, scale: float
 ) -> tuple[F32, F32]:
-    """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S). Returns (out (Hq, T, d), weights (Hq, T, S))."""
+    """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S) or None when every key is visible.
+
+    Returns (out (Hq, T, d), weights (Hq, T, S)).
+    """
     hq, t, d = q.shape
     hkv = k.shape[0]
     g = hq // hkv
     qg = q.reshape(hkv, g * t, d)  # (Hkv, G*T, d): query heads h = kv*G + i share kv head kv
     scores = (qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1) * np.float32(scale)  # (Hq, T, S)
-    scores = np.where(mask[None], scores, np.float32(-np.inf))
+    if mask is not None:
+        scores = np.where(mask[None], scores, np.float32(-np.inf))
     w = softmax(scores)
     out = (w.reshape(hkv, g * t, -1) @ v).reshape(hq, t, d)  # (Hq, T, d)
     return out, w

@@ -125,6 +125,9 @@ class DecoderModel:
             self.attention_path = "tiled"
             return attention_tiled(q, keys, values, pos, scale, window)
         self.attention_path = "plain"
+        if q.shape[1] == 1 and (window is None or n_keys <= window):
+            out, _ = attention(q, keys, values, None, scale)  # one new token sees every cached key
+            return out
         if window not in masks:
             masks[window] = causal_mask(pos, n_keys, window)
         out, _ = attention(q, keys, values, masks[window], scale)

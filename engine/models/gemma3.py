@@ -117,6 +117,7 @@ class Gemma3(DecoderModel):
         self.out_norm = w.vector("output_norm.weight", a.dim)
         name = "output.weight" if w.has("output.weight") else "token_embd.weight"
         self.output = w.linear(name, a.dim, a.n_vocab)
+        self.output.column_major = True
         self.freqs_global = rope_freqs(a.rope_dim, a.rope_base)
         self.freqs_local = rope_freqs(a.rope_dim, a.rope_base_local)
         group = a.n_heads // a.n_kv_heads

@@ -102,6 +102,7 @@ class Llama(DecoderModel):
         # tied embeddings when the file has no output.weight (SmolLM2)
         name = "output.weight" if w.has("output.weight") else "token_embd.weight"
         self.output = w.linear(name, a.dim, a.n_vocab)
+        self.output.column_major = True
         self.freqs = rope_freqs(a.rope_dim, a.rope_base)
         self.spec = LayerAttentionSpec(1.0 / math.sqrt(a.head_dim), None, a.n_heads // a.n_kv_heads, a.rope_base)
 
