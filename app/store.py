@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.chats import Chat, to_markdown
-from engine.fileio import fsync_dir
+from engine.fileio import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +77,8 @@ class Settings:
 def write_atomic(path: Path, data: bytes, backup: bool = True) -> None:
     """Write via temp + fsync + rename, first keeping the current file as `<name>.bak` (if backup)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if backup and path.exists():
-            _keep_backup(path)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    keep = (lambda: _keep_backup(path) if path.exists() else None) if backup else None
+    write_bytes_atomic(path, data, before_replace=keep)
 
 
 def _keep_backup(path: Path) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 
 def fsync_dir(folder: Path) -> None:
@@ -19,14 +20,19 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file in the same folder, fsync and rename: never a half-written file."""
+def write_bytes_atomic(path: Path, data: bytes, before_replace: Callable[[], None] | None = None) -> None:
+    """Write `data` to `path` via a temp file in the same folder, fsync and rename: never a half-written file.
+
+    `before_replace` runs once the new bytes are durable and before they take the old file's place (a backup).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -110,6 +110,30 @@ class BaseArgs:
         if not (1.0 <= self.rope_base < 1e12):
             raise ModelFormatError(f"{a}.rope.freq_base", "must be in [1, 1e12)", self.rope_base)
 
+    @staticmethod
+    def common_fields(m: MetadataView, n_vocab: int, rope_base: float) -> dict[str, Any]:
+        """The fields every architecture reads the same way from `<arch>.*` metadata (keys named in errors)."""
+        m.reject_experts()
+        dim = m.int("embedding_length")
+        n_heads = m.int("attention.head_count")
+        if n_heads > 0 and dim % n_heads and m.optional_int("attention.key_length") is None:
+            raise ModelFormatError(f"{m.arch}.attention.head_count", f"does not divide embedding_length {dim}", n_heads)
+        head_dim = m.int("attention.key_length", dim // n_heads if n_heads > 0 else 0)  # check() names a bad count
+        return dict(
+            arch=m.arch,
+            dim=dim,
+            hidden_dim=m.int("feed_forward_length"),
+            n_layers=m.int("block_count"),
+            n_heads=n_heads,
+            n_kv_heads=m.int("attention.head_count_kv", n_heads),
+            head_dim=head_dim,
+            n_vocab=n_vocab,
+            n_ctx=m.int("context_length"),
+            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
+            rope_base=m.float("rope.freq_base", rope_base),
+            rope_dim=m.int("rope.dimension_count", head_dim),
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for display and JSON)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -34,24 +34,9 @@ class Gemma3Args(BaseArgs):
     @classmethod
     def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "gemma3") -> Gemma3Args:
         m = MetadataView(md, arch)
-        m.reject_experts()
-        n_heads = m.int("attention.head_count")
-        dim = m.int("embedding_length")
-        head_dim = m.int("attention.key_length", dim // max(1, n_heads))
         window = m.optional_int("attention.sliding_window")
         args = cls(
-            arch=arch,
-            dim=dim,
-            hidden_dim=m.int("feed_forward_length"),
-            n_layers=m.int("block_count"),
-            n_heads=n_heads,
-            n_kv_heads=m.int("attention.head_count_kv", n_heads),
-            head_dim=head_dim,
-            n_vocab=n_vocab,
-            n_ctx=m.int("context_length"),
-            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
-            rope_base=m.float("rope.freq_base", 1_000_000.0),
-            rope_dim=m.int("rope.dimension_count", head_dim),
+            **cls.common_fields(m, n_vocab, rope_base=1_000_000.0),
             sliding_window=window if window and window > 0 else None,
             rope_base_local=m.float("rope.freq_base_swa", ROPE_BASE_LOCAL),
         )

@@ -23,29 +23,7 @@ class LlamaArgs(BaseArgs):
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any], n_vocab: int, arch: str = "llama") -> LlamaArgs:
-        m = MetadataView(md, arch)
-        m.reject_experts()
-        dim = m.int("embedding_length")
-        n_heads = m.int("attention.head_count")
-        if n_heads <= 0 or dim % n_heads and m.optional_int("attention.key_length") is None:
-            from engine.errors import ModelFormatError  # noqa: PLC0415
-
-            raise ModelFormatError(f"{arch}.attention.head_count", f"does not divide embedding_length {dim}", n_heads)
-        head_dim = m.int("attention.key_length", dim // n_heads)
-        args = cls(
-            arch=arch,
-            dim=dim,
-            hidden_dim=m.int("feed_forward_length"),
-            n_layers=m.int("block_count"),
-            n_heads=n_heads,
-            n_kv_heads=m.int("attention.head_count_kv", n_heads),
-            head_dim=head_dim,
-            n_vocab=n_vocab,
-            n_ctx=m.int("context_length"),
-            norm_eps=m.float("attention.layer_norm_rms_epsilon"),
-            rope_base=m.float("rope.freq_base", 10000.0),
-            rope_dim=m.int("rope.dimension_count", head_dim),
-        )
+        args = cls(**cls.common_fields(MetadataView(md, arch), n_vocab, rope_base=10000.0))
         args.check()
         return args
 
