@@ -55,3 +55,20 @@ def test_chunked_prefill_equals_one_pass(run) -> None:
     import numpy as np
 
     np.testing.assert_allclose(again, logits[:96], rtol=2e-3, atol=2e-3)
+
+
+def test_tiled_attention_equals_plain_on_the_real_model(run) -> None:
+    """The online-softmax path gives the plain path's logits on the real model (forced on for this prose)."""
+    import numpy as np
+
+    _, model, _, ids, logits, *_ = run
+    net = model.net
+    saved = net.tiled_min_keys
+    net.tiled_min_keys = 64
+    try:
+        tiled = prefill(model, ids, model.new_cache(1024), all_logits=True, chunk_size=128)
+        assert net.attention_path == "tiled"
+    finally:
+        net.tiled_min_keys = saved
+    np.testing.assert_allclose(tiled, logits, rtol=1e-3, atol=1e-3)
+    assert (tiled.argmax(-1) == logits.argmax(-1)).all()
