@@ -27,6 +27,7 @@ from PySide6.QtWidgets import QLabel, QListWidget
 
 import app.jobs
 import app.store
+import engine.fileio
 from app.main_window import MainWindow
 from app.store import Settings, Store
 from tests.tiny_models import make_tiny_llama
@@ -722,6 +723,7 @@ def test_case33_unwritable_data_folder(qtbot: Any, roomy: Path, data_dir: Path, 
         return real_open(path, mode, *args, **kw)
 
     monkeypatch.setattr(app.store, "open", refuse, raising=False)
+    monkeypatch.setattr(engine.fileio, "open", refuse, raising=False)  # the store writes through engine.fileio
     for i in range(3):
         fwd.arm(alphabet=True)
         conv.send(f"while read-only {i}")
@@ -736,6 +738,7 @@ def test_case33_unwritable_data_folder(qtbot: Any, roomy: Path, data_dir: Path, 
     assert len(saved_chat(data_dir, cid)["messages"]) == 2  # the disk still has the last good version
     assert not [p for p in data_dir.rglob("*.tmp")]
     monkeypatch.delattr(app.store, "open")
+    monkeypatch.delattr(engine.fileio, "open")
     close(w)  # writable again: closing saves what could not be saved before
     assert len(saved_chat(data_dir, cid)["messages"]) == 8
     assert Store(data_dir).load_settings().temperature == 0.5
