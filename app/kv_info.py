@@ -12,6 +12,14 @@ from typing import Any
 CACHE_TYPES = ("F32", "F16", "Q8_0", "Q4_0")  # as llama.cpp's --cache-type-k / --cache-type-v
 DEFAULT_CACHE_TYPE = "F32"
 SETTING_KEY = "cache_type"  # where the choice lives in Settings.extra
+BACKENDS = ("auto", "numpy", "cupy")  # engine.backend's choices; the model loaded next uses it
+BACKEND_KEY = "backend"  # where the backend choice lives in Settings.extra
+
+
+def backend_setting(settings: Any) -> str:
+    """The backend chosen in the settings, 'auto' when unset or unknown."""
+    value = getattr(settings, "extra", {}).get(BACKEND_KEY, "auto") if settings is not None else "auto"
+    return value if value in BACKENDS else "auto"
 
 
 @dataclass(frozen=True)

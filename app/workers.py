@@ -78,6 +78,7 @@ class Session:
     recorder: Any = None
     context_limit: int = 4096
     cache_type: str = "F32"  # the type the next fresh cache holds (F32 | F16 | Q8_0 | Q4_0), set from the GUI
+    backend: str = "auto"  # the array backend the next load uses (auto | numpy | cupy), set from the GUI
     generating: threading.Event = field(default_factory=threading.Event)
     requantizer: Any = None  # engine.requantize.Requantizer of `model`, made by the first requantize job
 
@@ -340,6 +341,12 @@ class Engine(QObject):
     def set_context_limit(self, n_ctx: int) -> None:
         """The next reply uses a cache of min(n_ctx, the model's context) (a new cache when it changes)."""
         self.session.context_limit = int(n_ctx)
+
+    def set_backend(self, backend: str) -> None:
+        """The backend the next model load uses: 'auto' (CuPy when a GPU answers, else NumPy), 'numpy' or 'cupy'."""
+        from engine.backend import BACKEND_NAMES  # noqa: PLC0415
+
+        self.session.backend = backend if backend in BACKEND_NAMES else "auto"
 
     def set_cache_type(self, cache_type: str) -> None:
         """The next reply uses a fresh KV cache of this type (F32, F16, Q8_0, Q4_0) if the current one differs."""

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.kv_info import CACHE_TYPES, SETTING_KEY, cache_type_setting
+from app.kv_info import BACKEND_KEY, BACKENDS, CACHE_TYPES, SETTING_KEY, backend_setting, cache_type_setting
 from app.state import AppState
 from app.store import OVERFLOW_POLICIES, Settings
 
@@ -69,6 +69,13 @@ class SamplingPanel(QWidget):
                                    "cache of this type.")
         self.cache_type.currentIndexChanged.connect(lambda _i: self._set_cache_type(self.cache_type.currentData()))
         form.addRow("KV cache type", self.cache_type)
+        self.backend = QComboBox()
+        for name in BACKENDS:
+            self.backend.addItem(name, name)
+        self.backend.setToolTip("Where the model runs, used when a model is loaded next: auto takes the GPU (CuPy) "
+                                "when one answers, else NumPy on the CPU and says why in the Model lens.")
+        self.backend.currentIndexChanged.connect(lambda _i: self._set_extra(BACKEND_KEY, self.backend.currentData()))
+        form.addRow("Backend (next load)", self.backend)
         lay.addLayout(form)
         self.model_ctx = QLabel("")
         self.model_ctx.setTextFormat(Qt.TextFormat.PlainText)
@@ -96,6 +103,9 @@ class SamplingPanel(QWidget):
         self.cache_type.blockSignals(True)
         self.cache_type.setCurrentIndex(max(0, self.cache_type.findData(cache_type_setting(s))))
         self.cache_type.blockSignals(False)
+        self.backend.blockSignals(True)
+        self.backend.setCurrentIndex(max(0, self.backend.findData(backend_setting(s))))
+        self.backend.blockSignals(False)
 
     def _set(self, name: str, value: object) -> None:
         current = self.state.settings or Settings()
@@ -106,8 +116,11 @@ class SamplingPanel(QWidget):
         self.state.settings = dataclasses.replace(current, **{name: value})
 
     def _set_cache_type(self, name: object) -> None:
+        self._set_extra(SETTING_KEY, name)
+
+    def _set_extra(self, key: str, value: object) -> None:
         current = self.state.settings or Settings()
-        self.state.settings = dataclasses.replace(current, extra={**current.extra, SETTING_KEY: str(name)})
+        self.state.settings = dataclasses.replace(current, extra={**current.extra, key: str(value)})
 
     def reset(self) -> None:
         """Sampling back to defaults; what is not sampling (last model, window) is kept."""
