@@ -134,8 +134,16 @@ class DecoderModel:
         return out
 
     def linears(self) -> dict[str, Linear]:
-        """Every quantized matrix by tensor name (for the Quantization lens and requantizing)."""
-        return {}
+        """Every quantized matrix by tensor name (for the Quantization lens and requantizing): each layer's, then the output."""
+        out: dict[str, Linear] = {}
+        for layer in getattr(self, "layers", []):
+            for value in vars(layer).values():
+                if isinstance(value, Linear):
+                    out[value.weight.name] = value
+        output = getattr(self, "output", None)
+        if isinstance(output, Linear):
+            out[output.weight.name] = output
+        return out
 
     def warm(self, progress: Callable[[float], None] | None = None) -> None:
         """Build the float32 weight copies now (stacked for fused matrices) instead of on the first token."""

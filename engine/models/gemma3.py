@@ -59,11 +59,11 @@ class Gemma3Layer:
     w_gate: Linear
     w_up: Linear
     w_down: Linear
+    post_ffn_norm: npt.NDArray[np.float32]
 
     def __post_init__(self) -> None:
         self.qkv = FusedLinear([self.wq, self.wk, self.wv])
         self.gate_up = FusedLinear([self.w_gate, self.w_up])
-    post_ffn_norm: npt.NDArray[np.float32]
 
 
 @register("gemma3")
@@ -112,14 +112,6 @@ class Gemma3(DecoderModel):
                                a.rope_base_local if a.is_local(i) else a.rope_base)
             for i in range(a.n_layers)
         ]
-
-    def linears(self) -> dict[str, Linear]:
-        out: dict[str, Linear] = {}
-        for layer in self.layers:
-            for lin in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down):
-                out[lin.weight.name] = lin
-        out[self.output.weight.name] = self.output
-        return out
 
     def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         return self.tok_embd.rows(ids) * np.float32(math.sqrt(self.args.dim))  # (T, dim)

@@ -84,14 +84,6 @@ class Llama(DecoderModel):
         self.freqs = rope_freqs(a.rope_dim, a.rope_base)
         self.spec = LayerAttentionSpec(1.0 / math.sqrt(a.head_dim), None, a.n_heads // a.n_kv_heads, a.rope_base)
 
-    def linears(self) -> dict[str, Linear]:
-        out: dict[str, Linear] = {}
-        for layer in self.layers:
-            for lin in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down):
-                out[lin.weight.name] = lin
-        out[self.output.weight.name] = self.output
-        return out
-
     def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         return self.tok_embd.rows(ids)  # (T, dim)
 
