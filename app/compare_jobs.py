@@ -3,7 +3,7 @@
 The jobs use their own models, never the chat's: A is the file loaded once more and never changed, B is
 a second copy that the overrides are applied to (or A itself with another KV cache type, or another
 GGUF). They live in a CompareWorkspace that only these jobs touch, one at a time (app/workers.py runs
-them on one lane). Statistics come from engine.compare; this module only runs the models.
+them on one lane). Statistics come from engine.quality.compare; this module only runs the models.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class CompareWorkspace:
 
     def model_b(self, spec: OverrideSpec, say: Say, cancel: threading.Event) -> tuple[Any, Any]:
         """A second copy of the file with the overrides applied; returns (model, engine Plan)."""
-        from engine.requantize import Requantizer  # noqa: PLC0415
+        from engine.quality.requantize import Requantizer  # noqa: PLC0415
 
         if self.b is None:
             say("loading a second copy for B", 0.0)
@@ -132,7 +132,7 @@ def run_model(model: Any, ids: Sequence[int], cache_type: str, cancel: threading
               what: str, heads: bool = True) -> Run:
     """All logits of `ids` on a fresh cache of `cache_type`, recording queries (for heads) and hidden states."""
     from engine.generate import prefill  # noqa: PLC0415
-    from engine.observe import Recorder  # noqa: PLC0415
+    from engine.observe.recorder import Recorder  # noqa: PLC0415
 
     rec = Recorder(capture_q=heads, capture_hidden=heads)
     cache = model.new_cache(max(len(ids), 16), cache_type)
@@ -176,7 +176,7 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
 def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: OverrideSpec | None,
                 cancel: threading.Event, emit: Emit) -> Iterator[object]:
     """Run A and B on the text; yields progress, the CompareRecord, then the HeadPair of opts.layer/head."""
-    from engine.compare import Comparison, layer_divergence, token_stats  # noqa: PLC0415
+    from engine.quality.compare import Comparison, layer_divergence, token_stats  # noqa: PLC0415
     from engine.generate import log_softmax  # noqa: PLC0415
 
     t0 = time.perf_counter()
@@ -247,7 +247,7 @@ def sweep_job(ws: CompareWorkspace, path: str, text: str, spec: OverrideSpec | N
 
     Only one model is loaded (B, a copy of the file): reset to the file's weights it gives the reference.
     """
-    from engine.compare import token_stats  # noqa: PLC0415
+    from engine.quality.compare import token_stats  # noqa: PLC0415
 
     same_as_preset = spec is not None and not spec.rules and spec.preset in presets
     variants = ([("overrides", spec)] if spec is not None and not spec.empty and not same_as_preset else [])

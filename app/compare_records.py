@@ -1,6 +1,6 @@
 """Records of the Compare view and the requantize tasks: frozen dataclasses of numpy arrays, made on the worker.
 
-Nothing here imports Qt or holds an engine object; the statistics themselves come from engine.compare
+Nothing here imports Qt or holds an engine object; the statistics themselves come from engine.quality.compare
 (token_stats, layer_divergence), this module only packs them with what the view draws (top-k tokens
 per position, the heads of both runs, the preset sweep's points).
 """
@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.records import HeadRecord
-from engine.compare import Comparison
+from engine.quality.compare import Comparison
 
 F32 = npt.NDArray[np.float32]
 TOP_K = 10
@@ -56,7 +56,7 @@ class CompareRecord:
     b_bytes: int
     a_bpw: float
     b_bpw: float
-    stats: Comparison  # engine.compare numbers (frozen floats and tuples)
+    stats: Comparison  # engine.quality.compare numbers (frozen floats and tuples)
     token_ids: npt.NDArray[np.int64]  # (N,)
     token_texts: tuple[str, ...]
     kld: F32  # (N,) KL(A || B) of the next-token distribution after each token

@@ -15,7 +15,7 @@ from app.records import ModelRecord, TensorRow
 from engine.quant.presets import ModelShape, Preset, choose_types, preset_by_name
 from engine.quant.rules import RULE_TYPES, Rule, keep_reason, parse_rules
 from engine.quant.types import TYPES, GGMLType
-from engine.requantize import Plan, TensorPlan
+from engine.quality.requantize import Plan, TensorPlan
 
 RULE_TYPE_NAMES: tuple[str, ...] = tuple(t.name for t in RULE_TYPES)
 EVAL_TEXT_PATH = Path(__file__).resolve().parent.parent / "assets" / "eval_text.txt"

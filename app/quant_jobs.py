@@ -40,7 +40,7 @@ class Saved:
 
 def requantizer(session: Session) -> Any:
     """The session model's Requantizer, made when the model is new (call under the session lock)."""
-    from engine.requantize import Requantizer  # noqa: PLC0415
+    from engine.quality.requantize import Requantizer  # noqa: PLC0415
 
     if session.model is None:
         raise LensError("no model is loaded")
@@ -90,7 +90,7 @@ def reset_job(session: Session, cancel: threading.Event, emit: Emit) -> Iterator
 
 def save_job(session: Session, spec: OverrideSpec, path: str, cancel: threading.Event, emit: Emit) -> Iterator[object]:
     """Write the overrides as a GGUF llama.cpp loads (reusing the applied blocks when they match)."""
-    from engine.requantize import check_output_path, quantize_file  # noqa: PLC0415
+    from engine.quality.requantize import check_output_path, quantize_file  # noqa: PLC0415
 
     t0 = time.perf_counter()
     say = lambda what, frac: emit(TaskProgress("save", what, frac))  # noqa: E731

@@ -17,17 +17,17 @@ import numpy as np
 import numpy.typing as npt
 
 from app.summary import escape_text
-from engine import attention_maps as amaps
-from engine.positions import layer_rope_layout
+from engine.observe import attention_maps as amaps
+from engine.observe.positions import layer_rope_layout
 from engine.quant import dequantize_rows
-from engine.quant.inspect import DecodedBlock, block_scales, decode_block, histogram
+from engine.quant.blocks import DecodedBlock, block_scales, decode_block, histogram
 from engine.quant.types import GGMLType, type_info
 
 if TYPE_CHECKING:
     from engine.cache import KVCache
     from engine.gguf import GGUFFile
     from engine.model import Model
-    from engine.observe import Recorder
+    from engine.observe.recorder import Recorder
 
 F32 = npt.NDArray[np.float32]
 Aggregate = Literal["mean", "max"]

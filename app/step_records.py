@@ -1,6 +1,6 @@
 """StepRecord: one attention cell taken apart step by step, with the sqrt(d_k) statistics of its head.
 
-Made on the worker from the Recorder and KV cache (engine.attention_steps does the math); what crosses to
+Made on the worker from the Recorder and KV cache (engine.observe.attention_steps does the math); what crosses to
 the GUI is the engine's frozen AttentionCell and ScalingStats (numpy arrays and plain values) plus labels.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.attention_steps import AttentionCell, ScalingStats, attention_cell, scaling_stats
+from engine.observe.attention_steps import AttentionCell, ScalingStats, attention_cell, scaling_stats
 
 if TYPE_CHECKING:
     from engine.cache import KVCache
-    from engine.observe import Recorder
+    from engine.observe.recorder import Recorder
 
 STATS_MAX_TOKENS = 1024  # the sqrt(d_k) statistics build an N x N score matrix: past this, the first N positions
 

@@ -87,7 +87,7 @@ class Session:
 
     def fresh_cache(self) -> None:
         """A new cache and recorder sized by the current context limit (call under lock)."""
-        from engine.observe import Recorder  # noqa: PLC0415
+        from engine.observe.recorder import Recorder  # noqa: PLC0415
 
         self.cache = self.model.new_cache(self.n_ctx(), self.cache_type)
         self.recorder = Recorder(capture_q=True)

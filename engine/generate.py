@@ -12,9 +12,9 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.errors import ContextFullError, InferenceError, SettingError
-from engine.observe import Recorder
+from engine.observe.recorder import Recorder
 from engine.sampler import SamplerSettings, make_sampler
-from engine.tokenizer import StreamDecoder
+from engine.tokenizer.vocab import StreamDecoder
 
 if TYPE_CHECKING:
     from engine.model import Model

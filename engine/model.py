@@ -12,16 +12,16 @@ import numpy.typing as npt
 
 from engine.backend import Backend, get_backend
 from engine.cache import KVCache
-from engine.chat import ChatTemplate
+from engine.chat.template import ChatTemplate
 from engine.errors import ModelFormatError, SettingError
 from engine.gguf import GGUFFile, open_gguf
 from engine.memory import check_memory, scan_small_tensors
 from engine.models.registry import model_class
 from engine.models.base import BaseArgs
 from engine.models.decoder import DecoderModel, Weights
-from engine.observe import Recorder
+from engine.observe.recorder import Recorder
 from engine.tensor import DenseBudget
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.vocab import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidge
 from app.records import ModelRecord
 from app.views.attention_tokens import colormap, token_label
 from engine.models.rope import rope_freqs
-from engine.positions import (
+from engine.observe.positions import (
     relative_rotation,
     rope_pair_angles,
     rope_score_vs_distance,

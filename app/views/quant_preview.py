@@ -5,7 +5,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
-from engine.requantize import Plan, TensorPlan
+from engine.quality.requantize import Plan, TensorPlan
 
 COLUMNS = ("tensor", "now", "after", "bytes now", "bytes after", "why")
 

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records import TensorRecord
-from engine.quant.inspect import DecodedBlock
+from engine.quant.blocks import DecodedBlock
 
 FIELD_COLOURS = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233), (213, 94, 0))
 MAX_VALUES_SHOWN = 16

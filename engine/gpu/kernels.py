@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.backend import Backend
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "quant" / "cuda"
+CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 MODULES = ("dequant", "gemv", "ops", "attention")  # kernel files; ggml_blocks.cu is included by each
 KERNELS = {
     "dequant": ("dequant_rows", "embed_rows"),

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from engine.errors import SettingError
 from engine.models.decoder import DecoderModel
-from engine.observe import LayerAttentionSpec
+from engine.models.base import LayerAttentionSpec
 from engine.tensor import Linear, QTensor
 
 F32 = npt.NDArray[np.float32]

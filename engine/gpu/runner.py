@@ -32,7 +32,7 @@ from engine.gpu.device import Device, arg
 from engine.gpu.linear import BlockStore, DeviceLinear
 from engine.gpu.plan import ArchPlan, LayerPlan, arch_plan
 from engine.models.decoder import DecoderModel
-from engine.observe import Recorder
+from engine.observe.recorder import Recorder
 from engine.tensor import FusedLinear, Linear
 
 log = logging.getLogger(__name__)

@@ -72,6 +72,16 @@ def attention(
     return out, w
 
 
+@dataclass(frozen=True)
+class LayerAttentionSpec:
+    """How a layer's attention is computed: scale, sliding window (None = full), query heads per KV head."""
+
+    scale: float
+    window: int | None
+    group: int
+    rope_base: float
+
+
 @dataclass
 class BaseArgs:
     """Hyper-parameters every decoder shares; each architecture subclasses it and reads its own keys."""

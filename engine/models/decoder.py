@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,9 +12,11 @@ from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, attention, causal_mask
-from engine.observe import Recorder
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, FusedLinear, Linear, QTensor
+
+if TYPE_CHECKING:  # the recorder is passed in; models never build one
+    from engine.observe.recorder import Recorder
 
 log = logging.getLogger(__name__)
 

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import BaseArgs, MetadataView, gelu_tanh, rms_norm
+from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh, rms_norm
 from engine.models.decoder import DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
-from engine.observe import LayerAttentionSpec, Recorder
 from engine.tensor import FusedLinear, Linear
+
+if TYPE_CHECKING:  # the recorder is passed in; models never build one
+    from engine.observe.recorder import Recorder
 
 SWA_PATTERN = 6  # every 6th layer is global, the other five use the sliding window (as llama.cpp's set_swa_pattern(6))
 ROPE_BASE_LOCAL = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 when the file does not say

@@ -13,7 +13,7 @@ from app.step_records import make_step_record
 from app.store import Settings
 from app.views.attention import AttentionLens
 from app.views.attention_steps import KEY_STEPS, StepThroughView
-from engine.attention_steps import scaling_stats, textbook_attention
+from engine.observe.attention_steps import scaling_stats, textbook_attention
 from engine.cache import KVCache
 from tests.app.test_lenses_common import fake_records, fake_run, smollm2_run, synthetic_model_record  # noqa: F401
 

@@ -20,7 +20,7 @@ from app.compare_records import (
 )
 from app.overrides import OverrideSpec, eval_text
 from app.views.compare import CompareView
-from engine.compare import Comparison, layer_divergence, token_stats
+from engine.quality.compare import Comparison, layer_divergence, token_stats
 from engine.generate import log_softmax
 from tests.app.test_lenses_common import fake_records, fake_run, synthetic_model_record
 from tests.conftest import SMOLLM2_FILE, model_path
@@ -30,7 +30,7 @@ TEXTS = ["<s>", " The", " cat", " sat", " on", " the", " mat", "."]
 
 
 def synthetic_record(n: int = len(TEXTS), vocab: int = 50, n_layers: int = 3, seed: int = 0):
-    """A CompareRecord from random logits and hidden states, through engine.compare's own statistics."""
+    """A CompareRecord from random logits and hidden states, through engine.quality.compare's own statistics."""
     rng = np.random.default_rng(seed)
     la = rng.standard_normal((n, vocab)).astype(np.float32) * 3
     lb = la + rng.standard_normal((n, vocab)).astype(np.float32) * 0.5

@@ -6,7 +6,7 @@ import numpy as np
 from app.records import make_model_record
 from app.views.positions import PositionsLens
 from engine.models.rope import rope_freqs
-from engine.positions import sinusoidal_encoding
+from engine.observe.positions import sinusoidal_encoding
 from tests.app.test_lenses_common import smollm2_run, synthetic_model_record  # noqa: F401
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from app.records import TensorRecord, make_model_record, make_tensor_record
 from app.views.quant import QuantLens, type_colour
-from engine.quant.inspect import decode_block
+from engine.quant.blocks import decode_block
 from engine.quant.types import GGMLType
 from tests.app.test_lenses_common import smollm2_run, synthetic_model_record  # noqa: F401
 from tests.conftest import GEMMA3_FILE, model_path

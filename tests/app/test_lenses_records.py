@@ -17,8 +17,8 @@ from app.records import (
     make_tensor_record,
     split_tensor_name,
 )
-from engine import attention_maps as am
-from engine.observe import Recorder
+from engine.observe import attention_maps as am
+from engine.observe.recorder import Recorder
 from engine.quant import dequantize
 from engine.quant.types import GGMLType
 from tests.app.test_lenses_common import fake_run, smollm2_run  # noqa: F401 - fixture

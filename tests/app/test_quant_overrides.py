@@ -118,7 +118,7 @@ def test_quant_lens_marks_planned_types_and_picks_clicked_tensors(qtbot) -> None
 
 def test_preview_matches_the_engine_plan(smollm2_run) -> None:
     from app.records import make_model_record
-    from engine.requantize import make_plan
+    from engine.quality.requantize import make_plan
 
     m = smollm2_run.model
     rec = make_model_record(m)

@@ -10,7 +10,7 @@ import pytest
 from engine import backend as backend_mod
 from engine.backend import NUMPY, Backend, get_backend
 from engine.errors import SettingError
-from tests.engine.cuda_emulator import CUDARuntimeError, FakeCupy, OutOfMemoryError
+from tests.engine.gpu.cuda_emulator import CUDARuntimeError, FakeCupy, OutOfMemoryError
 
 
 @pytest.fixture

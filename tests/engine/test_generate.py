@@ -10,7 +10,7 @@ import pytest
 from engine.errors import ContextFullError, InferenceError, SettingError
 from engine.generate import GenerationConfig, Step, _StopMatcher, generate, prefill
 from engine.model import load_model
-from engine.observe import Recorder
+from engine.observe.recorder import Recorder
 from engine.sampler import SamplerSettings
 from tests.tiny_models import make_tiny_llama
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import perplexity
+from engine.cli.main import perplexity
 from engine.generate import prefill
 from engine.model import load_model
 from tests.engine.golden import FIXTURES, compare, load_golden

@@ -380,7 +380,7 @@ import logging
 logging.disable(logging.CRITICAL)
 from engine.errors import LensError
 from engine.gguf import open_gguf
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.vocab import Tokenizer
 from engine.model import load_model
 from engine.generate import run_checked
 out = {"stages": [], "errors": {}}

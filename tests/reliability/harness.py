@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.gguf import open_gguf, write_gguf
 from engine.quant.types import GGMLType
-from tests.engine.test_gguf_hostile import _FORK_SERVER, REPO, ChildResult, ForkServer
+from tests.engine.gguf.test_gguf_hostile import _FORK_SERVER, REPO, ChildResult, ForkServer
 
 ACCEPTED, REJECTED, OTHER_LENS_ERROR = 0, 3, 4
 GIB = 1 << 30

@@ -499,7 +499,7 @@ import json, resource, sys, time
 limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import numpy as np
-from engine.tokenizer import Tokenizer
+from engine.tokenizer.vocab import Tokenizer
 n, width, model = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # self-similar: every token is the same 2-byte code point repeated, then its index; all of them 90 code points
 stem = "\u0101" * (width - 7)

@@ -1,0 +1,417 @@
+"""The gguf-lens command. Bad input exits 2 with one line on stderr, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+import numpy as np
+
+from engine.errors import LensError, SettingError
+
+log = logging.getLogger("gguf_lens")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if getattr(args, "text", None) is not None:
+        return args.text
+    path = Path(args.text_file)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingError(f"--text-file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"--text-file {path}: cannot read it as UTF-8 ({exc})") from None
+
+
+def _load(args: argparse.Namespace, warm: bool = True):
+    from engine.model import load_model  # noqa: PLC0415
+
+    progress = None
+    if sys.stderr.isatty():
+        def progress(what: str, frac: float) -> None:
+            sys.stderr.write(f"\r{what} {frac * 100:5.1f}%\033[K")
+            if frac >= 1.0:
+                sys.stderr.write("\r\033[K")
+    return load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm)
+
+
+def _tokenizer_only(model: str):
+    from engine.catalog import resolve_model  # noqa: PLC0415
+    from engine.gguf import open_gguf  # noqa: PLC0415
+    from engine.tokenizer.vocab import Tokenizer  # noqa: PLC0415
+
+    with open_gguf(resolve_model(model)) as g:
+        return Tokenizer.from_metadata(g.metadata)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from engine.catalog import CATALOG, fetch  # noqa: PLC0415
+
+    names = list(CATALOG) if args.name == "all" else [args.name]
+    for name in names:
+        def progress(what: str, frac: float, name: str = name) -> None:
+            sys.stderr.write(f"\r{name}: {what} {frac * 100:5.1f}%\033[K" if sys.stderr.isatty() else "")
+        path = fetch(name, progress=progress)
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+        print(path)
+    return 0
+
+
+def _summarize(value: Any, limit: int = 8) -> Any:
+    if isinstance(value, np.ndarray):
+        head = value[:limit].tolist()
+        return head if value.size <= limit else {"type": f"{value.dtype}[{value.size}]", "head": head}
+    if isinstance(value, list):
+        return value if len(value) <= limit else {"type": f"list[{len(value)}]", "head": value[:limit]}
+    return value
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from engine.catalog import resolve_model  # noqa: PLC0415
+    from engine.gguf import open_gguf  # noqa: PLC0415
+
+    with open_gguf(resolve_model(args.model)) as g:
+        tensors = [
+            {"name": t.name, "type": t.qtype.name, "shape": list(t.shape), "bytes": t.nbytes,
+             "bpw": round(8.0 * t.nbytes / max(1, t.n_elements), 4)}
+            for t in g.tensors.values()
+        ]
+        total_b = sum(t["bytes"] for t in tensors)
+        total_n = sum(t.n_elements for t in g.tensors.values())
+        report = {
+            "path": str(g.path), "version": g.version, "alignment": g.alignment, "file_size": g.file_size,
+            "metadata": {k: _summarize(v) for k, v in g.metadata.items()},
+            "tensors": tensors, "n_params": total_n, "tensor_bytes": total_b,
+            "bpw": round(8.0 * total_b / max(1, total_n), 4), "warnings": list(g.warnings),
+        }
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=1, default=str))
+        return 0
+    print(f"{report['path']}  GGUF v{report['version']}  {report['file_size']:,} bytes")
+    print(f"{len(tensors)} tensors, {total_n:,} weights, {total_b:,} bytes, {report['bpw']:.3f} bits per weight")
+    print("\nmetadata:")
+    for k, v in report["metadata"].items():
+        text = _printable(json.dumps(v, ensure_ascii=False, default=str) if not isinstance(v, str) else v)
+        print(f"  {k} = {text}")
+    print("\ntensors:")
+    for t in tensors:
+        shape = "x".join(map(str, t["shape"]))
+        print(f"  {t['name']:<36} {t['type']:<6} {shape:<14} {t['bytes']:>12,} B  {t['bpw']:.3f} bpw")
+    for w in report["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    tok = _tokenizer_only(args.model)
+    ids = tok.encode(_read_text(args), add_special=False, parse_special=not args.no_special)
+    if args.bos:
+        if tok.bos_id is None:
+            raise SettingError("--bos: this model has no BOS token")
+        ids = [tok.bos_id] + ids
+    print(json.dumps(ids))
+    return 0
+
+
+def _prompt_ids(model, text: str) -> list[int]:
+    """The text as the model's own tokenizer makes it for a whole document (BOS when the metadata adds one)."""
+    return model.tokenizer.encode(text, add_special=True, parse_special=False)
+
+
+def cmd_logits(args: argparse.Namespace) -> int:
+    from engine.generate import prefill  # noqa: PLC0415
+
+    model = _load(args)
+    if args.tokens_file:
+        try:
+            ids = json.loads(Path(args.tokens_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingError(f"--tokens-file {args.tokens_file}: {exc}") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise SettingError(f"--tokens-file {args.tokens_file}: must be a JSON list of integers")
+    else:
+        ids = _prompt_ids(model, _read_text(args))
+    if not ids:
+        raise SettingError("no tokens to run")
+    logits = prefill(model, ids, model.new_cache(), all_logits=True, chunk_size=args.chunk)
+    np.save(args.out, logits.astype(np.float32))
+    print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32", file=sys.stderr)
+    return 0
+
+
+def perplexity(model, ids: list[int], chunk: int = 256) -> dict[str, Any]:
+    """exp(mean NLL) of tokens 2..n given their prefixes, the whole text in one context."""
+    from engine.generate import log_softmax, prefill  # noqa: PLC0415
+
+    if len(ids) < 2:
+        raise SettingError("perplexity needs at least 2 tokens")
+    logits = prefill(model, ids, model.new_cache(max(len(ids), 1)), all_logits=True, chunk_size=chunk)
+    logp = log_softmax(logits[:-1])
+    nll = -logp[np.arange(len(ids) - 1), np.asarray(ids[1:])]
+    return {"ppl": float(math.exp(float(np.mean(nll, dtype=np.float64)))), "tokens": len(ids)}
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    model = _load(args)
+    ids = _prompt_ids(model, _read_text(args))
+    if len(ids) > model.args.n_ctx:
+        raise SettingError(f"the text is {len(ids)} tokens, longer than the model's context {model.args.n_ctx}")
+    t0 = time.perf_counter()
+    out = perplexity(model, ids, args.chunk)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"perplexity {out['ppl']:.4f} over {out['tokens']} tokens ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _sampler(args: argparse.Namespace):
+    from engine.sampler import SamplerSettings  # noqa: PLC0415
+
+    return SamplerSettings(
+        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, seed=args.seed,
+    ).check()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.generate import GenerationConfig, generate  # noqa: PLC0415
+
+    cfg = GenerationConfig(max_tokens=args.n, sampler=_sampler(args)).check()
+    model = _load(args)
+    if args.chat:
+        rendered = model.chat.render([{"role": "user", "content": args.prompt}])
+        if rendered.warning:
+            print(f"warning: {rendered.warning}", file=sys.stderr)
+        ids = model.tokenizer.encode(rendered.text, add_special=True, parse_special=True)
+    else:
+        ids = model.tokenizer.encode(args.prompt, add_special=True, parse_special=False)
+    text, n, last = [], 0, None
+    for step in generate(model, ids, cfg):
+        text.append(step.text)
+        n += step.token_id >= 0 and step.finish_reason != "eos"
+        last = step
+        if not args.json:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps({"text": "".join(text), "tokens": n,
+                          "prompt_tok_s": last.prompt_tok_s if last else 0.0,
+                          "gen_tok_s": last.gen_tok_s if last else 0.0,
+                          "finish_reason": last.finish_reason if last else None}, ensure_ascii=False))
+    else:
+        print()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from engine.generate import GenerationConfig, generate  # noqa: PLC0415
+
+    cfg = GenerationConfig(max_tokens=args.n, sampler=_sampler(args)).check()
+    model = _load(args)
+    cache = model.new_cache()
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print(f"{model.name} ({model.arch}, {model.path.name}). Empty line or Ctrl+D quits; Ctrl+C stops a reply.")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line})
+        rendered = model.chat.render(messages)
+        if rendered.warning:
+            print(f"[{rendered.warning}]")
+        ids = model.tokenizer.encode(rendered.text, add_special=True, parse_special=True)
+        reply: list[str] = []
+        last = None
+        try:
+            for step in generate(model, ids, cfg, cache=cache):
+                reply.append(step.text)
+                last = step
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            reply.append(" [stopped]")
+        except LensError as exc:
+            print(f"\n[error: {exc}]")
+            messages.pop()
+            continue
+        stats = f"{last.index} tokens, {last.gen_tok_s:.1f} tok/s" if last else ""
+        print(f"\n[{stats}]")
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.cli.bench import run_bench  # noqa: PLC0415
+
+    result = run_bench(args.model, n_prompt=args.p, n_gen=args.n, backend=args.backend, reps=args.reps,
+                       gpu_layers=args.gpu_layers)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['model']}  backend {result['backend']}  load {result['load_s']:.2f} s  "
+              f"peak RSS {result['peak_rss_mb']:.0f} MB")
+        print(f"  pp{args.p}: {result['prompt_tok_s']:8.1f} tok/s")
+        print(f"  tg{args.n}: {result['gen_tok_s']:8.1f} tok/s")
+    return 0
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    # the engine never imports the app: the desktop front end registers itself as an entry point
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    found = [ep for ep in entry_points(group="gguf_lens.frontends") if ep.name == "gui"]
+    if not found:
+        raise SettingError("the desktop app is not installed (run ./dev setup)")
+    try:
+        app_main = found[0].load()
+    except ImportError as exc:
+        raise SettingError(f"the desktop app cannot start: {exc}") from None
+    return int(app_main([args.model] if args.model else []) or 0)
+
+
+def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    from engine.catalog import DEFAULT_MODEL  # noqa: PLC0415
+
+    if optional:
+        p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="a .gguf path or catalog name")
+    else:
+        p.add_argument("model", help="a .gguf path or catalog name (smollm2-135m-instruct, gemma3-270m)")
+
+
+def _add_text(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--text")
+    g.add_argument("--text-file")
+
+
+def _add_sampling(p: argparse.ArgumentParser, temp: float) -> None:
+    p.add_argument("-n", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--temp", type=float, default=temp)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="gguf-lens", description="Run GGUF models on NumPy and look inside them.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
+
+    p = sub.add_parser("gui", help="open the desktop app")
+    p.add_argument("model", nargs="?", default=None)
+    p.set_defaults(func=cmd_gui)
+
+    p = sub.add_parser("fetch", help="download a catalog model into the cache; prints its path")
+    p.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="catalog name or 'all'")
+    p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("inspect", help="metadata and tensors of a GGUF file")
+    _add_model(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("tokenize", help="token ids of a text as a JSON list")
+    _add_model(p)
+    _add_text(p)
+    p.add_argument("--bos", action="store_true", help="prepend the BOS token")
+    p.add_argument("--no-special", action="store_true", help="treat special-token text as plain text")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("logits", help="float32 logits [n_tokens, n_vocab] for every position")
+    _add_model(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tokens-file")
+    g.add_argument("--text-file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--chunk", type=int, default=256)
+    p.set_defaults(func=cmd_logits)
+
+    p = sub.add_parser("generate", help="generate a continuation")
+    _add_model(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--json", action="store_true")
+    _add_sampling(p, temp=0.0)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="a terminal chat with streaming output")
+    _add_model(p, optional=True)
+    p.add_argument("--system", default=None, help="system prompt")
+    _add_sampling(p, temp=0.7)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")
+    _add_model(p)
+    p.add_argument("-p", type=int, default=128, help="prompt tokens")
+    p.add_argument("-n", type=int, default=64, help="generated tokens")
+    p.add_argument("-r", "--reps", type=int, default=2, help="repetitions (best is kept)")
+    p.add_argument("--backend", default="numpy", choices=["auto", "numpy", "cupy"])
+    p.add_argument("--gpu-layers", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text in one context")
+    _add_model(p)
+    p.add_argument("--text-file", required=True)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_perplexity)
+
+    from engine.cli.quant import add_commands  # noqa: PLC0415 - quantize and compare
+
+    add_commands(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `gguf-lens` console script."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s: %(message)s")
+    if args.cmd is None:
+        args = ap.parse_args(["gui", *([] if argv is None else list(argv))])
+    try:
+        return int(args.func(args) or 0)
+    except LensError as exc:
+        sys.stderr.write(f"gguf-lens: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gguf-lens: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: one line unless --debug
+        if args.debug:
+            raise
+        sys.stderr.write(f"gguf-lens: internal error: {type(exc).__name__}: {exc} (run with --debug for details)\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

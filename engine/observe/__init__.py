@@ -1,0 +1,7 @@
+"""Observation of a forward pass, opt-in and free when off.
+
+`recorder` collects post-RoPE queries and hidden states while a model runs (passed down like the cache);
+`attention_maps` recomputes attention rows and the layer x head grid on demand, `attention_steps` one cell
+step by step, `positions` the sinusoidal and RoPE curves. May import `engine.models` (its maths and the
+attention spec), `engine.cache` and below; never `engine.model`, `engine.generate` or the CLI.
+"""

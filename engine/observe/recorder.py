@@ -1,0 +1,88 @@
+"""Observation of a forward pass: post-RoPE queries per layer, attention recomputed on demand, hidden states.
+
+Nothing here costs anything unless a Recorder is passed to the forward pass. Attention weights are never
+stored as layers x heads x N x N: they are recomputed for the rows a view asks for from the recorded
+queries and the keys in the KV cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.models.base import LayerAttentionSpec, causal_mask, softmax
+
+
+@dataclass
+class Recorder:
+    """Collects what the views need while the model runs; passed down like the cache."""
+
+    capture_q: bool = True
+    capture_hidden: bool = False
+    q: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (Hq, N, d) post-RoPE queries
+    hidden: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (N, dim) residual stream after the layer
+    specs: dict[int, LayerAttentionSpec] = field(default_factory=dict)
+    length: int = 0  # positions recorded (committed)
+    _pending: int = 0
+
+    def begin(self, start: int, n_tokens: int) -> None:
+        """A forward of n_tokens positions starting at `start` is about to run."""
+        self.truncate(start)
+        self._pending = n_tokens
+
+    def record_q(self, layer: int, start: int, q: np.ndarray, spec: LayerAttentionSpec) -> None:
+        if not self.capture_q:
+            return
+        self.specs[layer] = spec
+        self.q[layer] = _put(self.q.get(layer), start, q, axis=1)
+
+    def record_hidden(self, layer: int, start: int, h: np.ndarray) -> None:
+        if self.capture_hidden:
+            self.hidden[layer] = _put(self.hidden.get(layer), start, h, axis=0)
+
+    def commit(self) -> None:
+        self.length += self._pending
+        self._pending = 0
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n."""
+        self.length = min(self.length, max(0, n))
+
+    def attention(
+        self, cache: KVCache, layer: int, head: int, rows: slice | npt.ArrayLike | None = None
+    ) -> npt.NDArray[np.float32]:
+        """Attention weights of one head: (len(rows), N) for query rows (default all), keys 0..N-1."""
+        n = min(self.length, cache.length)
+        spec = self.specs[layer]
+        q_all = self.q[layer]
+        pos = np.arange(n)[rows] if rows is not None else np.arange(n)
+        pos = np.atleast_1d(pos)
+        q = q_all[head, pos]  # (R, d)
+        k = cache.keys(layer, n)[head // spec.group]  # (N, d)
+        scores = (q @ k.T) * np.float32(spec.scale)
+        mask = causal_mask(pos.astype(np.int64), n, spec.window)
+        return softmax(np.where(mask, scores, np.float32(-np.inf))).astype(np.float32)
+
+    def queries(self, layer: int, head: int) -> np.ndarray:
+        """Post-RoPE queries of one head, (N, d)."""
+        return self.q[layer][head, : self.length]
+
+
+def _put(buf: np.ndarray | None, start: int, x: np.ndarray, axis: int) -> np.ndarray:
+    """Write x at [start, start + len) along `axis`, growing the buffer geometrically."""
+    end = start + x.shape[axis]
+    if buf is None or buf.shape[axis] < end:
+        shape = list(x.shape)
+        shape[axis] = max(end, 2 * (0 if buf is None else buf.shape[axis]), 64)
+        new = np.zeros(shape, np.float32)
+        if buf is not None:
+            idx = [slice(None)] * x.ndim
+            idx[axis] = slice(0, min(start, buf.shape[axis]))
+            new[tuple(idx)] = buf[tuple(idx)]
+        buf = new
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, end)
+    buf[tuple(idx)] = x
+    return buf
