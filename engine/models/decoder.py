@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
@@ -55,6 +56,44 @@ class Weights:
 
     def unused(self) -> list[str]:
         return [n for n in self.gguf.tensors if n not in self.used]
+
+
+@dataclass
+class Block:
+    """The weights of a pre-norm block every architecture has: q/k/v/o attention and a gated FFN.
+
+    q/k/v and gate/up are also held fused (one product each); architectures subclass it to add their norms.
+    """
+
+    attn_norm: npt.NDArray[np.float32]
+    wq: Linear
+    wk: Linear
+    wv: Linear
+    wo: Linear
+    ffn_norm: npt.NDArray[np.float32]
+    w_gate: Linear
+    w_up: Linear
+    w_down: Linear
+
+    def __post_init__(self) -> None:
+        self.qkv = FusedLinear([self.wq, self.wk, self.wv])
+        self.gate_up = FusedLinear([self.w_gate, self.w_up])
+
+    @staticmethod
+    def fields(w: Weights, i: int, a: BaseArgs) -> dict[str, Any]:
+        """Block i's common tensors under llama.cpp's names, shape-checked."""
+        q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        return {
+            "attn_norm": w.vector(f"blk.{i}.attn_norm.weight", a.dim),
+            "wq": w.linear(f"blk.{i}.attn_q.weight", a.dim, q_dim),
+            "wk": w.linear(f"blk.{i}.attn_k.weight", a.dim, kv_dim),
+            "wv": w.linear(f"blk.{i}.attn_v.weight", a.dim, kv_dim),
+            "wo": w.linear(f"blk.{i}.attn_output.weight", q_dim, a.dim),
+            "ffn_norm": w.vector(f"blk.{i}.ffn_norm.weight", a.dim),
+            "w_gate": w.linear(f"blk.{i}.ffn_gate.weight", a.dim, a.hidden_dim),
+            "w_up": w.linear(f"blk.{i}.ffn_up.weight", a.dim, a.hidden_dim),
+            "w_down": w.linear(f"blk.{i}.ffn_down.weight", a.hidden_dim, a.dim),
+        }
 
 
 TILED_MIN_KEYS = 1024  # prefill chunks attending to this many keys or more take the tiled path

@@ -10,10 +10,9 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh, rms_norm
-from engine.models.decoder import DecoderModel, Weights
+from engine.models.decoder import Block, DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
-from engine.tensor import FusedLinear, Linear
 
 if TYPE_CHECKING:  # the recorder is passed in; models never build one
     from engine.observe.recorder import Recorder
@@ -48,24 +47,13 @@ class Gemma3Args(BaseArgs):
 
 
 @dataclass
-class Gemma3Layer:
-    attn_norm: npt.NDArray[np.float32]
-    wq: Linear
-    wk: Linear
-    wv: Linear
-    wo: Linear
+class Gemma3Layer(Block):
+    """A Gemma 3 block: the common weights plus per-head q/k norms and post-attention / post-FFN norms."""
+
     q_norm: npt.NDArray[np.float32]
     k_norm: npt.NDArray[np.float32]
     post_attn_norm: npt.NDArray[np.float32]
-    ffn_norm: npt.NDArray[np.float32]
-    w_gate: Linear
-    w_up: Linear
-    w_down: Linear
     post_ffn_norm: npt.NDArray[np.float32]
-
-    def __post_init__(self) -> None:
-        self.qkv = FusedLinear([self.wq, self.wk, self.wv])
-        self.gate_up = FusedLinear([self.w_gate, self.w_up])
 
 
 @register("gemma3")
@@ -81,22 +69,14 @@ class Gemma3(DecoderModel):
     def __init__(self, args: Gemma3Args, w: Weights):
         super().__init__(args, w)
         a = args
-        d, q_dim, kv_dim = a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        d = a.head_dim
         self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
         self.layers = [
             Gemma3Layer(
-                attn_norm=w.vector(f"blk.{i}.attn_norm.weight", a.dim),
-                wq=w.linear(f"blk.{i}.attn_q.weight", a.dim, q_dim),
-                wk=w.linear(f"blk.{i}.attn_k.weight", a.dim, kv_dim),
-                wv=w.linear(f"blk.{i}.attn_v.weight", a.dim, kv_dim),
-                wo=w.linear(f"blk.{i}.attn_output.weight", q_dim, a.dim),
+                **Block.fields(w, i, a),
                 q_norm=w.vector(f"blk.{i}.attn_q_norm.weight", d),
                 k_norm=w.vector(f"blk.{i}.attn_k_norm.weight", d),
                 post_attn_norm=w.vector(f"blk.{i}.post_attention_norm.weight", a.dim),
-                ffn_norm=w.vector(f"blk.{i}.ffn_norm.weight", a.dim),
-                w_gate=w.linear(f"blk.{i}.ffn_gate.weight", a.dim, a.hidden_dim),
-                w_up=w.linear(f"blk.{i}.ffn_up.weight", a.dim, a.hidden_dim),
-                w_down=w.linear(f"blk.{i}.ffn_down.weight", a.hidden_dim, a.dim),
                 post_ffn_norm=w.vector(f"blk.{i}.post_ffw_norm.weight", a.dim),
             )
             for i in range(a.n_layers)

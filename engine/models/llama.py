@@ -10,10 +10,9 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, rms_norm, silu
-from engine.models.decoder import DecoderModel, Weights
+from engine.models.decoder import Block, DecoderModel, Weights
 from engine.models.registry import register
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
-from engine.tensor import FusedLinear, Linear
 
 if TYPE_CHECKING:  # the recorder is passed in; models never build one
     from engine.observe.recorder import Recorder
@@ -30,25 +29,6 @@ class LlamaArgs(BaseArgs):
         return args
 
 
-@dataclass
-class LlamaLayer:
-    """One transformer block's weights."""
-
-    attn_norm: npt.NDArray[np.float32]
-    wq: Linear
-    wk: Linear
-    wv: Linear
-    wo: Linear
-    ffn_norm: npt.NDArray[np.float32]
-    w_gate: Linear
-    w_up: Linear
-    w_down: Linear
-
-    def __post_init__(self) -> None:
-        self.qkv = FusedLinear([self.wq, self.wk, self.wv])
-        self.gate_up = FusedLinear([self.w_gate, self.w_up])
-
-
 @register("llama")
 class Llama(DecoderModel):
     """Decoder of the llama family as llama.cpp's build_llama runs it (no biases, rope type NORM)."""
@@ -62,22 +42,8 @@ class Llama(DecoderModel):
     def __init__(self, args: LlamaArgs, w: Weights):
         super().__init__(args, w)
         a = args
-        q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
-        self.layers = [
-            LlamaLayer(
-                attn_norm=w.vector(f"blk.{i}.attn_norm.weight", a.dim),
-                wq=w.linear(f"blk.{i}.attn_q.weight", a.dim, q_dim),
-                wk=w.linear(f"blk.{i}.attn_k.weight", a.dim, kv_dim),
-                wv=w.linear(f"blk.{i}.attn_v.weight", a.dim, kv_dim),
-                wo=w.linear(f"blk.{i}.attn_output.weight", q_dim, a.dim),
-                ffn_norm=w.vector(f"blk.{i}.ffn_norm.weight", a.dim),
-                w_gate=w.linear(f"blk.{i}.ffn_gate.weight", a.dim, a.hidden_dim),
-                w_up=w.linear(f"blk.{i}.ffn_up.weight", a.dim, a.hidden_dim),
-                w_down=w.linear(f"blk.{i}.ffn_down.weight", a.hidden_dim, a.dim),
-            )
-            for i in range(a.n_layers)
-        ]
+        self.layers = [Block(**Block.fields(w, i, a)) for i in range(a.n_layers)]
         self.out_norm = w.vector("output_norm.weight", a.dim)
         # tied embeddings when the file has no output.weight (SmolLM2)
         name = "output.weight" if w.has("output.weight") else "token_embd.weight"
