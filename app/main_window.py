@@ -10,21 +10,22 @@ from PySide6.QtCore import QByteArray, QCoreApplication, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget
 
-from app.conversation import Conversation
-from app.jobs import Loaded
-from app.lens_bridge import LensBridge
-from app.quant_bridge import QuantBridge
+from app.controllers.conversation import Conversation
+from app.controllers.lenses import LensBridge
+from app.controllers.quant import QuantBridge
+from app.data.store import Settings, Store, export_chat
+from app.jobs.load import Loaded
 from app.state import AppState
-from app.store import Settings, Store, export_chat
 from app.views.catalog import CatalogDialog
-from app.views.chat import ChatView
-from app.views.chat_list import ChatList
+from app.views.chat.chat_list import ChatList
+from app.views.chat.sampling import SamplingPanel
+from app.views.chat.view import ChatView
+from app.views.compare.view import CompareView
 from app.views.lenses import LENSES, LensSlot
-from app.views.compare import CompareView
 from app.views.model_info import ModelLens
-from app.views.sampling import SamplingPanel
 from app.views.status import StatusPanel
-from app.workers import Engine, Saver
+from app.workers.engine import Engine
+from app.workers.saver import Saver
 
 log = logging.getLogger(__name__)
 

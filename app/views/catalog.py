@@ -6,7 +6,7 @@ from PySide6.QtWidgets import (
     QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget,
 )
 
-from app.views.model_info import human_bytes
+from app.views.common.formatting import human_bytes
 
 
 class CatalogDialog(QDialog):

@@ -25,9 +25,9 @@ class LensSpec:
 
 
 LENSES = (
-    LensSpec("Attention", "app.views.attention", ("AttentionLens", "AttentionView", "AttentionWidget")),
+    LensSpec("Attention", "app.views.attention.lens", ("AttentionLens", "AttentionView", "AttentionWidget")),
     LensSpec("Positions", "app.views.positions", ("PositionsLens", "PositionsView", "PositionsWidget")),
-    LensSpec("Quantization", "app.views.quant", ("QuantLens", "QuantView", "QuantWidget", "QuantizationLens")),
+    LensSpec("Quantization", "app.views.quant.lens", ("QuantLens", "QuantView", "QuantWidget", "QuantizationLens")),
 )
 
 

@@ -12,8 +12,9 @@ from PySide6.QtWidgets import (
     QScrollArea, QTableView, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from app.kv_info import CACHE_TYPES, kv_bytes_for, kv_formula
-from app.summary import MetadataRow, ModelInfo
+from app.records.kv import CACHE_TYPES, kv_bytes_for, kv_formula
+from app.records.model_info import MetadataRow, ModelInfo
+from app.views.common.formatting import human_bytes
 
 Index = QModelIndex | QPersistentModelIndex
 
@@ -28,16 +29,8 @@ def _plain(text: str, style: str = "") -> QLabel:
     return label
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 class MetadataModel(QAbstractTableModel):
-    """Key, type, value of each metadata entry (already escaped and elided by app.summary)."""
+    """Key, type, value of each metadata entry (already escaped and elided by app.records.model_info)."""
 
     HEADERS = ("key", "type", "value")
 

@@ -6,8 +6,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from app.records import ModelRecord
-from app.views.attention_tokens import colormap, token_label
+from app.records.model import ModelRecord
+from app.views.common.colours import colormap
+from app.views.common.tokens import token_label
 from engine.models.rope import rope_freqs
 from engine.observe.positions import (
     relative_rotation,

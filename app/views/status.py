@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
 
 from app.state import AppState
-from app.views.model_info import human_bytes
+from app.views.common.formatting import human_bytes
 
 
 def process_memory() -> int:

@@ -9,8 +9,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from app.chats import Chat, Message, ReplyStats  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.data.chats import Chat, Message, ReplyStats  # noqa: E402
+from app.data.store import Store  # noqa: E402
 
 
 @pytest.fixture()

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.kv_info import backend_setting
+from app.data.store import Settings
+from app.records.kv import backend_setting
 from app.state import AppState
-from app.store import Settings
-from app.views.sampling import SamplingPanel
+from app.views.chat.sampling import SamplingPanel
 from tests.app.test_reliability_app import close, open_window
 from tests.tiny_models import make_tiny_llama
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QElapsedTimer, QTimer
 
+from app.data.store import Store
 from app.main_window import MainWindow
-from app.store import Store
 
 pytestmark = pytest.mark.slow
 LOAD_MS = 180_000

@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import engine.models.registry  # noqa: E402,F401 - import order: the models before engine.observe.recorder
-from app.records import LayerInfo, ModelRecord, TensorRow, make_attention_record, make_head_record  # noqa: E402
+from app.records.attention import make_attention_record, make_head_record  # noqa: E402
+from app.records.model import LayerInfo, ModelRecord, TensorRow  # noqa: E402
 from engine.cache import KVCache  # noqa: E402
 from engine.models.base import LayerAttentionSpec
 from engine.observe.recorder import Recorder  # noqa: E402

@@ -25,11 +25,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QLabel, QListWidget
 
-import app.jobs
-import app.store
+import app.data.store
+import app.jobs.chat
 import engine.fileio
+from app.data.store import Settings, Store
 from app.main_window import MainWindow
-from app.store import Settings, Store
 from tests.tiny_models import make_tiny_llama
 
 LOAD_MS = 30_000
@@ -71,14 +71,14 @@ def bigger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prompts(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The prompt ids of every reply, as fitted to the context by the worker."""
     seen: list[list[int]] = []
-    real = app.jobs.fit_context
+    real = app.jobs.chat.fit_context
 
     def spy(model: Any, req: Any, n_ctx: int) -> tuple[list[int], int, str]:
         ids, dropped, warning = real(model, req, n_ctx)
         seen.append(list(ids))
         return ids, dropped, warning
 
-    monkeypatch.setattr(app.jobs, "fit_context", spy)
+    monkeypatch.setattr(app.jobs.chat, "fit_context", spy)
     return seen
 
 
@@ -262,7 +262,7 @@ def test_case29_memory_error_outside_the_forward_pass(qtbot: Any, roomy: Path, d
     w = open_window(qtbot, roomy, data_dir, max_tokens=10)
     conv, session = w.conversation, w.engine.session
     fwd = Forward(session.model)
-    real_record = app.jobs.token_record
+    real_record = app.jobs.chat.token_record
     count = [0]
 
     def record(*args: Any) -> Any:
@@ -271,13 +271,13 @@ def test_case29_memory_error_outside_the_forward_pass(qtbot: Any, roomy: Path, d
             raise MemoryError
         return real_record(*args)
 
-    monkeypatch.setattr(app.jobs, "token_record", record)
+    monkeypatch.setattr(app.jobs.chat, "token_record", record)
     fwd.arm(alphabet=True)
     conv.send("letters")
     wait_idle(qtbot, w)
     reply = conv.current.messages[-1]
     assert reply.content == "abcd" and "ran out of memory" in reply.error
-    monkeypatch.setattr(app.jobs, "token_record", real_record)
+    monkeypatch.setattr(app.jobs.chat, "token_record", real_record)
     real_new_cache = session.model.new_cache
 
     def no_memory(*args: Any, **kw: Any) -> Any:
@@ -583,8 +583,8 @@ CHANGED_CHILD = textwrap.dedent(r"""
     from pathlib import Path
     from PySide6.QtWidgets import QApplication
     qapp = QApplication([])
+    from app.data.store import Store
     from app.main_window import MainWindow
-    from app.store import Store
     from tests.tiny_models import make_tiny_llama
 
     model, data, how = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -722,7 +722,7 @@ def test_case33_unwritable_data_folder(qtbot: Any, roomy: Path, data_dir: Path, 
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, mode, *args, **kw)
 
-    monkeypatch.setattr(app.store, "open", refuse, raising=False)
+    monkeypatch.setattr(app.data.store, "open", refuse, raising=False)
     monkeypatch.setattr(engine.fileio, "open", refuse, raising=False)  # the store writes through engine.fileio
     for i in range(3):
         fwd.arm(alphabet=True)
@@ -737,7 +737,7 @@ def test_case33_unwritable_data_folder(qtbot: Any, roomy: Path, data_dir: Path, 
     assert len(conv.current.messages) == 8 and conv.current.messages[-1].content == "abcdef"
     assert len(saved_chat(data_dir, cid)["messages"]) == 2  # the disk still has the last good version
     assert not [p for p in data_dir.rglob("*.tmp")]
-    monkeypatch.delattr(app.store, "open")
+    monkeypatch.delattr(app.data.store, "open")
     monkeypatch.delattr(engine.fileio, "open")
     close(w)  # writable again: closing saves what could not be saved before
     assert len(saved_chat(data_dir, cid)["messages"]) == 8

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from app.data.store import Store
 from app.main_window import MainWindow
-from app.store import Store
 from tests.tiny_models import make_tiny_llama
 
 TURNS = 45  # per policy

@@ -1,0 +1,182 @@
+"""QuantBridge: the override editor and the Compare view ask through signals; jobs run on the engine's task lanes.
+
+Lanes (one job at a time each): 'quant' requantizes the chat's model (apply, reset, save); 'compare'
+runs comparisons and their heads on the compare workspace; 'sweep' runs the preset sweep on its own
+workspace, so a comparison need not wait minutes for a sweep to end.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PySide6.QtCore import QObject
+
+from app.controllers.lenses import LensBridge
+from app.data.overrides import OverrideSpec, with_types
+from app.jobs.compare import CompareWorkspace, compare_job, head_job, release_job, sweep_job
+from app.jobs.quant import Applied, Saved, apply_job, reset_job, save_job
+from app.records.compare import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress
+from app.state import AppState
+from app.views.compare.view import CompareView
+from app.views.lenses import LensSlot
+from app.workers.engine import Engine
+from engine.quant.types import GGMLType
+
+log = logging.getLogger(__name__)
+
+QUANT_TASKS = ("apply", "reset", "save")
+
+
+class QuantBridge(QObject):
+    """Connects the Quantization lens's override editor and the Compare view to the engine."""
+
+    def __init__(self, engine: Engine, state: AppState, quant_slot: LensSlot, compare: CompareView,
+                 lenses: LensBridge, parent: QObject | None = None):
+        super().__init__(parent)
+        self.engine = engine
+        self.state = state
+        self.compare = compare
+        self.lenses = lenses
+        self.editor: Any = None
+        self.file_record: Any = None  # the ModelRecord of the file as loaded (types before any Apply)
+        self.workspace = CompareWorkspace()
+        self.sweep_workspace = CompareWorkspace()
+        engine.task_event.connect(self._event)
+        engine.task_done.connect(self._done)
+        engine.task_failed.connect(self._failed)
+        engine.loaded.connect(lambda result: self.model_loaded(result.record))
+        compare.compare_requested.connect(self.run_compare)
+        compare.cancel_requested.connect(lambda: engine.cancel_task("compare"))
+        compare.head_requested.connect(self.run_heads)
+        compare.sweep_requested.connect(self.run_sweep)
+        compare.sweep_cancel_requested.connect(lambda: engine.cancel_task("sweep"))
+        quant_slot.ready.connect(self.attach)
+        if quant_slot.widget is not None:
+            self.attach(quant_slot.widget)
+
+    def attach(self, lens: Any) -> None:
+        """The Quantization lens is built: connect its override editor."""
+        editor = getattr(lens, "overrides", None)
+        if editor is None or not hasattr(editor, "apply_requested"):
+            return
+        self.editor = editor
+        editor.apply_requested.connect(self.apply)
+        editor.reset_requested.connect(
+            lambda: self._quant("reset", lambda emit, cancel: reset_job(self.engine.session, cancel, emit)))
+        editor.save_requested.connect(self.save)
+        editor.cancel_requested.connect(lambda: self.engine.cancel_task("quant"))
+        editor.spec_changed.connect(self.compare.set_overrides)
+        if self.file_record is not None:
+            editor.set_model(self.file_record)
+        self.compare.set_overrides(editor.spec())
+
+    def model_loaded(self, record: Any) -> None:
+        """A model was loaded (its weights are the file's): editor and Compare view start from its record."""
+        if record is None:
+            return
+        self.file_record = record
+        for lane, ws in (("compare", self.workspace), ("sweep", self.sweep_workspace)):
+            if ws.path is not None and ws.path != record.path:
+                self.engine.run_task(lane, "release", lambda emit, cancel, w=ws: release_job(w))
+        if self.editor is not None:
+            self.editor.set_model(record)
+            self.editor.set_applied(OverrideSpec())
+        self.compare.set_model(record)
+
+    def spec(self) -> OverrideSpec:
+        return self.editor.spec() if self.editor is not None else OverrideSpec()
+
+    def close(self) -> None:
+        """Close the workspaces' models, unless a job thread still runs (it may be using them)."""
+        if self.engine.threads():
+            log.warning("a job is still running; the compare models stay open until the process ends")
+            return
+        self.workspace.close()
+        self.sweep_workspace.close()
+
+    # ---- requests
+
+    def apply(self, spec: OverrideSpec) -> None:
+        self._quant("apply", lambda emit, cancel: apply_job(self.engine.session, spec, cancel, emit))
+
+    def save(self, spec: OverrideSpec, path: str) -> None:
+        self._quant("save", lambda emit, cancel: save_job(self.engine.session, spec, path, cancel, emit))
+
+    def _quant(self, kind: str, job: Any) -> None:
+        if self.editor is not None:
+            self.editor.set_busy(kind, "waiting", 0.0)
+            self.editor.show_message("")
+        self.engine.run_task("quant", kind, job)
+
+    def run_compare(self, opts: CompareOptions) -> None:
+        if self.file_record is None:
+            self.compare.failed("compare", "no model is loaded")
+            return
+        path, spec = self.file_record.path, self.spec()
+        self.compare.set_running(True)
+        self.compare.set_progress(TaskProgress("compare", "waiting", 0.0))
+        self.engine.run_task("compare", "compare",
+                             lambda emit, cancel: compare_job(self.workspace, path, opts, spec, cancel, emit))
+
+    def run_heads(self, layer: int, head: int) -> None:
+        if self.compare.record is not None:
+            self.engine.run_task("compare", "heads", lambda emit, cancel: head_job(self.workspace, layer, head))
+
+    def run_sweep(self, text: str) -> None:
+        if self.file_record is None:
+            self.compare.sweep_finished(None, "Load a model first.")
+            return
+        path, spec = self.file_record.path, self.spec()
+        self.compare.sweep_started()
+        self.engine.run_task("sweep", "sweep",
+                             lambda emit, cancel: sweep_job(self.sweep_workspace, path, text, spec, cancel, emit))
+
+    # ---- results
+
+    def _event(self, kind: str, item: object) -> None:
+        if isinstance(item, TaskProgress):
+            if item.task in QUANT_TASKS:
+                if self.editor is not None:
+                    self.editor.set_busy(item.task, item.what, item.fraction)
+            else:
+                self.compare.set_progress(item)
+        elif isinstance(item, CompareRecord):
+            self.compare.set_record(item)
+        elif isinstance(item, HeadPair):
+            self.compare.set_heads(item)
+        elif isinstance(item, SweepPoint):
+            self.compare.add_sweep_point(item)
+        elif isinstance(item, SweepDone):
+            self.compare.sweep_finished(item)
+
+    def _done(self, kind: str, value: object) -> None:
+        if isinstance(value, Applied):
+            self._applied(value)
+        elif isinstance(value, Saved):
+            self.editor.set_busy(None)
+            self.editor.show_message(f"Saved {value.path}: {value.summary} ({value.elapsed_s:.1f} s)")
+        elif kind == "compare":
+            self.compare.set_running(False)
+
+    def _applied(self, value: Applied) -> None:
+        if self.file_record is not None:
+            types = {n: GGMLType[t] for n, t in value.types.items()}
+            self.state.model_record = with_types(self.file_record, types)
+            self.lenses.deliver("Quantization", "set_model", self.state.model_record)
+        if self.editor is not None:
+            self.editor.set_busy(None)
+            self.editor.set_applied(value.spec, value.summary)
+            what = "the file's weights are back" if value.spec.empty else f"applied {value.summary}"
+            self.editor.show_message(f"Done: {what}. The chat uses them from the next reply (its KV cache was cleared).")
+
+    def _failed(self, kind: str, message: str) -> None:
+        if kind in QUANT_TASKS:
+            if self.editor is not None:
+                self.editor.set_busy(None)
+                self.editor.show_message(message, error=True)
+        elif kind in ("compare", "heads"):
+            self.compare.failed("compare", message)
+        elif kind == "sweep":
+            self.compare.failed("sweep", message)
+        else:
+            log.info("task %s failed: %s", kind, message)

@@ -1,0 +1,196 @@
+"""Records of the Compare view and the requantize tasks: frozen dataclasses of numpy arrays, made on the worker.
+
+Nothing here imports Qt or holds an engine object; the statistics themselves come from engine.quality.compare
+(token_stats, layer_divergence), this module only packs them with what the view draws (top-k tokens
+per position, the heads of both runs, the preset sweep's points).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from app.records.attention import HeadRecord
+from engine.quality.compare import Comparison
+
+F32 = npt.NDArray[np.float32]
+TOP_K = 10
+CACHE_TYPES = ("F32", "F16", "Q8_0", "Q4_0")  # engine.cache.CACHE_TYPES, in the order the menus list them
+B_SOURCES = ("overrides", "file", "gguf")  # B is: the Quantization lens's overrides, the file itself, another GGUF
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """Progress of a long task ('compare', 'sweep', 'apply', 'save', ...): what it does now and how far it is."""
+
+    task: str
+    what: str
+    fraction: float
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What the Compare view asks for; the bridge adds the model path and the overrides."""
+
+    b_source: str = "overrides"
+    b_path: str | None = None  # the other GGUF when b_source == 'gguf'
+    a_cache: str = "F32"
+    b_cache: str = "F32"
+    text: str = ""
+    max_tokens: int = 512
+    layer: int = 0
+    head: int = 0
+
+
+@dataclass(frozen=True)
+class CompareRecord:
+    """A against B on the same tokens: the engine's statistics and what the view needs to draw them."""
+
+    a_label: str
+    b_label: str
+    a_cache: str
+    b_cache: str
+    a_bytes: int  # bytes of the tensors of each side, and bits per weight
+    b_bytes: int
+    a_bpw: float
+    b_bpw: float
+    stats: Comparison  # engine.quality.compare numbers (frozen floats and tuples)
+    token_ids: npt.NDArray[np.int64]  # (N,)
+    token_texts: tuple[str, ...]
+    kld: F32  # (N,) KL(A || B) of the next-token distribution after each token
+    layers: npt.NDArray[np.int64]  # (L,)
+    rel_l2: F32  # (L,) ||h_B - h_A|| / ||h_A|| of the residual stream after each layer
+    cosine: F32  # (L,) mean cosine of h_A and h_B
+    top_ids: npt.NDArray[np.int64]  # (N, K) union of both models' top tokens at each position, -1 padded
+    top_logp_a: F32  # (N, K) log p_A of those tokens
+    top_logp_b: F32  # (N, K) log p_B of those tokens
+    vocab: dict[int, str]  # texts of the tokens in top_ids
+    n_layers: int
+    n_heads: int
+    elapsed_s: float
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_texts)
+
+    def top(self, position: int, side: str, k: int = TOP_K) -> list[tuple[str, float, float]]:
+        """The k most likely next tokens of side 'a' or 'b' after `position`: (text, p on that side, p on the other)."""
+        ids = self.top_ids[position]
+        mine, other = (self.top_logp_a, self.top_logp_b) if side == "a" else (self.top_logp_b, self.top_logp_a)
+        lp, lo = mine[position], other[position]
+        valid = np.flatnonzero(ids >= 0)
+        order = valid[np.argsort(-lp[valid], kind="stable")][:k]
+        return [(self.vocab.get(int(ids[j]), str(int(ids[j]))), float(np.exp(lp[j])), float(np.exp(lo[j]))) for j in order]
+
+
+@dataclass(frozen=True)
+class HeadPair:
+    """One (layer, head) of both runs on the same tokens, for the side-by-side heatmaps."""
+
+    layer: int
+    head: int
+    a: HeadRecord
+    b: HeadRecord
+
+    def difference(self) -> F32:
+        """B - A where both may attend (NaN where the mask forbids it)."""
+        d = self.b.weights.astype(np.float32) - self.a.weights.astype(np.float32)
+        return np.where(self.a.allowed & self.b.allowed, d, np.nan).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One model variant of the preset sweep: its size and how far its next-token distributions are from the file's."""
+
+    name: str  # preset name, or the overrides' label
+    kind: str  # 'preset' | 'overrides'
+    nbytes: int
+    bpw: float
+    kld_mean: float
+    kld_p99: float
+    same_top_pct: float
+    ppl_ratio: float
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class SweepDone:
+    """The sweep ended: how many points, and whether it was cancelled."""
+
+    n_points: int
+    cancelled: bool
+
+
+def top_union(logp_a: F32, logp_b: F32, k: int = TOP_K) -> tuple[npt.NDArray[np.int64], F32, F32]:
+    """Per row, the union of both sides' k most likely ids (-1 padded to 2k) with both log-probabilities."""
+    n = logp_a.shape[0]
+    ta = np.argpartition(-logp_a, k, axis=-1)[:, :k]
+    tb = np.argpartition(-logp_b, k, axis=-1)[:, :k]
+    ids = np.full((n, 2 * k), -1, np.int64)
+    for i in range(n):
+        u = np.unique(np.concatenate([ta[i], tb[i]]))
+        ids[i, : u.size] = u
+    safe = np.maximum(ids, 0)
+    rows = np.arange(n)[:, None]
+    la = np.where(ids >= 0, logp_a[rows, safe], -np.inf).astype(np.float32)
+    lb = np.where(ids >= 0, logp_b[rows, safe], -np.inf).astype(np.float32)
+    return ids, la, lb
+
+
+def make_compare_record(
+    stats: Comparison, logp_a: F32, logp_b: F32, ids: Sequence[int], vocab_text: Callable[[int], str], *,
+    labels: tuple[str, str], caches: tuple[str, str], sizes: tuple[int, int], bpws: tuple[float, float],
+    n_heads: int, elapsed_s: float,
+) -> CompareRecord:
+    """Pack the engine's Comparison with the token texts and each position's top tokens on both sides."""
+    top_ids, la, lb = top_union(logp_a, logp_b)
+    vocab = {int(i): vocab_text(int(i)) for i in np.unique(top_ids[top_ids >= 0])}
+    texts = [vocab_text(int(i)) for i in ids]
+    layers = np.array([x.layer for x in stats.per_layer], np.int64)
+    return CompareRecord(
+        a_label=labels[0], b_label=labels[1], a_cache=caches[0], b_cache=caches[1], a_bytes=sizes[0], b_bytes=sizes[1],
+        a_bpw=bpws[0], b_bpw=bpws[1], stats=stats, token_ids=np.asarray(ids, np.int64), token_texts=tuple(texts),
+        kld=np.asarray(stats.per_token_kld, np.float32), layers=layers,
+        rel_l2=np.array([x.rel_l2 for x in stats.per_layer], np.float32),
+        cosine=np.array([x.cosine for x in stats.per_layer], np.float32),
+        top_ids=top_ids, top_logp_a=la, top_logp_b=lb, vocab=vocab, n_layers=len(layers), n_heads=n_heads,
+        elapsed_s=elapsed_s,
+    )
+
+
+def pareto_front(points: Sequence[SweepPoint]) -> list[int]:
+    """Indices of the points no other point beats on both size and KLD, smallest first."""
+    order = sorted(range(len(points)), key=lambda i: (points[i].nbytes, points[i].kld_mean))
+    front: list[int] = []
+    best = np.inf
+    for i in order:
+        if points[i].kld_mean < best:
+            front.append(i)
+            best = points[i].kld_mean
+    return front
+
+
+def summary_rows(rec: CompareRecord) -> list[tuple[str, str]]:
+    """(statistic, value) rows of the summary table."""
+    s = rec.stats
+    return [
+        ("tokens", f"{s.n_tokens}"),
+        ("size A", f"{rec.a_bytes / 2**20:,.1f} MiB, {rec.a_bpw:.2f} bpw"),
+        ("size B", f"{rec.b_bytes / 2**20:,.1f} MiB, {rec.b_bpw:.2f} bpw"),
+        ("KV cache A / B", f"{rec.a_cache} / {rec.b_cache}"),
+        ("KLD mean", f"{s.kld_mean:.6f}"),
+        ("KLD median", f"{s.kld_median:.6f}"),
+        ("KLD p90", f"{s.kld_p90:.6f}"),
+        ("KLD p99", f"{s.kld_p99:.6f}"),
+        ("KLD p99.9", f"{s.kld_p999:.6f}"),
+        ("KLD max", f"{s.kld_max:.6f}"),
+        ("same top token", f"{s.same_top_pct:.2f} %"),
+        ("PPL A", f"{s.ppl_base:.4f}"),
+        ("PPL B", f"{s.ppl_other:.4f}"),
+        ("PPL ratio B/A", f"{s.ppl_ratio:.4f}"),
+        ("ln(PPL B / PPL A)", f"{s.ln_ppl_ratio:+.5f}"),
+        ("Δp mean", f"{s.delta_p_mean:+.3f} %"),
+        ("Δp RMS", f"{s.delta_p_rms:.3f} %"),
+    ]

@@ -1,0 +1,182 @@
+"""ModelRecord: what the lenses need to know about a loaded model, or a GGUF file alone, and its tensor table."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.records.model_info import escape_text
+from engine.observe.positions import layer_rope_layout
+from engine.quant.types import type_info
+
+if TYPE_CHECKING:
+    from engine.gguf import GGUFFile
+    from engine.model import Model
+
+_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight|\.bias)?$")
+_PLAIN_NAME = re.compile(r"^(.+?)(?:\.weight|\.bias)?$")
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """How one layer attends: its RoPE base, sliding window (None = full) and score scale."""
+
+    index: int
+    rope_base: float
+    window: int | None
+    scale: float
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One row of the tensor table: a GGUF tensor with its type and size."""
+
+    name: str
+    layer: int | None  # blk.{layer}.*; None for token_embd, output, output_norm
+    role: str  # attn_q, ffn_down, token_embd, ...
+    type_name: str  # ggml's name: Q4_K, F32, ...
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length
+    nbytes: int
+    bpw: float  # bits per weight of the type
+    n_elements: int
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What the lenses need to know about a loaded model (or a GGUF file whose forward pass isn't written)."""
+
+    name: str
+    arch: str
+    path: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_vocab: int
+    n_ctx: int
+    rope_dim: int
+    rope_mode: str  # 'norm' (adjacent pairs) or 'neox' (halves)
+    group: int  # query heads per KV head (GQA)
+    layers: tuple[LayerInfo, ...]
+    tensors: tuple[TensorRow, ...]
+    file_bytes: int
+    runnable: bool  # False when only the file could be read (no forward pass for this architecture)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def total_weights(self) -> int:
+        return sum(t.n_elements for t in self.tensors)
+
+    @property
+    def average_bpw(self) -> float:
+        return 8.0 * self.total_bytes / max(1, self.total_weights)
+
+    @property
+    def rope_bases(self) -> tuple[float, ...]:
+        """The distinct RoPE bases of the layers, in order of first use."""
+        return tuple(dict.fromkeys(layer.rope_base for layer in self.layers))
+
+    def kv_head(self, head: int) -> int:
+        """The KV head a query head reads (heads h = kv * group + i share it)."""
+        return head // self.group
+
+    def group_heads(self, kv: int) -> tuple[int, ...]:
+        """The query heads that share KV head `kv`."""
+        return tuple(range(kv * self.group, (kv + 1) * self.group))
+
+
+def make_model_record(model: Model | GGUFFile) -> ModelRecord:
+    """A ModelRecord from a loaded Model, or from an open GGUFFile alone (quant lens of an unrunnable model)."""
+    net = getattr(model, "net", None)
+    gguf = model.gguf if net is not None else model
+    md = gguf.metadata
+    arch = str(md.get("general.architecture", "?"))
+    a = net.args if net is not None else _args_from_metadata(md, arch, gguf)
+    ropes = layer_rope_layout(md, a.n_layers, a.rope_base, a.head_dim)
+    specs = _net_specs(net, a.n_layers) or [None] * len(ropes)
+    layers = tuple(
+        LayerInfo(i, float(sp.rope_base), sp.window, float(sp.scale)) if sp else LayerInfo(i, r.base, r.window, r.scale)
+        for i, (r, sp) in enumerate(zip(ropes, specs))
+    )
+    name = md.get("general.name")
+    path = str(getattr(model, "path", getattr(gguf, "path", "")))
+    name = name if isinstance(name, str) and name.strip() else path.rsplit("/", 1)[-1]
+    return ModelRecord(
+        name=escape_text(name, 120), arch=arch, path=path,  # from the file: control characters escaped, cut short
+        dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+        n_vocab=a.n_vocab, n_ctx=a.n_ctx, rope_dim=a.rope_dim, rope_mode=getattr(net, "rope_mode", None) or ropes[0].mode,
+        group=max(1, a.n_heads // max(1, a.n_kv_heads)), layers=layers,
+        tensors=tuple(tensor_row(info) for info in gguf.tensors.values()),
+        file_bytes=int(getattr(gguf, "file_size", 0)), runnable=net is not None,
+    )
+
+
+def _net_specs(net: Any, n_layers: int) -> list[Any]:
+    """Per-layer LayerAttentionSpec from the architecture, when it exposes them."""
+    if net is None:
+        return []
+    for attr in ("layer_specs", "specs"):
+        specs = getattr(net, attr, None)
+        if callable(specs):
+            specs = specs()
+        if isinstance(specs, (list, tuple)) and len(specs) == n_layers:
+            return list(specs)
+    one = getattr(net, "spec", None)
+    return [one] * n_layers if one is not None else []
+
+
+def _args_from_metadata(md: dict[str, Any], arch: str, gguf: GGUFFile) -> Any:
+    """BaseArgs-like hyper-parameters straight from `<arch>.*` metadata (no architecture class needed)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    def get(key: str, default: Any = None) -> Any:
+        v = md.get(f"{arch}.{key}", default)
+        return default if v is None else v
+
+    dim = int(get("embedding_length", 0))
+    n_heads = int(get("attention.head_count", 1))
+    head_dim = int(get("attention.key_length", dim // max(1, n_heads)))
+    embd = gguf.tensors.get("token_embd.weight")
+    return SimpleNamespace(
+        dim=dim,
+        n_layers=int(get("block_count", 0)),
+        n_heads=n_heads,
+        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        n_vocab=int(embd.shape[1]) if embd is not None and len(embd.shape) > 1 else 0,
+        n_ctx=int(get("context_length", 0)),
+        rope_base=float(get("rope.freq_base", 10000.0)),
+        rope_dim=int(get("rope.dimension_count", head_dim)),
+    )
+
+
+def split_tensor_name(name: str) -> tuple[int | None, str]:
+    """'blk.3.attn_q.weight' -> (3, 'attn_q'); 'token_embd.weight' -> (None, 'token_embd')."""
+    m = _BLOCK_NAME.match(name)
+    if m:
+        return int(m.group(1)), m.group(2)
+    m = _PLAIN_NAME.match(name)
+    return None, m.group(1) if m else name
+
+
+def tensor_row(info: Any) -> TensorRow:
+    """A GGUF tensor's row of the tensor table: its layer and role from the name, its type's size."""
+    layer, role = split_tensor_name(info.name)
+    ti = type_info(int(info.qtype))
+    return TensorRow(
+        name=info.name,
+        layer=layer,
+        role=role,
+        type_name=ti.name if ti else str(int(info.qtype)),
+        shape=tuple(int(s) for s in info.shape),
+        nbytes=int(info.nbytes),
+        bpw=ti.bits_per_weight if ti else float("nan"),
+        n_elements=int(math.prod(info.shape)),
+    )
+
+

@@ -1,0 +1,204 @@
+"""The layers x heads grid of pooled attention thumbnails (BertViz's model view), drawn as one mosaic image."""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtWidgets import QGraphicsRectItem
+
+from app.records.attention import AttentionRecord
+from app.records.model import ModelRecord
+from app.views.common.colours import colormap
+
+GAP = 2  # pixels between thumbnails of one KV group
+GROUP_GAP = 6  # between KV groups, so heads that share a KV head sit together
+
+
+class GridView(pg.GraphicsLayoutWidget):
+    """One ImageItem holding every thumbnail; click picks (layer, head), hover describes the head."""
+
+    head_clicked = Signal(int, int)
+    hovered = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setBackground("w")
+        self.plot = self.addPlot()
+        self.plot.invertY(True)
+        self.plot.setAspectLocked(True)
+        self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        self.plot.setMouseEnabled(x=False, y=False)
+        for side in ("top", "right"):
+            self.plot.showAxis(side)
+        self.plot.getAxis("top").setStyle(tickLength=0)
+        self.plot.getAxis("bottom").setStyle(tickLength=0)
+        self.plot.getAxis("left").setStyle(tickLength=0)
+        self.plot.getAxis("right").setStyle(tickLength=0)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.plot.addItem(self.image)
+        self.selection = QGraphicsRectItem()
+        self.selection.setPen(pg.mkPen((230, 30, 30), width=2.5, cosmetic=True))
+        self.group_box = QGraphicsRectItem()
+        self.group_box.setPen(pg.mkPen((230, 30, 30), width=1, style=Qt.PenStyle.DashLine, cosmetic=True))
+        for item in (self.group_box, self.selection):
+            item.setVisible(False)
+            self.plot.addItem(item)
+        self.image.mouseClickEvent = self._click
+        self.image.hoverEvent = self._hover
+        self.model: ModelRecord | None = None
+        self.record: AttentionRecord | None = None
+        self.cmap_name = "viridis"
+        self.pool = "max"
+        self.hide_sink = False
+        self.normalize = True
+        self.selected: tuple[int, int] | None = None
+        self._t = 1
+        self._xs: np.ndarray = np.zeros(0, int)
+
+    # ---- geometry
+
+    def _group(self) -> int:
+        if self.model is not None:
+            return self.model.group
+        return 1
+
+    def _layout(self, n_heads: int, t: int) -> np.ndarray:
+        """x offset of each head's thumbnail, with a wider gap between KV groups."""
+        g = self._group()
+        xs, x = [], 0
+        for h in range(n_heads):
+            if h and h % g == 0:
+                x += GROUP_GAP - GAP
+            xs.append(x)
+            x += t + GAP
+        return np.array(xs, int)
+
+    # ---- drawing
+
+    def set_model(self, model: ModelRecord) -> None:
+        self.model = model
+        self.selected = None
+
+    def redraw(self) -> None:
+        """Rebuild the mosaic from the current record and settings (cheap: a few hundred thousand pixels)."""
+        rec = self.record
+        if rec is None or rec.thumbs.size == 0:
+            self.image.clear()
+            return
+        maps = {"max": rec.thumbs, "mean": rec.thumbs_mean}[self.pool]
+        if self.hide_sink:
+            maps = rec.thumbs_nosink if self.pool == "max" else _drop_first(rec.thumbs_mean)
+        n_layers, n_heads, t, _ = maps.shape
+        maps = maps.astype(np.float32, copy=True)
+        if self.normalize:
+            with np.errstate(invalid="ignore", all="ignore"):
+                top = np.nanmax(np.where(np.isfinite(maps), maps, -1), axis=(2, 3), keepdims=True)
+                maps /= np.where(top > 0, top, 1)
+        self._t = t
+        self._xs = self._layout(n_heads, t)
+        width = int(self._xs[-1] + t)
+        height = n_layers * (t + GAP) - GAP
+        mosaic = np.full((height, width), np.nan, np.float32)
+        for li in range(n_layers):
+            y = li * (t + GAP)
+            for h in range(n_heads):
+                mosaic[y : y + t, self._xs[h] : self._xs[h] + t] = maps[li, h]
+        finite = mosaic[np.isfinite(mosaic)]
+        top = 1.0 if self.normalize or finite.size == 0 else max(float(finite.max()), 1e-6)
+        lut = colormap(self.cmap_name).getLookupTable(0.0, 1.0, 256)
+        self.image.setImage(mosaic, autoLevels=False, levels=(0.0, top), lut=lut)
+        self._axes(n_layers, n_heads, t)
+        self.plot.getViewBox().setRange(QRectF(0, 0, width, height), padding=0.01)
+        self._draw_selection()
+
+    def _axes(self, n_layers: int, n_heads: int, t: int) -> None:
+        g = self._group()
+        centre = [(float(x + t / 2), f"h{h}") for h, x in enumerate(self._xs)]
+        self.plot.getAxis("top").setTicks([centre])
+        groups = []
+        for kv in range(max(1, n_heads // g)):
+            a, b = self._xs[kv * g], self._xs[min(n_heads, (kv + 1) * g) - 1] + t
+            groups.append((float((a + b) / 2), f"KV {kv}" if g > 1 else ""))
+        self.plot.getAxis("bottom").setTicks([groups])
+        self.plot.getAxis("bottom").setLabel("heads sharing a KV head (GQA)" if g > 1 else "")
+        rows = [(float(li * (t + GAP) + t / 2), f"L{li}") for li in range(n_layers)]
+        self.plot.getAxis("left").setTicks([rows])
+        right = []
+        if self.model is not None and any(layer.window for layer in self.model.layers):
+            for layer in self.model.layers[:n_layers]:
+                tag = f"local {layer.window}" if layer.window else "global"
+                right.append((float(layer.index * (t + GAP) + t / 2), tag))
+        self.plot.getAxis("right").setTicks([right])
+        self.plot.getAxis("right").setWidth(60 if right else 8)
+
+    def select(self, layer: int, head: int) -> None:
+        self.selected = (layer, head)
+        self._draw_selection()
+
+    def _draw_selection(self) -> None:
+        if self.selected is None or self.record is None or not len(self._xs):
+            self.selection.setVisible(False)
+            self.group_box.setVisible(False)
+            return
+        layer, head = self.selected
+        t, g = self._t, self._group()
+        if not (0 <= head < len(self._xs)):
+            return
+        y = layer * (t + GAP)
+        self.selection.setRect(QRectF(self._xs[head] - 1, y - 1, t + 2, t + 2))
+        kv = head // g
+        a = self._xs[kv * g]
+        b = self._xs[min(len(self._xs), (kv + 1) * g) - 1] + t
+        self.group_box.setRect(QRectF(a - 3, y - 3, b - a + 6, t + 6))
+        self.selection.setVisible(True)
+        self.group_box.setVisible(g > 1)
+
+    # ---- interaction
+
+    def head_at(self, x: float, y: float) -> tuple[int, int] | None:
+        """(layer, head) of the thumbnail under image pixel (x, y), or None in a gap."""
+        rec = self.record
+        if rec is None or not len(self._xs):
+            return None
+        t = self._t
+        layer, dy = divmod(int(np.floor(y)), t + GAP)
+        head = int(np.searchsorted(self._xs, np.floor(x), side="right")) - 1
+        if not (0 <= layer < rec.thumbs.shape[0]) or dy >= t or head < 0 or x - self._xs[head] >= t:
+            return None
+        return layer, head
+
+    def describe(self, layer: int, head: int) -> str:
+        rec = self.record
+        assert rec is not None
+        g = self._group()
+        kv = head // g
+        parts = [f"layer {layer}, head {head}"]
+        if g > 1:
+            parts.append(f"KV head {kv} (shared by h{kv * g}–h{kv * g + g - 1})")
+        if self.model is not None and layer < len(self.model.layers) and self.model.layers[layer].window:
+            parts.append(f"sliding window {self.model.layers[layer].window}")
+        parts.append(f"sink {rec.sink[layer, head]:.2f} · previous token {rec.prev[layer, head]:.2f} · self {rec.self_[layer, head]:.2f}")
+        return " · ".join(parts)
+
+    def _hover(self, ev) -> None:
+        if ev.isExit():
+            return
+        hit = self.head_at(ev.pos().x(), ev.pos().y())
+        if hit is not None:
+            self.hovered.emit(self.describe(*hit))
+
+    def _click(self, ev) -> None:
+        hit = self.head_at(ev.pos().x(), ev.pos().y())
+        if hit is not None and ev.button() == Qt.MouseButton.LeftButton:
+            ev.accept()
+            self.select(*hit)
+            self.head_clicked.emit(*hit)
+
+
+def _drop_first(maps: np.ndarray) -> np.ndarray:
+    """Mean-pooled maps with the first key bin blanked (its mean is dominated by the sink)."""
+    out = maps.copy()
+    out[..., 0] = np.nan
+    return out
+

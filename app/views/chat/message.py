@@ -1,0 +1,178 @@
+"""One message in the chat: header with actions, the body (Markdown, tokens, or an editor), and its stats."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCursor, QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout, QWidget,
+)
+
+from app.data.chats import Message
+from app.views.chat.markdown import RichView
+from app.views.chat.token_popup import TokenPopup
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+STYLE = {
+    "user": "QFrame#message { background: #eef3fb; border: 1px solid #d3def0; border-radius: 8px; }",
+    "assistant": "QFrame#message { background: #ffffff; border: 1px solid #e2e2e2; border-radius: 8px; }",
+}
+
+
+def plain_label(text: str = "", style: str = "") -> QLabel:
+    """A QLabel that never interprets its text as rich text."""
+    label = QLabel(text)
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setWordWrap(True)
+    if style:
+        label.setStyleSheet(style)
+    return label
+
+
+class MessageWidget(QFrame):
+    """Shows one Message; emits what the user asks of it (edit and resend, regenerate, continue)."""
+
+    edit_resend = Signal(int, str)  # (message index, new text)
+    regenerate = Signal()
+    continue_reply = Signal()
+
+    def __init__(self, index: int, message: Message, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.index = index
+        self.message = message
+        self.role = message.role
+        self.setObjectName("message")
+        self.setStyleSheet(STYLE.get(self.role, ""))
+        self.streaming = False
+        self.selected_token = -1
+        self._shown = None  # what the body shows now, to skip identical repaints
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        lay.setSpacing(3)
+        head = QHBoxLayout()
+        self.role_label = plain_label(ROLE_NAMES.get(self.role, self.role), "font-weight: bold; color: #444;")
+        self.role_label.setWordWrap(False)
+        head.addWidget(self.role_label)
+        head.addStretch(1)
+        self.tokens_button = self._tool("Tokens", "Show the reply token by token; click a token for its alternatives")
+        self.tokens_button.setCheckable(True)
+        self.tokens_button.toggled.connect(lambda _on: self.refresh(force=True))
+        self.copy_button = self._tool("Copy", "Copy the text")
+        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.message.content))
+        self.edit_button = self._tool("Edit", "Edit this message and resend from here")
+        self.edit_button.clicked.connect(self.start_edit)
+        self.regen_button = self._tool("Regenerate", "Replace this reply with a new one")
+        self.regen_button.clicked.connect(self.regenerate)
+        self.continue_button = self._tool("Continue", "Let the model continue this reply")
+        self.continue_button.clicked.connect(self.continue_reply)
+        for b in (self.tokens_button, self.copy_button, self.edit_button, self.regen_button, self.continue_button):
+            head.addWidget(b)
+        lay.addLayout(head)
+        self.body = RichView()
+        self.body.token_clicked.connect(self._show_alternatives)
+        lay.addWidget(self.body)
+        self.editor: QPlainTextEdit | None = None
+        self.editor_bar: QWidget | None = None
+        self.note = plain_label("", "color: #a05a00;")
+        self.stats = plain_label("", "color: #777; font-size: 11px;")
+        lay.addWidget(self.note)
+        lay.addWidget(self.stats)
+        self.popup: TokenPopup | None = None
+        self.set_actions(last=False, idle=True)
+        self.refresh(force=True)
+
+    def _tool(self, text: str, tip: str) -> QToolButton:
+        b = QToolButton()
+        b.setText(text)
+        b.setToolTip(tip)
+        b.setAutoRaise(True)
+        b.setCursor(QCursor(Qt.CursorShape.PointingHandCursor))
+        return b
+
+    def set_actions(self, last: bool, idle: bool) -> None:
+        """Which buttons make sense: edit (user), regenerate and continue (the last reply, when idle)."""
+        m = self.message
+        is_reply = self.role == "assistant"
+        self.tokens_button.setVisible(is_reply and bool(m.tokens))
+        self.edit_button.setVisible(self.role == "user")
+        self.edit_button.setEnabled(idle)
+        self.regen_button.setVisible(is_reply and last)
+        self.regen_button.setEnabled(idle)
+        can_continue = last and is_reply and (m.stopped or (m.stats is not None and m.stats.finish_reason == "length"))
+        self.continue_button.setVisible(bool(can_continue))
+        self.continue_button.setEnabled(idle)
+
+    def refresh(self, force: bool = False) -> None:
+        """Repaint from the message (cheap when nothing changed)."""
+        m = self.message
+        if self.editor is not None:
+            return
+        mode = "tokens" if self.tokens_button.isChecked() and m.tokens else "md" if self.role == "assistant" else "plain"
+        key = (mode, len(m.content), len(m.tokens), self.selected_token, m.content[-32:])
+        if force or key != self._shown:
+            if mode == "tokens":
+                self.body.set_tokens(m.tokens, self.selected_token)
+            elif mode == "md":
+                self.body.set_markdown(m.content if m.content or not self.streaming else "…")
+            else:
+                self.body.set_plain(m.content)
+            self._shown = key
+        notes = []
+        if m.stopped:
+            notes.append("[stopped]")
+        if m.error:
+            notes.append(m.error)
+        if not m.in_context:
+            notes.append("left out of the model's context by the overflow policy")
+        self.note.setText("  ".join(notes))
+        self.note.setVisible(bool(notes))
+        self.stats.setText(m.stats.summary() if m.stats and not self.streaming else "")
+        self.stats.setVisible(bool(self.stats.text()))
+        self.body.setStyleSheet("" if m.in_context else "color: #888;")
+
+    def _show_alternatives(self, position: int) -> None:
+        if not 0 <= position < len(self.message.tokens):
+            return
+        self.selected_token = position
+        self.refresh()
+        if self.popup is None:
+            self.popup = TokenPopup(self)
+        self.popup.set_token(position, self.message.tokens[position])
+        self.popup.popup_at(QCursor.pos())
+
+    def start_edit(self) -> None:
+        """Swap the body for an editor with 'Save & resend' and 'Cancel'."""
+        if self.editor is not None:
+            return
+        self.editor = QPlainTextEdit(self.message.content)
+        self.editor.setMinimumHeight(80)
+        self.body.hide()
+        lay = self.layout()
+        lay.insertWidget(2, self.editor)
+        self.editor_bar = QWidget()
+        bar = QHBoxLayout(self.editor_bar)
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addStretch(1)
+        cancel = QPushButton("Cancel")
+        save = QPushButton("Save && resend")
+        save.setDefault(True)
+        bar.addWidget(cancel)
+        bar.addWidget(save)
+        lay.insertWidget(3, self.editor_bar)
+        cancel.clicked.connect(self.end_edit)
+        save.clicked.connect(self._resend)
+        self.editor.setFocus()
+
+    def _resend(self) -> None:
+        text = self.editor.toPlainText() if self.editor else ""
+        if text.strip():
+            self.end_edit()
+            self.edit_resend.emit(self.index, text)
+
+    def end_edit(self) -> None:
+        for w in (self.editor, self.editor_bar):
+            if w is not None:
+                w.hide()
+                w.deleteLater()
+        self.editor = self.editor_bar = None
+        self.body.show()
+        self.refresh(force=True)

@@ -1,0 +1,265 @@
+"""The Compare view's charts: the summary table, the per-layer divergence curve, the presets' size-vs-KLD chart."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.compare import CompareRecord, SweepDone, SweepPoint, pareto_front, summary_rows
+
+KLD_MIN = 1e-6  # a KLD of 0 is drawn here on the log axis
+POINT = (0, 114, 178)
+FRONT = (213, 94, 0)
+OVERRIDES = (0, 158, 115)
+
+
+class SummaryTable(QTableWidget):
+    """Statistic | value rows of a comparison."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(0, 2, parent)
+        self.setHorizontalHeaderLabels(["statistic", "value"])
+        self.verticalHeader().setVisible(False)
+        self.verticalHeader().setDefaultSectionSize(19)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.horizontalHeader().setStretchLastSection(True)
+
+    def set_record(self, rec: CompareRecord) -> None:
+        rows = summary_rows(rec)
+        self.setRowCount(len(rows))
+        for i, (name, value) in enumerate(rows):
+            for j, text in enumerate((name, value)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                self.setItem(i, j, item)
+
+    def value(self, name: str) -> str | None:
+        """The value shown for a statistic (tests, copy-paste)."""
+        for i in range(self.rowCount()):
+            if self.item(i, 0).text() == name:
+                return self.item(i, 1).text()
+        return None
+
+
+class LayerCurve(pg.PlotWidget):
+    """How far each layer's residual stream moved: relative L2 and 1 − cosine, by layer (log scale)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent, background="w")
+        self.setTitle(f"<span style='color:{_hex(POINT)}'>‖h<sub>B</sub>−h<sub>A</sub>‖/‖h<sub>A</sub>‖</span>"
+                      f" · <span style='color:{_hex(FRONT)}'>1 − cos</span>", size="9pt")
+        self.setLabel("bottom", "layer (residual stream after it)")
+        self.showGrid(x=False, y=True, alpha=0.2)
+        self.rel = self.plot([], [], pen=pg.mkPen(POINT, width=2), symbol="o", symbolSize=5, symbolBrush=POINT)
+        self.cos = self.plot([], [], pen=pg.mkPen(FRONT, width=2, style=Qt.PenStyle.DashLine))
+
+    def set_record(self, rec: CompareRecord) -> None:
+        x = rec.layers.astype(float)
+        rel = np.log10(np.maximum(rec.rel_l2.astype(float), KLD_MIN))
+        cos = np.log10(np.maximum(1.0 - rec.cosine.astype(float), KLD_MIN))
+        self.rel.setData(x, rel)
+        self.cos.setData(x, cos)
+        self.setXRange(-0.5, max(0.5, float(x.max(initial=0)) + 0.5), padding=0)
+        lo, hi = float(min(rel.min(initial=0), cos.min(initial=0))), float(max(rel.max(initial=0), cos.max(initial=0)))
+        self.setYRange(lo - 0.1, hi + 0.1, padding=0)
+        set_log_ticks(self.getAxis("left"), lo - 0.1, hi + 0.1)
+
+
+class SweepChart(QWidget):
+    """Size against mean KLD for llama-quantize's presets of the loaded model, with their Pareto front."""
+
+    run_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.points: list[SweepPoint] = []
+        self.file_bytes = 0
+        self.run = QPushButton("Run preset sweep")
+        self.run.setToolTip("Requantize a copy of the model to each preset and measure KLD against the file on the "
+                            "evaluation text (takes a while; runs in the background)")
+        self.cancel = QPushButton("Cancel")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.status = QLabel("")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
+        self.plot = pg.PlotWidget(background="w", title="Presets: size vs KLD to the file")
+        self.plot.setLabel("bottom", "size of the tensors", units="MiB")
+        self.plot.setLabel("left", "mean KLD")
+        self.plot.showGrid(x=True, y=True, alpha=0.2)
+        # y is drawn as log10(KLD), with decade ticks written as KLD values
+        self.front = self.plot.plot([], [], pen=pg.mkPen(FRONT, width=2))
+        self.scatter = pg.ScatterPlotItem(size=9, pen=pg.mkPen("w"), brush=pg.mkBrush(*POINT), hoverable=True,
+                                          hoverSize=13, tip=_tip)
+        self.special = pg.ScatterPlotItem(size=15, symbol="star", pen=pg.mkPen("k"), brush=pg.mkBrush(*OVERRIDES),
+                                          hoverable=True, tip=_tip)
+        self.plot.addItem(self.scatter)
+        self.plot.addItem(self.special)
+        self.file_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 120, 120), style=Qt.PenStyle.DashLine),
+                                         label="the file", labelOpts={"position": 0.6, "color": (90, 90, 90)})
+        self.file_line.setVisible(False)
+        self.plot.addItem(self.file_line)
+        self.labels: list[pg.TextItem] = []
+        self.plot.getViewBox().sigResized.connect(lambda _vb: self._redraw() if self.points else None)
+        bar = QHBoxLayout()
+        bar.addWidget(self.run)
+        bar.addWidget(self.cancel)
+        bar.addWidget(self.progress, 1)
+        root = QVBoxLayout(self)
+        root.setContentsMargins(0, 0, 0, 0)
+        root.addLayout(bar)
+        root.addWidget(self.status)
+        root.addWidget(self.plot, 1)
+        self.run.clicked.connect(self.run_requested)
+        self.cancel.clicked.connect(self.cancel_requested)
+        self.set_running(False)
+
+    def set_file_size(self, nbytes: int) -> None:
+        """Where the loaded file sits on the size axis (its KLD against itself is 0)."""
+        self.file_bytes = nbytes
+        self.file_line.setValue(nbytes / 2**20)
+        self.file_line.setVisible(nbytes > 0)
+
+    def set_running(self, running: bool, what: str = "", fraction: float = 0.0) -> None:
+        self.run.setEnabled(not running)
+        self.cancel.setEnabled(running)
+        self.progress.setVisible(running)
+        if running:
+            self.progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
+            self.progress.setFormat(f"{what} %p%")
+
+    def start(self) -> None:
+        """A sweep begins: clear the old points."""
+        self.points = []
+        self._redraw()
+        self.status.setText("Sweeping the presets… (each point appears as soon as it is measured)")
+        self.set_running(True, "starting", 0.0)
+
+    def add_point(self, point: SweepPoint) -> None:
+        self.points.append(point)
+        self._redraw()
+
+    def finish(self, done: SweepDone | None, message: str = "") -> None:
+        self.set_running(False)
+        if message:
+            self.status.setText(message)
+        elif done is not None:
+            front = ", ".join(self.points[i].name for i in pareto_front(self.points))
+            self.status.setText(f"{done.n_points} points{' (cancelled)' if done.cancelled else ''} · "
+                                f"Pareto front: {front}")
+
+    def _redraw(self) -> None:
+        presets = [p for p in self.points if p.kind == "preset"]
+        others = [p for p in self.points if p.kind != "preset"]
+        floor = _floor(self.points)
+        self.scatter.setData([p.nbytes / 2**20 for p in presets], [_y(p.kld_mean, floor) for p in presets], data=presets)
+        self.special.setData([p.nbytes / 2**20 for p in others], [_y(p.kld_mean, floor) for p in others], data=others)
+        on_front = pareto_front(self.points)
+        front = [self.points[i] for i in on_front]
+        self.front.setData([p.nbytes / 2**20 for p in front], [_y(p.kld_mean, floor) for p in front])
+        xs = [p.nbytes / 2**20 for p in self.points] + ([self.file_bytes / 2**20] if self.file_bytes else [])
+        ys = [_y(p.kld_mean, floor) for p in self.points]
+        if xs:
+            span = max(max(xs) - min(xs), 1.0)
+            self.plot.setXRange(min(xs) - 0.05 * span, max(xs) + 0.15 * span, padding=0)  # room for the labels
+        if ys:
+            self.plot.setYRange(min(ys) - 0.35, max(ys) + 0.5, padding=0)  # room for labels above and below
+            set_log_ticks(self.plot.getAxis("left"), min(ys) - 0.35, max(ys) + 0.5)
+        self._place_labels(on_front, floor)
+
+    def _place_labels(self, on_front: list[int], floor: float) -> None:
+        """Label the points without overlaps, the Pareto front first (every point also has a hover tip)."""
+        for label in self.labels:
+            self.plot.removeItem(label)
+        self.labels = []
+        vb = self.plot.getViewBox()
+        (x0, x1), (y0, y1) = vb.viewRange()
+        w, h = max(vb.width(), 200.0), max(vb.height(), 120.0)
+        def pixel(x: float, y: float) -> tuple[float, float]:
+            return (x - x0) / max(x1 - x0, 1e-9) * w, (y1 - y) / max(y1 - y0, 1e-9) * h
+
+        marks = [pixel(p.nbytes / 2**20, _y(p.kld_mean, floor)) for p in self.points]
+        placed = [(mx - 5, my - 5, mx + 5, my + 5) for mx, my in marks]  # labels keep off every point
+        order = on_front + [i for i in range(len(self.points)) if i not in on_front]
+        for i in order:
+            p = self.points[i]
+            name = (p.name if p.kind == "preset" else f"★ {p.name}") + (" (≈ file)" if p.kld_mean < floor else "")
+            px, py = marks[i]
+            text = pg.TextItem(name, color=(20, 20, 20) if i in on_front else (120, 120, 120), anchor=(0, 0))
+            font = QFont()
+            font.setPointSize(8)
+            font.setBold(i in on_front)
+            text.setFont(font)
+            size = text.textItem.boundingRect()  # in pixels: a TextItem ignores the view's scale
+            box = _free_box(px, py, size.width(), size.height(), placed, w, h)
+            if box is None:
+                continue
+            placed.append(box)
+            text.setPos(x0 + box[0] / w * (x1 - x0), y1 - box[1] / h * (y1 - y0))
+            text.setToolTip(_tip(data=p))
+            self.plot.addItem(text)
+            self.labels.append(text)
+
+
+def _tip(x: float = 0.0, y: float = 0.0, data: SweepPoint | None = None) -> str:
+    """A point's hover text."""
+    p = data
+    if p is None:
+        return ""
+    return (f"{p.name}: {p.nbytes / 2**20:.1f} MiB · {p.bpw:.3f} bpw\nKLD mean {p.kld_mean:.5f} · p99 {p.kld_p99:.4f}\n"
+            f"same top token {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}")
+
+
+def _free_box(px: float, py: float, bw: float, bh: float, placed: list[tuple[float, float, float, float]],
+              w: float, h: float) -> tuple[float, float, float, float] | None:
+    """A label box (left, top, right, bottom in pixels) beside the point that overlaps no placed box, or None."""
+    spots = ((-bw / 2, -bh - 5), (-bw / 2, 5), (7, -bh / 2), (-bw - 7, -bh / 2),  # above, below, right, left
+             (6, -bh - 6), (6, 6), (-bw - 6, -bh - 6), (-bw - 6, 6))  # and the four diagonals
+    for dx, dy in spots:
+        box = (px + dx, py + dy, px + dx + bw, py + dy + bh)
+        inside = box[0] >= 0 and box[2] <= w and box[1] >= 0 and box[3] <= h
+        if inside and not any(box[0] < b[2] + 3 and b[0] < box[2] + 3 and box[1] < b[3] and b[1] < box[3] for b in placed):
+            return box
+    return None
+
+
+def _hex(rgb: tuple[int, int, int]) -> str:
+    return "#%02x%02x%02x" % rgb
+
+
+def _floor(points: list[SweepPoint]) -> float:
+    """The lowest KLD drawn: a decade under the smallest clearly non-zero one (a preset equal to the file is ~0)."""
+    real = [p.kld_mean for p in points if p.kld_mean > KLD_MIN * 10]
+    return max(KLD_MIN, min(real) / 10) if real else KLD_MIN
+
+
+def _y(kld: float, floor: float = KLD_MIN) -> float:
+    """Where a KLD is drawn: log10, anything under `floor` at the floor."""
+    return math.log10(max(float(kld), floor))
+
+
+def set_log_ticks(axis: pg.AxisItem, lo: float, hi: float) -> None:
+    """Ticks for an axis drawn in log10 units: labelled decades, and 2 and 5 between them when the range is short."""
+    major, minor = [], []
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in (1, 2, 5):
+            v = e + math.log10(m)
+            if lo <= v <= hi:
+                (major if m == 1 or hi - lo < 2.5 else minor).append((v, f"{m * 10.0 ** e:g}"))
+    axis.setTicks([major, [(v, "") for v, _ in minor]])

@@ -1,0 +1,269 @@
+"""The Compare view: A (the file) against B (the overrides, the file with another KV cache, or another GGUF).
+
+It shows attention of one head in both with their difference, the per-layer divergence, the text
+shaded by per-token KLD (click a token for both top-10 next-token distributions), the summary
+statistics, and the presets' size-vs-KLD chart. It only draws records; the bridge runs the work.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.compare import (
+    CACHE_TYPES,
+    CompareOptions,
+    CompareRecord,
+    HeadPair,
+    SweepDone,
+    SweepPoint,
+    TaskProgress,
+)
+from app.data.overrides import OverrideSpec, eval_text
+from app.records.model import ModelRecord
+from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
+from app.views.compare.heads import HeadPairView
+from app.views.compare.tokens import KldStrip, KldText, TopBars
+
+SOURCES = (("overrides", "the Quantization lens's overrides"), ("file", "the file (same weights)"),
+           ("gguf", "another GGUF file…"))
+
+
+class CompareView(QWidget):
+    """Controls for a comparison and every chart of its result."""
+
+    compare_requested = Signal(object)  # CompareOptions
+    cancel_requested = Signal()
+    head_requested = Signal(int, int)  # (layer, head) of the last comparison
+    sweep_requested = Signal(str)  # the evaluation text
+    sweep_cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model: ModelRecord | None = None
+        self.record: CompareRecord | None = None
+        self.other_path: str | None = None
+        self.selected = -1
+        self.source = QComboBox()
+        for key, text in SOURCES:
+            self.source.addItem(text, key)
+        self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.source.setMinimumContentsLength(16)
+        self.choose = QPushButton("Choose GGUF…")
+        self.a_cache, self.b_cache = QComboBox(), QComboBox()
+        for box in (self.a_cache, self.b_cache):
+            box.addItems(list(CACHE_TYPES))
+            box.setToolTip("The KV cache type of this side's run (llama.cpp's --cache-type-k/v)")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(2, 4096)
+        self.max_tokens.setValue(512)
+        self.max_tokens.setPrefix("≤ ")
+        self.max_tokens.setSuffix(" tokens")
+        self.run = QPushButton("Compare")
+        self.cancel = QPushButton("Cancel")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(260)
+        self.text = QPlainTextEdit(eval_text())
+        self.text.setMaximumHeight(54)
+        self.text.setToolTip("Both models read this text; statistics are over every position")
+        self.reset_text = QPushButton("Evaluation text")
+        self.reset_text.setToolTip("Put the bundled evaluation text back")
+        self.status = QLabel("Load a model, then Compare. A is the file as it is on disk.")
+        self.status.setWordWrap(True)
+        self.overrides_label = "file"
+        self.summary = SummaryTable()
+        self.layers = LayerCurve()
+        self.sweep = SweepChart()
+        self.heads = HeadPairView()
+        self.kld_text = KldText()
+        self.strip = KldStrip()
+        self.bars = TopBars()
+        self._layout()
+        self.source.currentIndexChanged.connect(lambda _i: self._source_changed())
+        self.source.activated.connect(lambda _i: self._choose_file() if self._wants_file() else None)
+        self.choose.clicked.connect(self._choose_file)
+        self.run.clicked.connect(lambda: self.compare_requested.emit(self.options()))
+        self.cancel.clicked.connect(self.cancel_requested)
+        self.reset_text.clicked.connect(lambda: self.text.setPlainText(eval_text()))
+        self.heads.head_requested.connect(self.head_requested)
+        self.kld_text.token_clicked.connect(self.select_token)
+        self.strip.token_clicked.connect(self.select_token)
+        self.sweep.run_requested.connect(lambda: self.sweep_requested.emit(eval_text()))
+        self.sweep.cancel_requested.connect(self.sweep_cancel_requested)
+        self._source_changed()
+        self.set_running(False)
+
+    def _layout(self) -> None:
+        bar = QHBoxLayout()
+        for w in (QLabel("A: the file · B:"), self.source, self.choose, QLabel("KV cache A"), self.a_cache,
+                  QLabel("B"), self.b_cache, self.max_tokens):
+            bar.addWidget(w)
+        bar.addStretch(1)
+        buttons = QVBoxLayout()
+        buttons.setSpacing(2)
+        run_row = QHBoxLayout()
+        run_row.addWidget(self.run)
+        run_row.addWidget(self.cancel)
+        buttons.addLayout(run_row)
+        buttons.addWidget(self.reset_text)
+        text_row = QHBoxLayout()
+        text_row.addWidget(self.text, 1)
+        text_row.addLayout(buttons)
+        status_row = QHBoxLayout()
+        status_row.addWidget(self.status, 1)
+        status_row.addWidget(self.progress)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        for w in (self.summary, self.layers, self.sweep):
+            top.addWidget(w)
+        top.setSizes([300, 330, 470])
+        tokens = QSplitter(Qt.Orientation.Vertical)
+        tokens.addWidget(self.kld_text)
+        tokens.addWidget(self.strip)
+        tokens.setSizes([150, 90])
+        bottom = QSplitter(Qt.Orientation.Horizontal)
+        bottom.addWidget(tokens)
+        bottom.addWidget(self.bars)
+        bottom.setSizes([600, 500])
+        body = QSplitter(Qt.Orientation.Vertical)
+        for w in (top, self.heads, bottom):
+            body.addWidget(w)
+        body.setSizes([340, 270, 270])
+        root = QVBoxLayout(self)
+        root.addLayout(bar)
+        root.addLayout(text_row)
+        root.addLayout(status_row)
+        root.addWidget(body, 1)
+
+    # ---- public API
+
+    def options(self) -> CompareOptions:
+        """The comparison the controls describe."""
+        return CompareOptions(
+            b_source=str(self.source.currentData()), b_path=self.other_path, a_cache=self.a_cache.currentText(),
+            b_cache=self.b_cache.currentText(), text=self.text.toPlainText(), max_tokens=self.max_tokens.value(),
+            layer=self.heads.layer.value(), head=self.heads.head.value(),
+        )
+
+    def set_model(self, record: ModelRecord) -> None:
+        """A model was loaded: results of the previous one are cleared."""
+        if self.model is not None and self.model.path == record.path:
+            self.model = record
+            return
+        self.model = record
+        self.record = None
+        self.heads.set_shape(record.n_layers, record.n_heads)
+        self.heads.head.setValue(0)
+        self.heads.layer.setValue(record.n_layers // 2)
+        self.sweep.points = []
+        self.sweep.set_file_size(record.total_bytes)
+        self.sweep._redraw()
+        self.status.setText(f"A is {html.escape(Path(record.path).name)} as on disk. Choose B and press Compare.")
+
+    def set_overrides(self, spec: OverrideSpec) -> None:
+        """The Quantization lens's overrides changed: the B menu names them."""
+        self.overrides_label = "file (no overrides set)" if spec.empty else spec.label()
+        self.source.setItemText(0, f"overrides: {self.overrides_label}")
+
+    def set_running(self, running: bool) -> None:
+        self.run.setEnabled(not running)
+        self.cancel.setEnabled(running)
+        self.progress.setVisible(running)
+
+    def set_progress(self, p: TaskProgress) -> None:
+        """Progress of the comparison or the sweep."""
+        if p.task == "sweep":
+            self.sweep.set_running(True, p.what, p.fraction)
+            return
+        self.set_running(True)
+        self.progress.setValue(int(1000 * max(0.0, min(1.0, p.fraction))))
+        self.progress.setFormat(f"{p.what} %p%")
+
+    def set_record(self, rec: CompareRecord) -> None:
+        """Draw a finished comparison; the token with the largest KLD is selected."""
+        self.record = rec
+        self.set_running(False)
+        self.summary.set_record(rec)
+        self.layers.set_record(rec)
+        self.strip.set_record(rec)
+        self.heads.set_shape(rec.n_layers, rec.n_heads)
+        s = rec.stats
+        self.status.setText(f"<b>A</b> {html.escape(rec.a_label)} ({rec.a_cache} cache) vs <b>B</b> {html.escape(rec.b_label)} "
+                            f"({rec.b_cache} cache) · {s.n_tokens} tokens · KLD mean {s.kld_mean:.5f} · "
+                            f"same top token {s.same_top_pct:.1f} % · PPL {s.ppl_base:.3f} → {s.ppl_other:.3f} "
+                            f"· {rec.elapsed_s:.1f} s")
+        self.select_token(int(rec.kld[:-1].argmax()) if rec.n_tokens > 1 else 0)
+
+    def set_heads(self, pair: HeadPair) -> None:
+        self.heads.set_pair(pair)
+
+    def select_token(self, i: int) -> None:
+        """Show both next-token distributions after token i."""
+        rec = self.record
+        if rec is None or not 0 <= i < rec.n_tokens:
+            return
+        self.selected = i
+        self.kld_text.set_record(rec, i)
+        self.strip.select(i)
+        self.bars.show_position(rec, i)
+
+    def sweep_started(self) -> None:
+        self.sweep.start()
+
+    def add_sweep_point(self, point: SweepPoint) -> None:
+        self.sweep.add_point(point)
+
+    def sweep_finished(self, done: SweepDone | None, message: str = "") -> None:
+        self.sweep.finish(done, message)
+
+    def failed(self, task: str, message: str) -> None:
+        """A comparison or sweep failed or was cancelled."""
+        if task == "sweep":
+            self.sweep.finish(None, f"Sweep stopped: {message}")
+            return
+        self.set_running(False)
+        self.status.setText(f"<span style='color:#b00020'>Comparison stopped: {html.escape(message)}</span>")
+
+    def prepare_screenshot(self) -> None:
+        """Start a comparison and the preset sweep (python -m app --screenshot PATH --tab Compare)."""
+        self.compare_requested.emit(self.options())
+        self.sweep_requested.emit(eval_text())
+
+    def screenshot_ready(self) -> bool:
+        """True once the comparison, its heads and the sweep have arrived (or failed)."""
+        compared = (self.record is not None and self.heads.pair is not None) or "stopped" in self.status.text()
+        return compared and self.sweep.run.isEnabled()
+
+    # ---- controls
+
+    def _source_changed(self) -> None:
+        self.choose.setVisible(self.source.currentData() == "gguf")
+
+    def _wants_file(self) -> bool:
+        return self.source.currentData() == "gguf" and self.other_path is None
+
+    def _choose_file(self) -> None:
+        start = str(Path(self.model.path).parent) if self.model is not None else ""
+        path, _ = QFileDialog.getOpenFileName(self, "Another GGUF of the same model", start, "GGUF models (*.gguf)")
+        if path:
+            self.set_other(path)
+
+    def set_other(self, path: str) -> None:
+        """Use this GGUF file as B."""
+        self.other_path = path
+        self.source.setItemText(2, f"GGUF: {Path(path).name}")
+        self.source.setCurrentIndex(2)

@@ -1,0 +1,213 @@
+"""The Quantization lens: every tensor's type by layer, bytes per layer by type, and one tensor up close."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import html
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.model import ModelRecord, TensorRow
+from app.records.tensor import TensorRecord
+from app.views.common.colours import type_colour
+from app.views.quant.overrides import OverrideEditor
+from app.views.quant.tensor import TensorDetail
+
+ROLE_ORDER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+GLOBAL_ROW = "model"  # the row for tensors outside blk.N (token_embd, output, output_norm)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class QuantLens(QWidget):
+    """Types of every tensor, bytes per layer, and the selected tensor's distributions and block layout."""
+
+    tensor_requested = Signal(str)
+    block_requested = Signal(str, int)  # (tensor name, block index): answered with set_tensor
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model: ModelRecord | None = None
+        self.tensor: TensorRecord | None = None
+        self._cells: dict[tuple[int, int], str] = {}
+        self.summary = QLabel("Load a model to see how it is quantized.")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.grid = QTableWidget()
+        self.grid.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.grid.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.grid.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.grid.verticalHeader().setDefaultSectionSize(20)
+        self.flat = QTableWidget(0, 7)
+        self.flat.setHorizontalHeaderLabels(["tensor", "layer", "role", "type", "shape (ne)", "bytes", "bits/weight"])
+        self.flat.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.flat.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.flat.verticalHeader().setVisible(False)
+        self.flat.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        tabs = QTabWidget()
+        tabs.addTab(self.grid, "Layers × tensors")
+        tabs.addTab(self.flat, "All tensors")
+        self.bars = pg.PlotWidget(background="w", title="Bytes per layer by type")
+        self.bars.setLabel("bottom", "layer")
+        self.bars.setLabel("left", "size", units="B")
+        self.legend = self.bars.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 220), labelTextColor=(0, 0, 0))
+        left = QSplitter(Qt.Orientation.Vertical)
+        left.addWidget(tabs)
+        left.addWidget(self.bars)
+        left.setSizes([600, 300])
+        self.detail = TensorDetail()
+        self.overrides = OverrideEditor()
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.detail)
+        right.addWidget(self.overrides)
+        right.setSizes([380, 620])  # the override editor needs room for its preview table
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setSizes([700, 900])
+        root = QVBoxLayout(self)
+        root.addWidget(self.summary)
+        root.addWidget(split, 1)
+        self.grid.cellClicked.connect(self._grid_clicked)
+        self.flat.cellClicked.connect(lambda r, _c: self._request(self.flat.item(r, 0).text()))
+        self.detail.block_requested.connect(self.block_requested)
+        self.overrides.spec_changed.connect(lambda _spec: self._mark_plan())
+
+    # ---- public API
+
+    def set_model(self, model: ModelRecord) -> None:
+        """Fill the tables, the totals and the per-layer bar chart."""
+        self.model = model
+        self.tensor = None
+        by_type = Counter()
+        for t in model.tensors:
+            by_type[t.type_name] += t.nbytes
+        mix = ", ".join(f"{name} {human_bytes(b)} ({100 * b / max(1, model.total_bytes):.0f}%)" for name, b in by_type.most_common())
+        self.summary.setText(
+            f"<b>{html.escape(model.name)}</b> ({html.escape(model.arch)}) · {len(model.tensors)} tensors · {model.total_weights:,} weights · "
+            f"{human_bytes(model.total_bytes)} of tensors in a {human_bytes(model.file_bytes)} file · "
+            f"<b>{model.average_bpw:.3f} bits/weight</b> on average · {mix}"
+            + ("" if model.runnable else " · <i>(file only: no forward pass for this architecture yet)</i>")
+        )
+        self._fill_grid(model)
+        self._fill_flat(model.tensors)
+        self._fill_bars(model)
+        if self.overrides.record is None or self.overrides.record.path != model.path:
+            self.overrides.set_model(model)  # the bridge gives the file's record on load; this covers use without it
+        self._mark_plan()
+
+    def set_tensor(self, rec: TensorRecord) -> None:
+        """Show one tensor's distributions and decoded block."""
+        self.tensor = rec
+        self.detail.set_record(rec)
+
+    # ---- tables
+
+    def _roles(self, model: ModelRecord) -> list[str]:
+        roles = {t.role for t in model.tensors if t.layer is not None}
+        return [r for r in ROLE_ORDER if r in roles] + sorted(roles - set(ROLE_ORDER))
+
+    def _fill_grid(self, model: ModelRecord) -> None:
+        """Rows: the model-wide tensors, then blk.0..; columns: per-layer roles, then model-wide roles."""
+        roles = self._roles(model)
+        globals_ = [t for t in model.tensors if t.layer is None]
+        columns = roles + [t.role for t in globals_]
+        self.grid.clear()
+        self.grid.setRowCount(model.n_layers + 1)
+        self.grid.setColumnCount(len(columns))
+        self.grid.setHorizontalHeaderLabels([c.replace("_", "\n", 1) for c in columns])  # two short lines keep columns narrow
+        self.grid.setVerticalHeaderLabels([GLOBAL_ROW] + [f"blk.{i}" for i in range(model.n_layers)])
+        self._cells = {}
+        for j, t in enumerate(globals_):
+            self._set_cell(0, len(roles) + j, t)
+        col = {r: j for j, r in enumerate(roles)}
+        for t in model.tensors:
+            if t.layer is not None and t.layer < model.n_layers:
+                self._set_cell(t.layer + 1, col[t.role], t)
+
+    def _set_cell(self, r: int, c: int, t: TensorRow) -> None:
+        item = QTableWidgetItem(t.type_name)
+        rgb = type_colour(t.type_name)
+        item.setBackground(QBrush(QColor(*rgb)))
+        item.setForeground(QBrush(QColor("#000")))
+        item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+        shape = " × ".join(map(str, t.shape))
+        item.setToolTip(f"{t.name}\n{t.type_name} · [{shape}] · {t.nbytes:,} bytes · {t.bpw:.4g} bits/weight")
+        self.grid.setItem(r, c, item)
+        self._cells[(r, c)] = t.name
+
+    def _fill_flat(self, rows: tuple[TensorRow, ...]) -> None:
+        self.flat.setSortingEnabled(False)
+        self.flat.setRowCount(len(rows))
+        for i, t in enumerate(rows):
+            values = [t.name, "" if t.layer is None else t.layer, t.role, t.type_name, " × ".join(map(str, t.shape)), t.nbytes, round(t.bpw, 4)]
+            for j, v in enumerate(values):
+                item = QTableWidgetItem()
+                item.setData(Qt.ItemDataRole.DisplayRole, v)
+                if j == 3:
+                    item.setBackground(QBrush(QColor(*type_colour(t.type_name))))
+                self.flat.setItem(i, j, item)
+        self.flat.setSortingEnabled(True)
+
+    def _fill_bars(self, model: ModelRecord) -> None:
+        self.bars.clear()
+        self.legend.clear()
+        per_layer: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(model.n_layers))
+        for t in model.tensors:
+            if t.layer is not None and t.layer < model.n_layers:
+                per_layer[t.type_name][t.layer] += t.nbytes
+        bottom = np.zeros(model.n_layers)
+        x = np.arange(model.n_layers)
+        for name in sorted(per_layer, key=lambda n: -per_layer[n].sum()):
+            h = per_layer[name]
+            bar = pg.BarGraphItem(x=x, height=h, y0=bottom, width=0.8, brush=pg.mkBrush(*type_colour(name)), pen=pg.mkPen("w", width=0.5))
+            self.bars.addItem(bar)
+            self.legend.addItem(bar, f"{name}  {human_bytes(h.sum())}")
+            bottom = bottom + h
+        outside = sum(t.nbytes for t in model.tensors if t.layer is None)
+        self.bars.setTitle(f"Bytes per layer by type (outside the layers: {human_bytes(outside)}, e.g. token_embd)")
+
+    def _grid_clicked(self, r: int, c: int) -> None:
+        name = self._cells.get((r, c))
+        if name:
+            self._request(name)
+
+    def _mark_plan(self) -> None:
+        """Cells the override preview changes show the new type (in its colour, italic); the others their own."""
+        plan = self.overrides.plan
+        rows = {t.name: t for t in self.model.tensors} if self.model is not None else {}
+        for (r, c), name in self._cells.items():
+            item, row = self.grid.item(r, c), rows.get(name)
+            tp = plan.tensors.get(name) if plan is not None else None
+            if item is None or row is None:
+                continue
+            new = tp.new.name if tp is not None and tp.new.name != row.type_name else None
+            item.setText(f"→{new}" if new else row.type_name)
+            item.setBackground(QBrush(QColor(*type_colour(new or row.type_name))))
+            font = item.font()
+            font.setItalic(new is not None)
+            item.setFont(font)
+
+    def _request(self, name: str) -> None:
+        self.overrides.pick_tensor(name)
+        self.detail.title.setText(f"Loading {name}…")
+        self.tensor_requested.emit(name)

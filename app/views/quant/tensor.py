@@ -1,0 +1,192 @@
+"""The selected tensor in the quant lens: weight and block-scale histograms, and one block taken apart."""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.tensor import TensorRecord
+from engine.quant.blocks import DecodedBlock
+
+FIELD_COLOURS = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233), (213, 94, 0))
+MAX_VALUES_SHOWN = 16
+CLIP_QUANTILE = 0.0005  # the weight histogram opens on the central 99.9%; drag out to see the tails
+
+
+class TensorDetail(QWidget):
+    """Histograms and the field-by-field block decode of one TensorRecord."""
+
+    block_requested = Signal(str, int)  # (tensor name, block index)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.record: TensorRecord | None = None
+        self.title = QLabel("Click a tensor in the table.")
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.title.setWordWrap(True)
+        self.scale_box = QComboBox()
+        self.block_spin = QSpinBox()
+        self.block_spin.setPrefix("block ")
+        self.block_spin.setKeyboardTracking(False)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.plots.setBackground("w")
+        self.weight_plot = self.plots.addPlot(row=0, col=0, title="Dequantized weights")
+        self.scale_plot = self.plots.addPlot(row=0, col=1, title="Block scales")
+        for p in (self.weight_plot, self.scale_plot):
+            p.setLabel("left", "count")
+        self.layout_plot = self.plots.addPlot(row=1, col=0, colspan=2, title="Raw layout of one block (bytes)")
+        self.layout_plot.hideAxis("left")
+        self.layout_plot.setMouseEnabled(x=True, y=False)
+        self.block_plot = self.plots.addPlot(row=2, col=0, colspan=2, title="The block's weights: w = scale · q + offset")
+        self.block_plot.setLabel("bottom", "weight index in the block")
+        self.plots.ci.layout.setRowStretchFactor(0, 3)
+        self.plots.ci.layout.setRowStretchFactor(1, 1)
+        self.plots.ci.layout.setRowStretchFactor(2, 3)
+        self.fields = QTableWidget(0, 6)
+        self.fields.setHorizontalHeaderLabels(["field", "bytes", "stored as", "meaning", "decodes to", "raw (hex)"])
+        self.fields.verticalHeader().setVisible(False)
+        header = self.fields.horizontalHeader()
+        for j, width in enumerate((60, 64, 96, 300, 330)):
+            header.setSectionResizeMode(j, QHeaderView.ResizeMode.Interactive)
+            self.fields.setColumnWidth(j, width)
+        header.setStretchLastSection(True)
+        self.fields.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.formula = QLabel("")
+        bar = QHBoxLayout()
+        bar.addWidget(self.title, 1)
+        bar.addWidget(QLabel("scale field"))
+        bar.addWidget(self.scale_box)
+        bar.addWidget(self.block_spin)
+        root = QVBoxLayout(self)
+        root.setContentsMargins(0, 0, 0, 0)
+        root.addLayout(bar)
+        root.addWidget(self.plots, 3)
+        root.addWidget(self.formula)
+        root.addWidget(self.fields, 2)
+        self.scale_box.currentTextChanged.connect(lambda _: self._draw_scales())
+        self.block_spin.valueChanged.connect(self._block_changed)
+
+    def set_record(self, rec: TensorRecord) -> None:
+        """Show a tensor: its histograms and the decoded block."""
+        self.record = rec
+        shape = " × ".join(str(s) for s in rec.shape)
+        sampled = "" if rec.sampled_rows >= rec.n_rows else f" (histogram of {rec.sampled_rows:,} of {rec.n_rows:,} rows)"
+        st = rec.weight_stats
+        stats = f" · min {st['min']:.4g}, max {st['max']:.4g}, mean {st['mean']:.3g}, std {st['std']:.3g}" if st else ""
+        self.title.setText(f"<b>{rec.name}</b> · {rec.type_name} · [{shape}] · {rec.nbytes:,} bytes · "
+                           f"{rec.bpw:.4g} bits/weight{stats}{sampled}")
+        _histogram(self.weight_plot, rec.weight_counts, rec.weight_edges, (0, 114, 178))
+        lo, hi = _central_range(rec.weight_counts, rec.weight_edges)
+        self.weight_plot.setXRange(lo, hi, padding=0.05)
+        self.weight_plot.setTitle(f"Dequantized weights (central 99.9%; full range {st.get('min', 0):.3g} … {st.get('max', 0):.3g})")
+        current = self.scale_box.currentText()
+        self.scale_box.blockSignals(True)
+        self.scale_box.clear()
+        self.scale_box.addItems(list(rec.scale_counts))
+        if current in rec.scale_counts:
+            self.scale_box.setCurrentText(current)
+        self.scale_box.blockSignals(False)
+        self._draw_scales()
+        n_blocks = (rec.nbytes // rec.block.type_size) if rec.block else 1
+        self.block_spin.blockSignals(True)
+        self.block_spin.setRange(0, max(0, n_blocks - 1))
+        self.block_spin.setValue(rec.block_index)
+        self.block_spin.blockSignals(False)
+        self._draw_block(rec.block)
+
+    def _block_changed(self, index: int) -> None:
+        if self.record is not None:
+            self.block_requested.emit(self.record.name, int(index))
+
+    def _draw_scales(self) -> None:
+        rec = self.record
+        key = self.scale_box.currentText()
+        if rec is None or key not in rec.scale_counts:
+            self.scale_plot.clear()
+            self.scale_plot.setTitle("Block scales (none: this type stores plain floats)")
+            return
+        _histogram(self.scale_plot, rec.scale_counts[key], rec.scale_edges[key], (213, 94, 0))
+        lo, hi = _central_range(rec.scale_counts[key], rec.scale_edges[key])
+        self.scale_plot.setXRange(lo, hi, padding=0.05)
+        self.scale_plot.setTitle(f"Block scales: {key}")
+
+    def _draw_block(self, block: DecodedBlock | None) -> None:
+        self.layout_plot.clear()
+        self.block_plot.clear()
+        self.fields.setRowCount(0)
+        if block is None:
+            self.formula.setText("This type cannot be decoded here.")
+            return
+        self.formula.setText(f"<b>{block.type_name}</b>: {block.block_size} weights in {block.type_size} bytes "
+                             f"({8 * block.type_size / block.block_size:.4g} bits/weight) · {block.formula}")
+        for i, f in enumerate(block.fields):
+            c = FIELD_COLOURS[i % len(FIELD_COLOURS)]
+            bar = pg.BarGraphItem(x0=[f.spec.offset], x1=[f.spec.offset + f.spec.size], y0=[0], y1=[1], brush=pg.mkBrush(*c, 170), pen=pg.mkPen("w"))
+            self.layout_plot.addItem(bar)
+            narrow = f.spec.size < 0.08 * block.type_size  # small fields are labelled above the bar, staggered
+            label = pg.TextItem(f"{f.spec.name} ({f.spec.size} B)" if narrow else f"{f.spec.name}\n{f.spec.size} B",
+                                color=(0, 0, 0), anchor=(0.5, 0.5) if not narrow else (0.0, 0.5))
+            label.setPos(f.spec.offset + (f.spec.size / 2 if not narrow else 0), 0.5 if not narrow else 1.25 + 0.35 * (i % 2))
+            self.layout_plot.addItem(label)
+            self._field_row(i, f, c)
+        self.layout_plot.setXRange(0, block.type_size, padding=0.01)
+        self.layout_plot.setYRange(0, 1.8, padding=0.02)
+        x = np.arange(block.block_size)
+        self.block_plot.plot(x, block.scales * block.quants.astype(np.float32) + block.offsets, pen=pg.mkPen((150, 150, 150), width=1))
+        self.block_plot.plot(x, block.weights, pen=None, symbol="o", symbolSize=5, symbolBrush=(0, 114, 178), symbolPen=None)
+        index = self.record.block_index if self.record else 0
+        if block.block_size > 1:
+            self.block_plot.plot(x, block.offsets, pen=pg.mkPen((213, 94, 0), width=1.5, style=Qt.PenStyle.DashLine))
+            n_scales = np.unique(block.scales).size
+            self.block_plot.setTitle(f"Block {index}: dots w, grey scale·q + offset, dashes offset · "
+                                     f"{n_scales} scale(s), q {block.quants.min()}…{block.quants.max()}")
+        else:
+            self.block_plot.setTitle(f"Element {index}: a plain float, w = {block.weights[0]:.6g}")
+
+    def _field_row(self, i: int, f, colour: tuple[int, int, int]) -> None:
+        self.fields.insertRow(i)
+        raw = " ".join(f"{b:02x}" for b in f.raw[:16]) + (" …" if f.raw.size > 16 else "")
+        vals = np.asarray(f.values).reshape(-1)
+        shown = ", ".join(_fmt(v) for v in vals[:MAX_VALUES_SHOWN]) + (f", … ({vals.size} values)" if vals.size > MAX_VALUES_SHOWN else "")
+        cells = [f.spec.name, f"{f.spec.offset}–{f.spec.offset + f.spec.size - 1}", f.spec.kind, f.spec.meaning, shown, raw]
+        for j, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            item.setToolTip(text)
+            if j == 0:
+                item.setBackground(QColor(*colour, 120))
+            self.fields.setItem(i, j, item)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.5g}"
+    return str(int(v)) if isinstance(v, (int, np.integer)) else str(v)
+
+
+def _histogram(plot: pg.PlotItem, counts: np.ndarray, edges: np.ndarray, colour: tuple[int, int, int]) -> None:
+    plot.clear()
+    if counts.size == 0 or counts.sum() == 0:
+        return
+    plot.plot(edges, counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(*colour, 120), pen=pg.mkPen(colour))
+
+
+def _central_range(counts: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
+    """The value range holding all but CLIP_QUANTILE of the mass at each end, from a histogram."""
+    if counts.size == 0 or counts.sum() == 0:
+        return float(edges[0]), float(edges[-1])
+    cdf = np.cumsum(counts) / counts.sum()
+    lo = int(np.searchsorted(cdf, CLIP_QUANTILE))
+    hi = int(np.searchsorted(cdf, 1 - CLIP_QUANTILE))
+    return float(edges[lo]), float(edges[min(hi + 1, len(edges) - 1)])
