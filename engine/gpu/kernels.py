@@ -1,4 +1,4 @@
-"""The CUDA sources in engine/quant/cuda and their compiled modules (CuPy RawModule, NVRTC).
+"""The CUDA sources in engine/gpu/cuda and their compiled modules (CuPy RawModule, NVRTC).
 
 Each kernel file includes ggml_blocks.cu; the include is expanded here, so the text CuPy hashes for its
 kernel cache is the whole program and an edit to ggml_blocks.cu recompiles every module.

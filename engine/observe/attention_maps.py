@@ -1,7 +1,7 @@
 """Attention maps for display: whole layers of heads recomputed at once, pooled to thumbnails, aggregated.
 
 Everything is recomputed from the recorded post-RoPE queries and the keys in the KV cache
-(engine/observe.py), so no layers x heads x N x N tensor is ever stored. Query rows are processed in
+(engine/observe/recorder.py), so no layers x heads x N x N tensor is ever stored. Query rows are processed in
 chunks so memory stays at about heads x chunk x N floats whatever the context length.
 """
 from __future__ import annotations

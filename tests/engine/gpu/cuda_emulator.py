@@ -1,6 +1,6 @@
 """A CPU stand-in for CuPy that runs the project's CUDA kernels, so the GPU path is tested without a GPU.
 
-The kernel sources (engine/quant/cuda, as engine/gpu/kernels.py assembles them) are compiled with g++
+The kernel sources (engine/gpu/cuda, as engine/gpu/kernels.py assembles them) are compiled with g++
 against a small runtime: every CUDA thread of a block is a ucontext fiber on one OS thread, __syncthreads
 and __shfl_xor_sync are barriers between them (a deadlock aborts with a message), __shared__ memory is
 static, and blocks run one after another. Arrays are NumPy arrays; kernels get their pointers. Stream
