@@ -15,6 +15,7 @@ from engine.cache import KVCache
 from engine.chat.template import ChatTemplate
 from engine.errors import ModelFormatError, SettingError
 from engine.gguf import GGUFFile, open_gguf
+from engine.kernels.dispatch import NUMERICS
 from engine.memory import check_memory, scan_small_tensors
 from engine.models.registry import model_class
 from engine.models.base import BaseArgs
@@ -60,8 +61,13 @@ class Model:
     def metadata(self) -> dict[str, Any]:
         return self.gguf.metadata
 
-    def new_cache(self, n_ctx: int | None = None, cache_type: str = "F32") -> KVCache:
-        """An empty KV cache (F32, F16, Q8_0 or Q4_0 rows) for up to n_ctx positions."""
+    @property
+    def numerics(self) -> str:
+        """'ggml' (llama.cpp's numbers: products on the blocks, 8-bit activations) or 'float32' (the reference)."""
+        return self.net.numerics
+
+    def new_cache(self, n_ctx: int | None = None, cache_type: str | None = None) -> KVCache:
+        """An empty KV cache (F32, F16, Q8_0 or Q4_0 rows; default F16 with ggml numerics) for up to n_ctx positions."""
         return self.net.new_cache(n_ctx, cache_type)
 
     def forward(
@@ -114,19 +120,26 @@ def load_model(
     warm: bool = True,
     gpu_layers: int | None = None,
     n_ctx: int | None = None,
+    numerics: str = "ggml",
 ) -> Model:
     """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run.
 
     backend 'cupy' (or 'auto' with a GPU) runs the last `gpu_layers` layers (default all) and the head on the
     GPU, fewer when they do not fit; what was decided is in Model.warnings and Model.backend.note.
     n_ctx is the context the memory preflight plans for (default: the model's trained context).
+    numerics 'ggml' (default) computes on the GGUF blocks as llama.cpp does and keeps no float copy of a weight;
+    'float32' dequantizes the weights (within the dense budget) and multiplies float32 activations.
     """
     from engine.catalog import resolve_model  # noqa: PLC0415 - avoids importing pip machinery for plain paths
 
     say = progress or (lambda what, frac: None)
     if gpu_layers is not None and backend == "numpy":
         raise SettingError("--gpu-layers needs the cupy (or auto) backend")
+    if numerics not in NUMERICS:
+        raise SettingError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
     chosen = get_backend(backend)
+    if chosen.is_device and numerics == "ggml":
+        numerics = "float32"  # the CUDA kernels multiply float32 activations; the CPU layers follow them
     path = resolve_model(str(source), progress=progress)
     say("reading the GGUF header", 0.0)
     gguf = open_gguf(path)
@@ -146,8 +159,9 @@ def load_model(
         args = cls.args_from_metadata(gguf.metadata, n_vocab)
         budget = DenseBudget(dense_budget if dense_budget is not None else _default_budget())
         # refuse before allocating anything a model whose weights and KV cache cannot fit (RELIABILITY 28)
-        check_memory(gguf, args, n_ctx=n_ctx, dense_budget=budget.limit if warm else 0)
-        weights = Weights(gguf, budget)
+        copies = budget.limit if warm and numerics == "float32" else 0
+        check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies, cache_type="F16" if numerics == "ggml" else "F32")
+        weights = Weights(gguf, budget, numerics)
         net = cls(args, weights)
         warnings = list(gguf.warnings) + scan_small_tensors(gguf)
         extra = weights.unused()
@@ -166,7 +180,8 @@ def load_model(
         if hasattr(runner, "on_fallback"):
             runner.on_fallback = model._on_fallback
         if warm:
-            runner.warm(lambda frac: say("dequantizing weights", 0.1 + 0.9 * frac))
+            what = "preparing the CPU kernels (compiled once, then cached)" if numerics == "ggml" else "dequantizing weights"
+            runner.warm(lambda frac: say(what, 0.1 + 0.9 * frac))
         say("ready", 1.0)
         for w in warnings:
             log.warning(w)

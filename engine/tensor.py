@@ -1,4 +1,9 @@
-"""QTensor (a weight as its raw GGUF blocks) and Linear (how such a weight is multiplied on a backend)."""
+"""QTensor (a weight as its raw GGUF blocks) and Linear (how such a weight is multiplied on the CPU).
+
+A Linear multiplies in one of two numerics: `ggml` (the default for loaded models) computes on the blocks with
+ggml-cpu's activation quantization (engine.kernels) and keeps no float copy of the weight; `float32` is the
+textbook reference: the weight dequantized to float32 (cached within a DenseBudget) times float32 activations.
+"""
 from __future__ import annotations
 
 import logging
@@ -8,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels.dispatch import NUMERICS, Activation, BlockProduct
 from engine.quant import dequantize_rows
 from engine.quant.types import TYPES, GGMLType, TypeInfo
 
@@ -78,7 +84,9 @@ class Linear:
     # keep the float32 copy column-major: for a tall matrix such as the output head (n_vocab x dim), x @ W^T then
     # reads W^T row by row, which BLAS does about twice as fast for a single token
     column_major: bool = False
+    numerics: str = "float32"  # 'ggml': products on the blocks (engine.kernels); 'float32': dequantized weights
     _dense: np.ndarray | None = field(default=None, repr=False)
+    _product: BlockProduct | None = field(default=None, repr=False)
     swaps: ClassVar[int] = 0  # weights replaced in any Linear so far: device copies (engine/gpu) look when it moves
 
     @property
@@ -100,6 +108,16 @@ class Linear:
             self._dense = w
         return w
 
+    def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics {self.numerics!r} is not one of {', '.join(NUMERICS)}")
+
+    def product(self) -> BlockProduct:
+        """The block product of the current weight (rebuilt when the blocks were swapped)."""
+        if self._product is None or self._product.blocks is not self.weight.blocks:
+            self._product = BlockProduct(self.weight.qtype, self.weight.blocks, self.n_in)
+        return self._product
+
     def drop_cache(self) -> None:
         """Forget the float32 copy (after requantizing, or to free memory)."""
         if self._dense is not None:
@@ -112,10 +130,15 @@ class Linear:
             raise ValueError(f"{weight.name}: new shape {weight.shape} != {self.weight.shape}")
         self.drop_cache()
         self.weight = weight
+        self._product = None
         Linear.swaps += 1
 
-    def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    def __call__(self, x: npt.NDArray[np.float32] | Activation) -> npt.NDArray[np.float32]:
         # x: (T, n_in) -> (T, n_out)
+        if self.numerics == "ggml":
+            return self.product()(x)
+        if isinstance(x, Activation):
+            x = x.x
         return x @ self.dense().T
 
 
@@ -159,6 +182,9 @@ class FusedLinear:
 
     def __call__(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
         """[x @ W_i^T for each part], computed with one matrix product when the cache allows."""
+        if self.parts[0].numerics == "ggml":
+            act = Activation(x)  # quantized once per vec_dot_type, read by every part
+            return [p.product()(act) for p in self.parts]
         if not self._fresh():
             self._stacked = None
             if self._build() is None:

@@ -19,7 +19,7 @@ def peak_rss_mb() -> float:
 
 def run_bench(
     model_source: str, *, n_prompt: int = 128, n_gen: int = 64, backend: str = "numpy", reps: int = 2,
-    gpu_layers: int | None = None, seed: int = 1234,
+    gpu_layers: int | None = None, seed: int = 1234, numerics: str = "ggml",
 ) -> dict[str, Any]:
     """Load the model, then time a prefill of n_prompt random tokens and n_gen single-token steps; best of `reps`."""
     from engine.model import load_model  # noqa: PLC0415
@@ -29,7 +29,7 @@ def run_bench(
     if gpu_layers is not None and backend == "numpy":
         raise SettingError("--gpu-layers needs the cupy backend")
     t0 = time.perf_counter()
-    model = load_model(model_source, backend=backend, gpu_layers=gpu_layers)
+    model = load_model(model_source, backend=backend, gpu_layers=gpu_layers, numerics=numerics)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.args.n_vocab, size=n_prompt).tolist()
@@ -54,6 +54,7 @@ def run_bench(
         "load_s": load_s,
         "peak_rss_mb": peak_rss_mb(),
         "backend": model.backend.name,
+        "numerics": model.numerics,
         "device": model.backend.device_name(),
         "gpu_layers": model.gpu_layers,
         "n_prompt": n_prompt,

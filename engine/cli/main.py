@@ -12,6 +12,7 @@ from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
+from engine.cli.options import add_numerics
 from engine.errors import LensError, SettingError
 
 log = logging.getLogger("gguf_lens")
@@ -44,7 +45,8 @@ def _load(args: argparse.Namespace, warm: bool = True):
             sys.stderr.write(f"\r{what} {frac * 100:5.1f}%\033[K")
             if frac >= 1.0:
                 sys.stderr.write("\r\033[K")
-    return load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm)
+    return load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
+                      numerics=getattr(args, "numerics", "ggml"))
 
 
 def _tokenizer_only(model: str):
@@ -268,7 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine.cli.bench import run_bench  # noqa: PLC0415
 
     result = run_bench(args.model, n_prompt=args.p, n_gen=args.n, backend=args.backend, reps=args.reps,
-                       gpu_layers=args.gpu_layers)
+                       gpu_layers=args.gpu_layers, numerics=args.numerics)
     if args.json:
         print(json.dumps(result))
     else:
@@ -350,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text-file")
     p.add_argument("--out", required=True)
     p.add_argument("--chunk", type=int, default=256)
+    add_numerics(p)
     p.set_defaults(func=cmd_logits)
 
     p = sub.add_parser("generate", help="generate a continuation")
@@ -358,12 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--json", action="store_true")
     _add_sampling(p, temp=0.0)
+    add_numerics(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="a terminal chat with streaming output")
     _add_model(p, optional=True)
     p.add_argument("--system", default=None, help="system prompt")
     _add_sampling(p, temp=0.7)
+    add_numerics(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")
@@ -374,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="numpy", choices=["auto", "numpy", "cupy"])
     p.add_argument("--gpu-layers", type=int, default=None)
     p.add_argument("--json", action="store_true")
+    add_numerics(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("perplexity", help="perplexity of a text in one context")
@@ -381,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-file", required=True)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--json", action="store_true")
+    add_numerics(p)
     p.set_defaults(func=cmd_perplexity)
 
     from engine.cli.quant import add_commands  # noqa: PLC0415 - quantize and compare

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from engine.cli.options import add_numerics
 from engine.errors import SettingError
 from engine.quant.presets import PRESETS
 from engine.quant.rules import parse_rules
@@ -68,8 +69,10 @@ def _other_model(args: argparse.Namespace, base_path: Path):
     from engine.quality.requantize import Requantizer  # noqa: PLC0415
 
     if args.against:
-        return load_model(args.against), f"{Path(args.against).name}"
-    other = load_model(base_path, warm=False)
+        return load_model(args.against, numerics=args.numerics), f"{Path(args.against).name}"
+    if args.against_numerics and not (args.type or args.tensor_type):
+        return load_model(base_path, numerics=args.against_numerics), f"{base_path.name} ({args.against_numerics} numerics)"
+    other = load_model(base_path, warm=False, numerics=args.against_numerics or args.numerics)
     rq = Requantizer(other)
     plan = rq.plan(args.type, args.tensor_type or [])
     _warn_fallbacks(plan)
@@ -83,8 +86,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from engine.quality.compare import compare_models  # noqa: PLC0415
     from engine.model import load_model  # noqa: PLC0415
 
-    if not args.against and not args.tensor_type and not args.type:
-        raise SettingError("compare needs --tensor-type REGEX=TYPE (or --type PRESET) or --against OTHER.gguf")
+    if not args.against and not args.tensor_type and not args.type and not args.against_numerics:
+        raise SettingError("compare needs --tensor-type REGEX=TYPE (or --type PRESET), --against OTHER.gguf "
+                           "or --against-numerics ggml|float32")
     if args.against and (args.tensor_type or args.type):
         raise SettingError("--against cannot be combined with --tensor-type or --type")
     if args.tensor_type:
@@ -94,7 +98,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         preset_by_name(args.type)
     text = _read_text_file(args.text_file)
-    base = load_model(args.model)
+    base = load_model(args.model, numerics=args.numerics)
     ids = base.tokenizer.encode(text, add_special=True, parse_special=False)
     if args.max_tokens:
         ids = ids[: args.max_tokens]
@@ -148,5 +152,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--type", default=None, metavar="T", help=f"with a preset as the base of the rules: {presets}")
     p.add_argument("--against", metavar="OTHER.gguf", help="compare with another file of the same model")
     p.add_argument("--max-tokens", type=int, default=0, help="use only the first N tokens of the text")
+    add_numerics(p)
+    p.add_argument("--against-numerics", default=None, choices=["ggml", "float32"],
+                   help="B in these numerics (alone: the same file, so the KLD is what the numerics change)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

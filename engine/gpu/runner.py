@@ -1,7 +1,7 @@
 """GpuNet: a loaded NumPy model's forward pass on a CUDA device, the first n_cpu layers staying on NumPy.
 
 The weights stay in their GGUF blocks (uploaded once; re-uploaded when a layer is requantized). A decode
-step (one token) runs the fused kernels of engine/quant/cuda: GEMV with the RMSNorm or gated activation in
+step (one token) runs the fused kernels of engine/gpu/cuda: GEMV with the RMSNorm or gated activation in
 its prologue and the residual add in its epilogue, RoPE with the KV-cache write, attention over the cache,
 and the greedy pick; from the second step on, the step is replayed as one CUDA graph, so a small model's
 decode is not bound by kernel launches. The graph reads the token, the position and the cache's capacity
@@ -149,18 +149,23 @@ class GpuNet:
 
     # ---- the NumPy model's contract
 
-    def new_cache(self, n_ctx: int | None = None, cache_type: str = "F32") -> KVCache:
+    def new_cache(self, n_ctx: int | None = None, cache_type: str | None = None) -> KVCache:
         """An empty cache: host rows for the CPU layers, device rows for the others."""
         if self.fell_back:
             return self.cpu.new_cache(n_ctx, cache_type)
         a = self.cpu.args
-        return DeviceKVCache(self.device, a.n_layers, self.n_cpu, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, cache_type)
+        return DeviceKVCache(self.device, a.n_layers, self.n_cpu, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx,
+                             cache_type or "F32")
 
     def linears(self) -> dict:
         return self.cpu.linears()
 
     def warm(self, progress: Callable[[float], None] | None = None) -> None:
-        """Build the float32 copies of the CPU layers only (the device layers multiply from their blocks)."""
+        """Build the float32 copies of the CPU layers only (the device layers multiply from their blocks); with ggml
+        numerics the CPU layers compute on their blocks, so only their kernels are prepared."""
+        if self.cpu.numerics == "ggml":
+            self.cpu.warm(progress)
+            return
         for i in range(self.n_cpu):
             layer = self.cpu.layers[i]
             for f in vars(layer).values():

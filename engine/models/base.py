@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -54,11 +54,13 @@ def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = N
 
 
 def attention(
-    q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_] | None, scale: float
+    q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_] | None, scale: float,
+    round_weights: Callable[[F32], F32] | None = None,
 ) -> tuple[F32, F32]:
     """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S) or None when every key is visible.
 
-    Returns (out (Hq, T, d), weights (Hq, T, S)).
+    `round_weights` rounds the softmax weights before they multiply V, as ggml converts them to the V cache's
+    type (F16) for that product. Returns (out (Hq, T, d), weights (Hq, T, S)).
     """
     hq, t, d = q.shape
     hkv = k.shape[0]
@@ -68,7 +70,8 @@ def attention(
     if mask is not None:
         scores = np.where(mask[None], scores, np.float32(-np.inf))
     w = softmax(scores)
-    out = (w.reshape(hkv, g * t, -1) @ v).reshape(hq, t, d)  # (Hq, T, d)
+    wv = w if round_weights is None else round_weights(w)
+    out = (wv.reshape(hkv, g * t, -1) @ v).reshape(hq, t, d)  # (Hq, T, d)
     return out, w
 
 

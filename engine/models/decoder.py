@@ -11,6 +11,7 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
+from engine.kernels.dispatch import activation_values, quantize_activation, warm_up
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, attention, causal_mask
 from engine.quant.types import GGMLType
@@ -25,9 +26,10 @@ log = logging.getLogger(__name__)
 class Weights:
     """Reads named tensors from a GGUF file, checking each against the shape the architecture expects."""
 
-    def __init__(self, gguf: GGUFFile, budget: DenseBudget):
+    def __init__(self, gguf: GGUFFile, budget: DenseBudget, numerics: str = "float32"):
         self.gguf = gguf
         self.budget = budget
+        self.numerics = numerics
         self.used: set[str] = set()
 
     def has(self, name: str) -> bool:
@@ -47,7 +49,7 @@ class Weights:
         return QTensor(name, GGMLType(info.qtype), tuple(shape), self.gguf.rows(name))
 
     def linear(self, name: str, n_in: int, n_out: int) -> Linear:
-        return Linear(self.qtensor(name, (n_in, n_out)), self.budget)
+        return Linear(self.qtensor(name, (n_in, n_out)), self.budget, numerics=self.numerics)
 
     def vector(self, name: str, n: int) -> npt.NDArray[np.float32]:
         """A 1-D tensor (norm weights) as float32."""
@@ -96,6 +98,31 @@ class Block:
         }
 
 
+Rounding = Callable[[np.ndarray], np.ndarray]
+
+
+def _to_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _through_q8_0(x: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    return activation_values(GGMLType.Q8_0, quantize_activation(GGMLType.Q8_0, rows), rows.shape[1]).reshape(x.shape)
+
+
+def attention_rounding(cache_type: GGMLType) -> tuple[Rounding | None, Rounding | None]:
+    """What ggml-cpu rounds in attention (without flash attention) for a K/V cache of this type.
+
+    K*q reads q converted to K's vec_dot_type (F16 for an F16 cache, Q8_0 for Q8_0/Q4_0); V*softmax reads the
+    weights converted to V's (F16). A quantized V cache needs flash attention in llama.cpp: its weights stay f32.
+    """
+    if cache_type == GGMLType.F16:
+        return _to_f16, _to_f16
+    if cache_type in (GGMLType.Q8_0, GGMLType.Q4_0):
+        return _through_q8_0, None
+    return None, None
+
+
 TILED_MIN_KEYS = 1024  # prefill chunks attending to this many keys or more take the tiled path
 
 
@@ -106,6 +133,7 @@ class DecoderModel:
     rope_mode: ClassVar[str] = "norm"
     args: BaseArgs
     attention_path: str = "plain"  # which path the last forward took: 'plain' or 'tiled'
+    _rounding: tuple[Rounding | None, Rounding | None] = (None, None)  # (q, softmax weights) as ggml rounds them
     tiled_min_keys: int = TILED_MIN_KEYS
 
     def __init__(self, args: BaseArgs, weights: Weights):
@@ -116,10 +144,19 @@ class DecoderModel:
     def args_from_metadata(cls, metadata: dict[str, Any]) -> BaseArgs:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def new_cache(self, n_ctx: int | None = None, cache_type: str = "F32") -> KVCache:
-        """An empty KV cache for up to n_ctx positions (default: the model's trained context) of F32/F16/Q8_0/Q4_0 rows."""
+    @property
+    def numerics(self) -> str:
+        """'ggml' (products on the blocks, 8-bit activations, F16 cache) or 'float32' (the textbook reference)."""
+        return self.weights.numerics
+
+    def new_cache(self, n_ctx: int | None = None, cache_type: str | None = None) -> KVCache:
+        """An empty KV cache for up to n_ctx positions (default: the trained context) of F32/F16/Q8_0/Q4_0 rows.
+
+        The default type is F16 with ggml numerics (llama.cpp's default) and F32 with float32 numerics.
+        """
         a = self.args
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, cache_type)
+        kind = cache_type or ("F16" if self.numerics == "ggml" else "F32")
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, kind)
 
     def forward(
         self,
@@ -138,6 +175,7 @@ class DecoderModel:
         cache.reserve(start + t)
         if recorder is not None:
             recorder.begin(start, t)
+        self._rounding = attention_rounding(cache.qtype) if self.numerics == "ggml" else (None, None)
         x = self.embed(ids)
         x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
         return self.head(x, all_logits)
@@ -162,16 +200,19 @@ class DecoderModel:
     ) -> np.ndarray:
         """Attention for one layer: the plain path for short contexts and single tokens, tiled for long prefills."""
         n_keys = keys.shape[1]
+        round_q, round_w = self._rounding
+        if round_q is not None:
+            q = round_q(q)
         if q.shape[1] > 1 and n_keys >= self.tiled_min_keys:
             self.attention_path = "tiled"
             return attention_tiled(q, keys, values, pos, scale, window)
         self.attention_path = "plain"
         if q.shape[1] == 1 and (window is None or n_keys <= window):
-            out, _ = attention(q, keys, values, None, scale)  # one new token sees every cached key
+            out, _ = attention(q, keys, values, None, scale, round_w)  # one new token sees every cached key
             return out
         if window not in masks:
             masks[window] = causal_mask(pos, n_keys, window)
-        out, _ = attention(q, keys, values, masks[window], scale)
+        out, _ = attention(q, keys, values, masks[window], scale, round_w)
         return out
 
     def linears(self) -> dict[str, Linear]:
@@ -187,7 +228,11 @@ class DecoderModel:
         return out
 
     def warm(self, progress: Callable[[float], None] | None = None) -> None:
-        """Build the float32 weight copies now (stacked for fused matrices) instead of on the first token."""
+        """Get ready for the first token: compile the CPU kernels (ggml numerics) or build the float32 weight
+        copies, stacked for fused matrices (float32 numerics)."""
+        if self.numerics == "ggml":
+            warm_up({lin.weight.qtype for lin in self.linears().values()}, progress)
+            return
         fused = [f for layer in getattr(self, "layers", []) for f in vars(layer).values() if isinstance(f, FusedLinear)]
         linears = list(self.linears().values())
         total = max(1, len(fused) + len(linears))

@@ -101,7 +101,7 @@ def smollm2_run() -> RealRun:
     ids = model.tokenizer.encode("The cat sat on the mat. The cat", add_special=True, parse_special=False)
     if not ids or ids[0] != 1:
         ids = [1] + list(ids)  # <|im_start|> as a first, sink-like token
-    cache = model.new_cache(256)
+    cache = model.new_cache(256, "F32")
     rec = Recorder()
     model.forward(ids, cache, rec)
     cache.commit(ids)

@@ -49,19 +49,33 @@ def test_perplexity_within_one_percent(run) -> None:
     assert abs(ours["ppl"] / golden.ppl - 1.0) <= 0.01
 
 
-def test_chunked_prefill_equals_one_pass(run) -> None:
-    _, model, _, ids, logits, *_ = run
+@pytest.fixture(scope="module")
+def run_f32(run):
+    """The same model and prose with float32 numerics: chunking and the attention path change no sum there.
+
+    (With ggml numerics a different order of float additions can move an activation across an 8-bit rounding
+    boundary, as it does between llama.cpp's own batch sizes, so these identities hold for the reference.)
+    """
+    key, model, golden, ids, *_ = run
+    f32 = load_model(model.path, numerics="float32")
+    logits = prefill(f32, ids, f32.new_cache(1024), all_logits=True, chunk_size=128)
+    yield key, f32, golden, ids, logits
+    f32.close()
+
+
+def test_chunked_prefill_equals_one_pass(run_f32) -> None:
+    _, model, _, ids, logits, *_ = run_f32
     again = prefill(model, ids[:96], model.new_cache(256), all_logits=True, chunk_size=17)
     import numpy as np
 
     np.testing.assert_allclose(again, logits[:96], rtol=2e-3, atol=2e-3)
 
 
-def test_tiled_attention_equals_plain_on_the_real_model(run) -> None:
+def test_tiled_attention_equals_plain_on_the_real_model(run_f32) -> None:
     """The online-softmax path gives the plain path's logits on the real model (forced on for this prose)."""
     import numpy as np
 
-    _, model, _, ids, logits, *_ = run
+    _, model, _, ids, logits, *_ = run_f32
     net = model.net
     saved = net.tiled_min_keys
     net.tiled_min_keys = 64
@@ -72,3 +86,13 @@ def test_tiled_attention_equals_plain_on_the_real_model(run) -> None:
         net.tiled_min_keys = saved
     np.testing.assert_allclose(tiled, logits, rtol=1e-3, atol=1e-3)
     assert (tiled.argmax(-1) == logits.argmax(-1)).all()
+
+
+def test_float32_numerics_match_llamacpp_too(run, run_f32) -> None:
+    """The float32 reference keeps the bounds the issue set for it (KLD, same top token) on the same prose."""
+    key, *_, kld_bound, top_bound = run
+    _, _, golden, _, logits = run_f32
+    stats = compare(golden, logits)
+    print(f"{key} float32 numerics: {stats}")
+    assert stats["kld_mean"] <= kld_bound
+    assert stats["same_top"] >= top_bound

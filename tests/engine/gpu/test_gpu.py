@@ -456,7 +456,7 @@ def prose_ids(model: Model, n: int) -> list[int]:
 
 def _run_both(dev: Dev, path: Path, ids: list[int], n_prefill: int, **kw: Any) -> tuple[np.ndarray, np.ndarray, Model]:
     """All-position logits of NumPy (one prefill) and of the device (a prefill, then one decode step per token)."""
-    ref_model = load_model(path)
+    ref_model = load_model(path, numerics="float32")  # the CUDA path multiplies float32 activations
     ref = ref_model.forward(ids, ref_model.new_cache(), all_logits=True)
     model = load_on(dev, path, **kw)
     cache = model.new_cache()
@@ -490,7 +490,7 @@ def test_layer_offload_matches_numpy(dev: Dev, models: dict[str, Path], name: st
 
 def test_f16_kv_cache_matches_numpy_f16_cache(dev: Dev, models: dict[str, Path]) -> None:
     path = models["gemma3-types"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     ids = prose_ids(ref_model, 14)
     a = ref_model.forward(ids, ref_model.new_cache(cache_type="F16"), all_logits=True)
     cache = model.new_cache(cache_type="F16")
@@ -507,7 +507,7 @@ def test_f16_kv_cache_matches_numpy_f16_cache(dev: Dev, models: dict[str, Path])
 
 def test_recorder_sees_the_same_run(dev: Dev, models: dict[str, Path]) -> None:
     path = models["gemma3-types"]
-    ref_model, model = load_model(path), load_on(dev, path, gpu_layers=4)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path, gpu_layers=4)
     ids = prose_ids(ref_model, 12)
     runs = []
     for m in (ref_model, model):
@@ -529,7 +529,7 @@ def test_recorder_sees_the_same_run(dev: Dev, models: dict[str, Path]) -> None:
 
 def test_greedy_steps_pick_numpy_tokens(dev: Dev, models: dict[str, Path]) -> None:
     path = models["smollm2-types"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     ids = prose_ids(ref_model, 8)
     picks = []
     for m in (ref_model, model):
@@ -546,7 +546,7 @@ def test_greedy_steps_pick_numpy_tokens(dev: Dev, models: dict[str, Path]) -> No
 
 def test_generate_on_device(dev: Dev, models: dict[str, Path]) -> None:
     path = models["gemma3-types"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     prompt = prose_ids(ref_model, 10)
     cfg = GenerationConfig(max_tokens=5, sampler=SamplerSettings(temperature=0.0))
     a = [s.token_id for s in generate(ref_model, prompt, cfg)]
@@ -556,7 +556,7 @@ def test_generate_on_device(dev: Dev, models: dict[str, Path]) -> None:
 
 def test_requantized_matrix_is_uploaded_again(dev: Dev, models: dict[str, Path]) -> None:
     path = models["smollm2-types"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     ids = prose_ids(ref_model, 8)
     for m in (ref_model, model):
         lin = m.net.linears()["blk.1.ffn_down.weight"]
@@ -571,7 +571,7 @@ def test_decode_graph_survives_the_cache_growing(dev: Dev, models: dict[str, Pat
     monkeypatch.setattr(gpu_runner, "_decode_split", lambda capacity: 1 if capacity <= 16 else 3)
     monkeypatch.setattr("engine.gpu.cache._MIN_CAPACITY", 16)
     path = models["smollm2-types"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     ids = prose_ids(ref_model, 22)
     ref = ref_model.forward(ids, ref_model.new_cache(), all_logits=True)[-8:]
     cache = model.new_cache()
@@ -596,7 +596,7 @@ def test_device_model_looks_like_the_numpy_model(dev: Dev, models: dict[str, Pat
 
 def test_plain_kv_cache_runs_on_the_cpu(dev: Dev, models: dict[str, Path]) -> None:
     path = models["llama-q4_0"]
-    ref_model, model = load_model(path), load_on(dev, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(dev, path)
     a = ref_model.forward([5, 6, 7], ref_model.new_cache())
     b = model.forward([5, 6, 7], KVCache(2, 2, 16, 64))
     np.testing.assert_array_equal(a, b)
@@ -645,7 +645,7 @@ def test_catalog_model_on_golden_prose(dev: Dev, name: str, key: str, tmp_path_f
 
 def test_device_failure_mid_reply_moves_to_the_cpu_and_keeps_the_conversation(emu: Dev, models: dict[str, Path]) -> None:
     path = models["gemma3-types"]
-    ref_model, model = load_model(path), load_on(emu, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(emu, path)
     ids = prose_ids(ref_model, 14)
     ref = ref_model.forward(ids, ref_model.new_cache(), all_logits=True)
     cache = model.new_cache()
@@ -667,7 +667,7 @@ def test_device_failure_mid_reply_moves_to_the_cpu_and_keeps_the_conversation(em
 
 def test_out_of_memory_mid_reply_is_an_inference_error_and_the_step_can_be_retried(emu: Dev, models: dict[str, Path]) -> None:
     path = models["smollm2-types"]
-    ref_model, model = load_model(path), load_on(emu, path)
+    ref_model, model = load_model(path, numerics="float32"), load_on(emu, path)
     prompt = prose_ids(ref_model, 8)
     cfg = GenerationConfig(max_tokens=4, sampler=SamplerSettings(temperature=0.0))
     want = [s.token_id for s in generate(ref_model, prompt, cfg)]

@@ -1,0 +1,311 @@
+"""Products of float32 activations with weights kept as ggml blocks, with ggml-cpu's numerics.
+
+`BlockProduct(qtype, blocks)(x)` is `x @ W^T` for a weight W held as its GGUF blocks (usually the read-only
+memory map). As ggml-cpu does before every product, x is first quantized to the weight type's vec_dot_type
+(Q8_0, Q8_1, Q8_K, F16, ...). Then:
+
+- a few rows (decode, short prompts): the compiled integer block dot products (gemv / gemm kernels);
+- many rows (prefill): the quantized activation's values against tiles of W dequantized into a scratch
+  buffer and multiplied by BLAS. Both operands hold exactly the values ggml multiplies, so the result
+  differs from the integer kernels only in the order of float additions; no tile outlives the call.
+
+Without numba (or with GGUF_LENS_KERNELS=numpy) every product takes the tile path with NumPy's
+dequantizers and the NumPy twins of the activation quantizers: the same numbers, slower.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.kernels.activations import KERNEL_LOCK
+from engine.quant import dequantize_rows
+from engine.quant.types import TYPES, GGMLType
+
+log = logging.getLogger(__name__)
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+Gemv = Callable[[U8, U8, F32], None]
+DequantRows = Callable[[U8, int, int, F32], None]
+
+NUMERICS = ("ggml", "float32")
+GEMV_MAX_ROWS = 16  # up to this many activation rows use the integer kernels; more take the tile + BLAS path
+TILE_BYTES = 8 << 20  # float32 bytes of one dequantized weight tile in the prefill path
+
+_T = GGMLType
+K_QUANTS = (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+# type_traits_cpu[type].vec_dot_type in ggml-cpu.c
+VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
+    _T.F32: _T.F32, _T.F16: _T.F16, _T.BF16: _T.BF16,
+    _T.Q4_0: _T.Q8_0, _T.Q5_0: _T.Q8_0, _T.Q8_0: _T.Q8_0,
+    _T.Q4_1: _T.Q8_1, _T.Q5_1: _T.Q8_1,
+    **{t: _T.Q8_K for t in K_QUANTS},
+}
+
+
+@dataclass
+class KernelSet:
+    """The compiled functions found for one weight type (any may be missing)."""
+
+    gemv: Gemv | None = None
+    gemm: Gemv | None = None
+    dequant: DequantRows | None = None
+    repack: Callable[[U8], object] | None = None  # a faster layout for the products, made once per weight
+
+
+@dataclass
+class _Registry:
+    loaded: bool = False
+    compiled: bool = False
+    reason: str = ""
+    kernels: dict[GGMLType, KernelSet] = field(default_factory=dict)
+    quantizers: dict[GGMLType, Callable[[F32], U8]] = field(default_factory=dict)
+
+
+_REG = _Registry()
+
+
+def _wanted() -> bool:
+    return os.environ.get("GGUF_LENS_KERNELS", "auto").strip().lower() not in ("numpy", "off", "0", "none")
+
+
+def _load() -> _Registry:
+    """Find the compiled kernels once: `gemv_<type>`, `gemm_<type>`, `dequantize_rows_<type>` in engine.kernels.*."""
+    if _REG.loaded:
+        return _REG
+    _REG.loaded = True
+    from engine.kernels import activations  # noqa: PLC0415 - numba-free at import
+
+    _REG.quantizers = {t: getattr(activations, f"quantize_{t.name.lower()}_ref") for t in (_T.Q8_0, _T.Q8_1)}
+    _REG.quantizers[_T.F16] = activations.quantize_f16_ref
+    _REG.quantizers[_T.BF16] = activations.quantize_bf16_ref
+    _REG.quantizers[_T.F32] = activations.quantize_f32
+    if not _wanted():
+        _REG.reason = "GGUF_LENS_KERNELS=numpy"
+    elif not activations.HAVE_NUMBA:
+        _REG.reason = "numba is not installed"
+    else:
+        try:
+            import engine.kernels as pkg  # noqa: PLC0415
+
+            mods = [importlib.import_module(f"engine.kernels.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)
+                    if m.name not in ("dispatch", "warmup")]
+            for t in VEC_DOT_TYPE:
+                name = t.name.lower()
+                ks = KernelSet()
+                for mod in mods:
+                    ks.gemv = ks.gemv or getattr(mod, f"gemv_{name}", None)
+                    ks.gemm = ks.gemm or getattr(mod, f"gemm_{name}", None)
+                    ks.dequant = ks.dequant or getattr(mod, f"dequantize_rows_{name}", None)
+                    ks.repack = ks.repack or getattr(mod, f"repack_{name}", None)
+                _REG.kernels[t] = ks
+            from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
+
+            _REG.quantizers.update({t: getattr(activations, f"quantize_{t.name.lower()}") for t in (_T.Q8_0, _T.Q8_1)})
+            _REG.quantizers[_T.F16] = activations.quantize_f16
+            _REG.quantizers[_T.BF16] = activations.quantize_bf16
+            _REG.quantizers[_T.Q8_K] = quantize_q8_k
+            _REG.compiled = True
+        except Exception as exc:  # a broken numba/llvmlite install must not stop the engine
+            _REG.kernels.clear()
+            _REG.reason = f"the compiled kernels failed to load ({type(exc).__name__}: {exc})"
+    if _T.Q8_K not in _REG.quantizers:
+        from engine.kernels.q8k import quantize_q8_k_ref  # noqa: PLC0415
+
+        _REG.quantizers[_T.Q8_K] = quantize_q8_k_ref
+    if not _REG.compiled:
+        log.warning("CPU kernels: NumPy fallback (%s); products follow ggml's numerics, more slowly", _REG.reason)
+    return _REG
+
+
+def compiled() -> bool:
+    """Whether the numba kernels are in use (else the NumPy fallback)."""
+    return _load().compiled
+
+
+def kernel_note() -> str:
+    """One line for a status bar: which CPU path runs."""
+    reg = _load()
+    return "numba kernels" if reg.compiled else f"NumPy fallback ({reg.reason})"
+
+
+def supported(qtype: GGMLType) -> bool:
+    return qtype in VEC_DOT_TYPE
+
+
+def quantize_activation(qtype: GGMLType, x: F32) -> U8:
+    """x (T, n) as the bytes of `qtype`'s vec_dot_type, (T, nbytes), as ggml-cpu's from_float makes them."""
+    quantizer = _load().quantizers[VEC_DOT_TYPE[qtype]]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    with KERNEL_LOCK:
+        return quantizer(x)
+
+
+def activation_values(vdt: GGMLType, xq: U8, n: int) -> F32:
+    """The float32 values an activation's bytes stand for (T, n): what the integer products multiply."""
+    t = xq.shape[0]
+    if vdt == _T.F32:
+        return xq.view(np.float32).reshape(t, n)
+    if vdt == _T.F16:
+        return xq.view(np.float16).astype(np.float32).reshape(t, n)
+    if vdt == _T.BF16:
+        return (xq.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t, n)
+    if vdt == _T.Q8_K:
+        b = xq.reshape(t, -1, 292)
+        d = np.ascontiguousarray(b[..., 0:4]).view(np.float32)  # (T, nb, 1)
+        return (b[..., 4:260].view(np.int8).astype(np.float32) * d).reshape(t, n)
+    size = 34 if vdt == _T.Q8_0 else 36
+    b = xq.reshape(t, -1, size)
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16).astype(np.float32)  # (T, nb, 1)
+    return (b[..., size - 32:].view(np.int8).astype(np.float32) * d).reshape(t, n)
+
+
+class Activation:
+    """One activation batch quantized once for every weight type that reads it (q/k/v, gate/up share one)."""
+
+    def __init__(self, x: F32):
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self._bytes: dict[GGMLType, U8] = {}
+        self._values: dict[GGMLType, F32] = {}
+
+    def bytes_for(self, qtype: GGMLType) -> U8:
+        vdt = VEC_DOT_TYPE[qtype]
+        got = self._bytes.get(vdt)
+        if got is None:
+            got = self._bytes[vdt] = quantize_activation(qtype, self.x)
+        return got
+
+    def values_for(self, qtype: GGMLType) -> F32:
+        vdt = VEC_DOT_TYPE[qtype]
+        got = self._values.get(vdt)
+        if got is None:
+            got = self._values[vdt] = activation_values(vdt, self.bytes_for(qtype), self.x.shape[1])
+        return got
+
+
+class BlockProduct:
+    """x @ W^T on W's ggml blocks: (T, n_in) -> (T, n_out), nothing of W kept in float."""
+
+    def __init__(self, qtype: GGMLType, blocks: U8, n_in: int):
+        if qtype not in VEC_DOT_TYPE:
+            raise ValueError(f"no CPU product for {qtype.name} weights")
+        self.qtype = qtype
+        self.blocks = blocks
+        self.n_in = n_in
+        self.n_out = blocks.shape[0]
+        reg = _load()
+        ks = reg.kernels.get(qtype, KernelSet())
+        self.gemv, self.gemm, self.dequant = ks.gemv, ks.gemm, ks.dequant
+        # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
+        self.weight = ks.repack(blocks) if ks.repack is not None else blocks
+        row_floats = max(1, n_in)
+        self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
+
+    def __call__(self, x: F32 | Activation, out: F32 | None = None) -> F32:
+        act = x if isinstance(x, Activation) else Activation(x)
+        t = act.x.shape[0]
+        if out is None:
+            out = np.empty((t, self.n_out), np.float32)
+        if t == 1 and self.gemv is not None:
+            xq = act.bytes_for(self.qtype).reshape(-1)
+            with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
+                self.gemv(self.weight, xq, out.reshape(-1))
+        elif t <= GEMV_MAX_ROWS and self.gemm is not None:
+            xq = act.bytes_for(self.qtype)
+            with KERNEL_LOCK:
+                self.gemm(self.weight, xq, out)
+        else:
+            self._tiled(act, out)
+        return out
+
+    def dequantize_tile(self, r0: int, r1: int, scratch: F32) -> F32:
+        """Rows [r0, r1) of W as float32 in `scratch` (compiled when available, else NumPy)."""
+        tile = scratch[: r1 - r0]
+        if self.dequant is not None:
+            with KERNEL_LOCK, _one_numba_thread():
+                self.dequant(self.blocks, r0, r1, tile)
+        else:
+            tile[:] = dequantize_rows(self.blocks[r0:r1], self.qtype)
+        return tile
+
+    def _tiled(self, act: Activation, out: F32) -> None:
+        xv = act.values_for(self.qtype)
+        scratch = _scratch(self.tile_rows * self.n_in).reshape(self.tile_rows, self.n_in)
+        delta = _q8_1_sum_rounding(act.bytes_for(self.qtype)) if self.qtype in (_T.Q4_1, _T.Q5_1) else None
+        for r0 in range(0, self.n_out, self.tile_rows):
+            r1 = min(self.n_out, r0 + self.tile_rows)
+            tile = self.dequantize_tile(r0, r1, scratch)
+            np.matmul(xv, tile.T, out=out[:, r0:r1])
+            if delta is not None:
+                out[:, r0:r1] += delta @ _block_mins(self.blocks[r0:r1], TYPES[self.qtype].type_size).T
+
+
+_SCRATCH = threading.local()
+
+
+@contextmanager
+def _one_numba_thread() -> Iterator[None]:
+    """Dequantize prefill tiles on one numba thread: BLAS, which multiplies them next, keeps its threads spinning
+    between calls, and a parallel kernel interleaved with it waits for cores (measured: 3x slower prefill)."""
+    import numba  # noqa: PLC0415 - only reached when the compiled kernels are in use
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def _scratch(n: int) -> F32:
+    """A float32 buffer of at least n values, one per thread, reused by every tile (fresh pages cost page faults)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _SCRATCH.buf = np.empty(n, np.float32)
+    return buf[:n]
+
+
+def _q8_1_sum_rounding(xq: U8) -> F32:
+    """Per Q8_1 block, s - d * sum(qs): ggml's Q4_1/Q5_1 products add min * s with s rounded to fp16 (T, nb)."""
+    b = xq.reshape(xq.shape[0], -1, 36)
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    s = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+    sums = b[..., 4:].view(np.int8).sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return s - d * sums
+
+
+def _block_mins(blocks: U8, type_size: int) -> F32:
+    """The fp16 min m of every Q4_1/Q5_1 block (bytes 2..3), (rows, nb) float32."""
+    b = blocks.reshape(blocks.shape[0], -1, type_size)
+    return np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = None) -> None:
+    """Compile (or load from numba's cache) every kernel these weight types use, before the first token.
+
+    Arrays are read-only like the memory map, so the specialisations built here are the ones the model calls.
+    """
+    reg = _load()
+    if not reg.compiled:
+        return
+    todo = sorted(t for t in qtypes if t in VEC_DOT_TYPE)
+    n = 256  # one super-block: a whole number of blocks for every type
+    for i, qtype in enumerate(todo):
+        if progress is not None:
+            progress(i / max(1, len(todo)))
+        blocks = np.zeros((2, TYPES[qtype].row_bytes(n)), np.uint8)
+        blocks.flags.writeable = False
+        product = BlockProduct(qtype, blocks, n)
+        for rows in (1, 2, GEMV_MAX_ROWS + 1):
+            product(np.zeros((rows, n), np.float32))
+    if progress is not None:
+        progress(1.0)
