@@ -152,9 +152,43 @@ class FusedLinear:
 
     def __init__(self, parts: list[Linear]):
         self.parts = parts
+        self._groups: list[tuple[BlockProduct | None, list[Linear]]] = []  # ggml numerics: runs of one type
+        self._groups_key: tuple[int, ...] = ()
         self._stacked: np.ndarray | None = None
         self._views: list[np.ndarray] = []
         self.splits = np.cumsum([p.n_out for p in parts])[:-1].tolist()
+
+    def _ggml(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
+        """ggml numerics: x quantized once per vec_dot_type; consecutive parts of one repackable type in one call."""
+        key = tuple(id(p.weight.blocks) for p in self.parts)
+        if key != self._groups_key:
+            self._groups, self._groups_key = [], key
+            for p in self.parts:
+                qtype = p.weight.qtype
+                if self._groups and self._groups[-1][0] is None and self._groups[-1][1][0].weight.qtype == qtype:
+                    self._groups[-1][1].append(p)
+                else:
+                    self._groups.append((None, [p]))
+            built = []
+            for _, members in self._groups:
+                qtype = members[0].weight.qtype
+                if len(members) > 1 and BlockProduct.can_fuse(qtype):
+                    built.append((BlockProduct.fused(qtype, [m.weight.blocks for m in members], members[0].n_in), members))
+                else:
+                    built.extend((None, [m]) for m in members)
+            self._groups = built
+        act = Activation(x)  # quantized once per vec_dot_type, read by every part
+        outs: list[npt.NDArray[np.float32]] = []
+        for product, members in self._groups:
+            if product is None:
+                outs.append(members[0].product()(act))
+                continue
+            y = product(act)
+            start = 0
+            for m in members:
+                outs.append(y[:, start : start + m.n_out])
+                start += m.n_out
+        return outs
 
     def _fresh(self) -> bool:
         return self._stacked is not None and all(p._dense is v for p, v in zip(self.parts, self._views))
@@ -183,8 +217,7 @@ class FusedLinear:
     def __call__(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
         """[x @ W_i^T for each part], computed with one matrix product when the cache allows."""
         if self.parts[0].numerics == "ggml":
-            act = Activation(x)  # quantized once per vec_dot_type, read by every part
-            return [p.product()(act) for p in self.parts]
+            return self._ggml(x)
         if not self._fresh():
             self._stacked = None
             if self._build() is None:

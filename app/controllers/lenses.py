@@ -12,7 +12,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject
 
 from app.jobs.lens import ATTENTION_MAX_ROWS, LensResult
-from app.records.kv import KVInfo, backend_setting, cache_type_setting, kv_bytes_for
+from app.records.kv import KVInfo, backend_setting, cache_type_setting, kv_bytes_for, numerics_setting
 from app.state import AppState
 from app.views.lenses import LensSlot
 from app.workers.engine import Engine
@@ -85,6 +85,8 @@ class LensBridge(QObject):
         engine.set_cache_type(cache_type_setting(state.settings))
         state.settings_changed.connect(lambda s: engine.set_backend(backend_setting(s)))
         engine.set_backend(backend_setting(state.settings))
+        state.settings_changed.connect(lambda s: engine.set_numerics(numerics_setting(s)))
+        engine.set_numerics(numerics_setting(state.settings))
         engine.lens_failed.connect(lambda kind, msg: log.info("lens %s: %s", kind, msg))
         for slot in slots.values():
             slot.ready.connect(lambda _w, s=slot: self.attach(s))

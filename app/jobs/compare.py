@@ -61,15 +61,16 @@ class CompareWorkspace:
         self.b: Any = None
         self.rq: Any = None
         self.other: tuple[str, Any] | None = None
+        self.float32: Any = None  # the file with float32 numerics (B when comparing numerics)
         self.last: LastRun | None = None
         self.reference: tuple[tuple[int, ...], np.ndarray] | None = None  # (ids, A's logits) for the sweep
 
-    def load(self, path: str, warm: bool = True) -> Any:
+    def load(self, path: str, warm: bool = True, **kw: Any) -> Any:
         if self._load is None:
             from engine.model import load_model  # noqa: PLC0415
 
             self._load = load_model
-        return self._load(path, warm=warm)
+        return self._load(path, warm=warm, **kw)
 
     def use(self, path: str) -> None:
         """Work on this file from now on (models of another file are closed)."""
@@ -108,14 +109,21 @@ class CompareWorkspace:
             self.other = (path, self.load(path))
         return self.other[1]
 
+    def model_float32(self, say: Say) -> Any:
+        """The file with float32 numerics (dequantized weights, float32 activations): B against ggml's numbers."""
+        if self.float32 is None:
+            say("loading the file with float32 numerics as B", 0.0)
+            self.float32 = self.load(str(self.path), numerics="float32")
+        return self.float32
+
     def close(self) -> None:
         """Close every model this workspace loaded."""
         self.last = None
         self.reference = None
-        for m in (self.a, self.b, self.other[1] if self.other else None):
+        for m in (self.a, self.b, self.other[1] if self.other else None, self.float32):
             if m is not None:
                 m.close()
-        self.a = self.b = self.rq = self.other = None
+        self.a = self.b = self.rq = self.other = self.float32 = None
 
 
 def encode(model: Any, text: str, max_tokens: int) -> list[int]:
@@ -168,6 +176,9 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
         b = ws.model_other(opts.b_path, say)
         _check_pair(ws.model_a(say), b)
         return b, Path(opts.b_path).name, *tensor_size(b)
+    if opts.b_source == "numerics":
+        b = ws.model_float32(say)
+        return b, "file, float32 numerics", *tensor_size(b)
     a = ws.model_a(say)
     return a, "file", *tensor_size(a)
 

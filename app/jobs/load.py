@@ -50,7 +50,8 @@ def load_job(session: Session, source: str, remember: str, cancel: threading.Eve
     from engine.model import load_model  # noqa: PLC0415
 
     yield LoadProgress(f"opening {Path(source).name}", 0.0)
-    model = load_model(source, backend=session.backend, progress=lambda what, frac: emit(LoadProgress(what, frac)))
+    model = load_model(source, backend=session.backend, numerics=session.numerics,
+                       progress=lambda what, frac: emit(LoadProgress(what, frac)))
     try:
         if cancel.is_set():
             raise LensError("loading cancelled")

@@ -14,12 +14,20 @@ DEFAULT_CACHE_TYPE = "F32"
 SETTING_KEY = "cache_type"  # where the choice lives in Settings.extra
 BACKENDS = ("auto", "numpy", "cupy")  # engine.backend's choices; the model loaded next uses it
 BACKEND_KEY = "backend"  # where the backend choice lives in Settings.extra
+NUMERICS = ("ggml", "float32")  # engine.model.load_model's numerics; the model loaded next uses it
+NUMERICS_KEY = "numerics"  # where the numerics choice lives in Settings.extra
 
 
 def backend_setting(settings: Any) -> str:
     """The backend chosen in the settings, 'auto' when unset or unknown."""
     value = getattr(settings, "extra", {}).get(BACKEND_KEY, "auto") if settings is not None else "auto"
     return value if value in BACKENDS else "auto"
+
+
+def numerics_setting(settings: Any) -> str:
+    """The numerics chosen in the settings, 'ggml' (llama.cpp's numbers) when unset or unknown."""
+    value = getattr(settings, "extra", {}).get(NUMERICS_KEY, "ggml") if settings is not None else "ggml"
+    return value if value in NUMERICS else "ggml"
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,10 @@ class Engine(QObject):
 
         self.session.backend = backend if backend in BACKEND_NAMES else "auto"
 
+    def set_numerics(self, numerics: str) -> None:
+        """How the next model load computes: 'ggml' (on the blocks, as llama.cpp) or 'float32' (the reference)."""
+        self.session.numerics = numerics if numerics in ("ggml", "float32") else "ggml"
+
     def set_cache_type(self, cache_type: str) -> None:
         """The next reply uses a fresh KV cache of this type (F32, F16, Q8_0, Q4_0) if the current one differs."""
         from engine.cache import CACHE_TYPES  # noqa: PLC0415

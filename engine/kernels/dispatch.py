@@ -78,11 +78,21 @@ def _wanted() -> bool:
     return os.environ.get("GGUF_LENS_KERNELS", "auto").strip().lower() not in ("numpy", "off", "0", "none")
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def _load() -> _Registry:
     """Find the compiled kernels once: `gemv_<type>`, `gemm_<type>`, `dequantize_rows_<type>` in engine.kernels.*."""
     if _REG.loaded:
         return _REG
-    _REG.loaded = True
+    with _LOAD_LOCK:
+        if not _REG.loaded:
+            _find_kernels()
+            _REG.loaded = True
+    return _REG
+
+
+def _find_kernels() -> None:
     from engine.kernels import activations  # noqa: PLC0415 - numba-free at import
 
     _REG.quantizers = {t: getattr(activations, f"quantize_{t.name.lower()}_ref") for t in (_T.Q8_0, _T.Q8_1)}
@@ -124,7 +134,6 @@ def _load() -> _Registry:
         _REG.quantizers[_T.Q8_K] = quantize_q8_k_ref
     if not _REG.compiled:
         log.warning("CPU kernels: NumPy fallback (%s); products follow ggml's numerics, more slowly", _REG.reason)
-    return _REG
 
 
 def compiled() -> bool:
@@ -195,7 +204,7 @@ class Activation:
 class BlockProduct:
     """x @ W^T on W's ggml blocks: (T, n_in) -> (T, n_out), nothing of W kept in float."""
 
-    def __init__(self, qtype: GGMLType, blocks: U8, n_in: int):
+    def __init__(self, qtype: GGMLType, blocks: U8, n_in: int, keep_blocks: bool = True):
         if qtype not in VEC_DOT_TYPE:
             raise ValueError(f"no CPU product for {qtype.name} weights")
         self.qtype = qtype
@@ -207,6 +216,9 @@ class BlockProduct:
         self.gemv, self.gemm, self.dequant = ks.gemv, ks.gemm, ks.dequant
         # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
         self.weight = ks.repack(blocks) if ks.repack is not None else blocks
+        self.repacked = ks.repack is not None
+        if self.repacked and not keep_blocks:
+            self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
         row_floats = max(1, n_in)
         self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
 
@@ -232,10 +244,34 @@ class BlockProduct:
         tile = scratch[: r1 - r0]
         if self.dequant is not None:
             with KERNEL_LOCK, _one_numba_thread():
-                self.dequant(self.blocks, r0, r1, tile)
+                self.dequant(self.blocks if self.blocks is not None else self.weight, r0, r1, tile)
         else:
             tile[:] = dequantize_rows(self.blocks[r0:r1], self.qtype)
         return tile
+
+    def _block_mins(self, r0: int, r1: int) -> F32:
+        """The fp16 min m of every Q4_1/Q5_1 block of rows [r0, r1) (bytes 2..3 of a block), (rows, nb) float32."""
+        if self.blocks is not None:
+            b = self.blocks[r0:r1].reshape(r1 - r0, -1, TYPES[self.qtype].type_size)
+            m = np.ascontiguousarray(b[..., 2:4])
+        else:  # byte planes (ng, nb, type_size, group): the m bytes of every row, in row order
+            planes = self.weight.planes
+            ng, nb, _, group = planes.shape
+            m = np.ascontiguousarray(planes[:, :, 2:4, :].transpose(0, 3, 1, 2)).reshape(ng * group, nb, 2)[r0:r1]
+        return m.view(np.float16)[..., 0].astype(np.float32)
+
+    @classmethod
+    def fused(cls, qtype: GGMLType, parts: list[U8], n_in: int) -> BlockProduct:
+        """One product over several weights of one type stacked by rows (q/k/v, gate/up): one kernel call.
+
+        Only for types the kernels repack (the stacked copy is the repacked one; the GGUF blocks stay mapped).
+        """
+        return cls(qtype, np.concatenate(parts, axis=0), n_in, keep_blocks=False)
+
+    @staticmethod
+    def can_fuse(qtype: GGMLType) -> bool:
+        ks = _load().kernels.get(qtype)
+        return ks is not None and ks.repack is not None and ks.gemv is not None
 
     def _tiled(self, act: Activation, out: F32) -> None:
         xv = act.values_for(self.qtype)
@@ -246,7 +282,7 @@ class BlockProduct:
             tile = self.dequantize_tile(r0, r1, scratch)
             np.matmul(xv, tile.T, out=out[:, r0:r1])
             if delta is not None:
-                out[:, r0:r1] += delta @ _block_mins(self.blocks[r0:r1], TYPES[self.qtype].type_size).T
+                out[:, r0:r1] += delta @ self._block_mins(r0, r1).T
 
 
 _SCRATCH = threading.local()
@@ -281,12 +317,6 @@ def _q8_1_sum_rounding(xq: U8) -> F32:
     s = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
     sums = b[..., 4:].view(np.int8).sum(axis=-1, dtype=np.int32).astype(np.float32)
     return s - d * sums
-
-
-def _block_mins(blocks: U8, type_size: int) -> F32:
-    """The fp16 min m of every Q4_1/Q5_1 block (bytes 2..3), (rows, nb) float32."""
-    b = blocks.reshape(blocks.shape[0], -1, type_size)
-    return np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
 
 
 def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = None) -> None:

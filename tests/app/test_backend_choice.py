@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.data.store import Settings
-from app.records.kv import backend_setting
+from app.records.kv import backend_setting, numerics_setting
 from app.state import AppState
 from app.views.chat.sampling import SamplingPanel
 from tests.app.test_reliability_app import close, open_window
@@ -42,4 +42,20 @@ def test_next_load_uses_the_choice_and_auto_says_why_it_runs_on_the_cpu(qtbot: A
     assert any("running on the CPU with NumPy" in note for note in model.warnings)
     w.state.settings = dataclasses.replace(w.state.settings, extra={**w.state.settings.extra, "backend": "numpy"})
     assert w.engine.session.backend == "numpy"
+    close(w)
+
+
+def test_numerics_setting_round_trip_and_next_load(qtbot: Any, tmp_path: Path, data_dir: Path) -> None:
+    assert numerics_setting(Settings()) == "ggml"
+    assert numerics_setting(dataclasses.replace(Settings(), extra={"numerics": "float64"})) == "ggml"
+    state = AppState(Settings())
+    panel = SamplingPanel(state)
+    qtbot.addWidget(panel)
+    panel.numerics.setCurrentIndex(panel.numerics.findData("float32"))
+    assert numerics_setting(state.settings) == "float32"
+    path = make_tiny_llama(tmp_path / "m.gguf", n_ctx=128)
+    w = open_window(qtbot, path, data_dir)
+    assert w.engine.session.numerics == "ggml" and w.engine.session.model.numerics == "ggml"
+    w.state.settings = dataclasses.replace(w.state.settings, extra={**w.state.settings.extra, "numerics": "float32"})
+    assert w.engine.session.numerics == "float32"
     close(w)

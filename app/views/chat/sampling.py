@@ -9,7 +9,17 @@ from PySide6.QtWidgets import (
 )
 
 from app.data.store import OVERFLOW_POLICIES, Settings
-from app.records.kv import BACKEND_KEY, BACKENDS, CACHE_TYPES, SETTING_KEY, backend_setting, cache_type_setting
+from app.records.kv import (
+    BACKEND_KEY,
+    BACKENDS,
+    CACHE_TYPES,
+    NUMERICS,
+    NUMERICS_KEY,
+    SETTING_KEY,
+    backend_setting,
+    cache_type_setting,
+    numerics_setting,
+)
 from app.state import AppState
 
 # (field, label, kind, minimum, maximum, step, decimals, tooltip)
@@ -76,6 +86,14 @@ class SamplingPanel(QWidget):
                                 "when one answers, else NumPy on the CPU and says why in the Model lens.")
         self.backend.currentIndexChanged.connect(lambda _i: self._set_extra(BACKEND_KEY, self.backend.currentData()))
         form.addRow("Backend (next load)", self.backend)
+        self.numerics = QComboBox()
+        for name in NUMERICS:
+            self.numerics.addItem(name, name)
+        self.numerics.setToolTip("How the next loaded model computes. ggml: on the GGUF blocks with 8-bit activations, "
+                                 "as llama.cpp does (the default, and no float32 copy of the weights); float32: "
+                                 "dequantized weights and float32 activations, the textbook reference.")
+        self.numerics.currentIndexChanged.connect(lambda _i: self._set_extra(NUMERICS_KEY, self.numerics.currentData()))
+        form.addRow("Numerics (next load)", self.numerics)
         lay.addLayout(form)
         self.model_ctx = QLabel("")
         self.model_ctx.setTextFormat(Qt.TextFormat.PlainText)
@@ -106,6 +124,9 @@ class SamplingPanel(QWidget):
         self.backend.blockSignals(True)
         self.backend.setCurrentIndex(max(0, self.backend.findData(backend_setting(s))))
         self.backend.blockSignals(False)
+        self.numerics.blockSignals(True)
+        self.numerics.setCurrentIndex(max(0, self.numerics.findData(numerics_setting(s))))
+        self.numerics.blockSignals(False)
 
     def _set(self, name: str, value: object) -> None:
         current = self.state.settings or Settings()

@@ -40,7 +40,7 @@ from app.views.compare.heads import HeadPairView
 from app.views.compare.tokens import KldStrip, KldText, TopBars
 
 SOURCES = (("overrides", "the Quantization lens's overrides"), ("file", "the file (same weights)"),
-           ("gguf", "another GGUF file…"))
+           ("gguf", "another GGUF file…"), ("numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
 
 
 class CompareView(QWidget):

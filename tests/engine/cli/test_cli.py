@@ -54,6 +54,23 @@ def test_logits_from_tokens_file(tiny: Path, tmp_path: Path) -> None:
     assert a.shape == (4, 269) and a.dtype == np.float32 and np.isfinite(a).all()
 
 
+def test_logits_numerics_flag(tiny: Path, tmp_path: Path) -> None:
+    """--numerics float32 is the reference; ggml (the default) rounds activations to F32's vec_dot_type (F32 here)
+    and keeps an F16 cache, so the two differ a little; an unknown value is refused."""
+    (tmp_path / "t.json").write_text(json.dumps(list(range(5, 25))))
+    outs = {}
+    for numerics in ("ggml", "float32"):
+        r = cli("logits", str(tiny), "--tokens-file", str(tmp_path / "t.json"), "--out", str(tmp_path / f"{numerics}.npy"),
+                "--numerics", numerics)
+        assert r.returncode == 0, r.stderr
+        outs[numerics] = np.load(tmp_path / f"{numerics}.npy")
+    assert not np.array_equal(outs["ggml"], outs["float32"])
+    np.testing.assert_allclose(outs["ggml"], outs["float32"], atol=0.05)
+    bad = cli("logits", str(tiny), "--tokens-file", str(tmp_path / "t.json"), "--out", str(tmp_path / "x.npy"),
+              "--numerics", "f64")
+    assert bad.returncode == 2 and "--numerics" in bad.stderr
+
+
 def test_generate_and_perplexity_json(tiny: Path, tmp_path: Path) -> None:
     g = ok_json("generate", str(tiny), "--prompt", "the", "-n", "5", "--json")
     assert set(g) >= {"text", "tokens", "prompt_tok_s", "gen_tok_s"} and g["tokens"] == 5
@@ -65,6 +82,8 @@ def test_generate_and_perplexity_json(tiny: Path, tmp_path: Path) -> None:
 def test_bench_json(tiny: Path) -> None:
     b = ok_json("bench", str(tiny), "-p", "16", "-n", "4", "-r", "1", "--json")
     assert set(b) >= {"prompt_tok_s", "gen_tok_s", "load_s", "peak_rss_mb", "backend"} and b["backend"] == "numpy"
+    assert b["numerics"] == "ggml"
+    assert ok_json("bench", str(tiny), "-p", "16", "-n", "4", "-r", "1", "--json", "--numerics", "float32")["numerics"] == "float32"
 
 
 @pytest.mark.parametrize(

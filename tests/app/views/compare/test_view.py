@@ -218,5 +218,11 @@ def test_real_smollm2_q4_0_against_the_file_and_q8_0_cache() -> None:
         cache = dataclasses.replace(opts, b_source="file", b_cache="Q8_0")
         rec8 = list(compare_job(ws, str(path), cache, None, threading.Event(), lambda _: None))[-2]
         assert 0 < rec8.stats.kld_mean < rec.stats.kld_mean and rec8.stats.same_top_pct > 90
+        numerics = dataclasses.replace(opts, b_source="numerics")
+        recn = list(compare_job(ws, str(path), numerics, None, threading.Event(), lambda _: None))[-2]
+        # the same weights in float32 numerics: what ggml's 8-bit activations change, small beside Q4_0's requantization
+        assert recn.b_label == "file, float32 numerics" and ws.float32.numerics == "float32" and ws.a.numerics == "ggml"
+        assert 0 < recn.stats.kld_mean < rec.stats.kld_mean and recn.stats.same_top_pct > 85
+        assert len(recn.rel_l2) == 30 and max(recn.rel_l2) > 0
     finally:
         ws.close()
