@@ -88,6 +88,14 @@ class KVCache:
         self.v[layer][:, start:end] = self._encode(v)
         return self.keys(layer, end), self.values(layer, end)
 
+    def rows(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The layer's K and V storage (n_kv_heads, capacity, head_dim) as float32 or fp16 bits (uint16), for the
+        compiled decode step to write and read in place; None for quantized rows."""
+        if self._quantized:
+            return None
+        k, v = self.k[layer], self.v[layer]
+        return (k.view(np.uint16), v.view(np.uint16)) if k.dtype == np.float16 else (k, v)
+
     def keys(self, layer: int, n: int | None = None) -> np.ndarray:
         """Keys of positions [0, n) as float32 (n_kv_heads, n, head_dim); default: the committed ones."""
         return self._decode(self.k[layer][:, : self.length if n is None else n])

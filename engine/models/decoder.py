@@ -12,6 +12,7 @@ from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
 from engine.kernels.dispatch import activation_values, quantize_activation, warm_up
+from engine.models import decode
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, attention, causal_mask
 from engine.quant.types import GGMLType
@@ -214,6 +215,24 @@ class DecoderModel:
             masks[window] = causal_mask(pos, n_keys, window)
         out, _ = attention(q, keys, values, masks[window], scale, round_w)
         return out
+
+    def decode_attention(
+        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray,
+        sin: np.ndarray, q_scale: float, scale: float, window: int | None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """One token's RoPE, cache write and attention in one compiled call (engine/models/decode.py).
+
+        q (Hq, d), k/v (Hkv, d) before RoPE; returns (rotated q (Hq, 1, d), output (Hq, 1, d)), or None where the
+        NumPy path must run (no numba, quantized cache rows).
+        """
+        rows = cache.rows(layer) if decode.available() else None
+        if rows is None:
+            return None
+        round_q, round_w = self._rounding
+        self.attention_path = "plain"
+        q_rot, out = decode.attend_one(q, k, v, rows[0], rows[1], pos, cos, sin, self.rope_mode == "neox", q_scale,
+                                       scale, window, round_q is not None, round_w is not None)
+        return q_rot[:, None, :], out[:, None, :]
 
     def linears(self) -> dict[str, Linear]:
         """Every quantized matrix by tensor name (for the Quantization lens and requantizing): each layer's, then the output."""

@@ -115,16 +115,21 @@ class Gemma3(DecoderModel):
             cos, sin = rope["local" if a.is_local(i) else "global"]
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
             q, k, v = layer.qkv(h)
-            q = q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
-            k = k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            q = apply_rope(rms_norm(q, layer.q_norm, a.norm_eps), cos, sin, self.rope_mode)
-            k = apply_rope(rms_norm(k, layer.k_norm, a.norm_eps), cos, sin, self.rope_mode)
-            keys, values = cache.write(i, start, k, v)
+            q = rms_norm(q.reshape(t, a.n_heads, a.head_dim), layer.q_norm, a.norm_eps)  # (T, Hq, d)
+            k = rms_norm(k.reshape(t, a.n_kv_heads, a.head_dim), layer.k_norm, a.norm_eps)  # (T, Hkv, d)
+            v = v.reshape(t, a.n_kv_heads, a.head_dim)
+            # the query is scaled (ggml_scale by f_attention_scale) after RoPE, then attention runs with scale 1
+            fast = None if t > 1 else self.decode_attention(
+                i, q[0], k[0], v[0], cache, start, cos[0], sin[0], spec.scale, 1.0, spec.window)
+            if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
+                q, o = fast
+            else:
+                q = apply_rope(q.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hq, T, d)
+                k = apply_rope(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
+                keys, values = cache.write(i, start, k, v.transpose(1, 0, 2))
+                o = self.attend(q * np.float32(spec.scale), keys, values, pos, 1.0, spec.window, masks)
             if recorder is not None:
                 recorder.record_q(i, start, q, spec)
-            # the query is scaled first (ggml_scale by f_attention_scale), then attention runs with scale 1
-            o = self.attend(q * np.float32(spec.scale), keys, values, pos, 1.0, spec.window, masks)
             o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
             x = x + rms_norm(o, layer.post_attn_norm, a.norm_eps)
             h = rms_norm(x, layer.ffn_norm, a.norm_eps)

@@ -151,8 +151,7 @@ def kq(q: F32, keys: np.ndarray, n_kv: int | None = None) -> F32:
     out = np.empty((hq, t, n_kv), np.float32)
     for h in range(hkv):
         cols = q[h * g : (h + 1) * g].reshape(g * t, d)
-        out[h * g : (h + 1) * g] = _product(k[h], cols, tinyblas).reshape(g, t, n_kv) if tinyblas else \
-            _product(k[h], cols, False).reshape(g, t, n_kv)
+        out[h * g : (h + 1) * g] = _product(k[h], cols, tinyblas).reshape(g, t, n_kv)
     return out
 
 

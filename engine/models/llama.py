@@ -67,15 +67,19 @@ class Llama(DecoderModel):
             layer = self.layers[i]
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
             q, k, v = layer.qkv(h)
-            q = q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2)  # (Hq, T, d)
-            k = k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-            q = apply_rope(q, cos, sin, self.rope_mode)
-            k = apply_rope(k, cos, sin, self.rope_mode)
-            keys, values = cache.write(i, start, k, v)
+            fast = None if t > 1 else self.decode_attention(
+                i, q.reshape(a.n_heads, a.head_dim), k.reshape(a.n_kv_heads, a.head_dim),
+                v.reshape(a.n_kv_heads, a.head_dim), cache, start, cos[0], sin[0], 1.0, self.spec.scale, None)
+            if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
+                q, o = fast
+            else:
+                q = apply_rope(q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2), cos, sin, self.rope_mode)
+                k = apply_rope(k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2), cos, sin, self.rope_mode)
+                v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
+                keys, values = cache.write(i, start, k, v)
+                o = self.attend(q, keys, values, pos, self.spec.scale, None, masks)  # (Hq, T, d)
             if recorder is not None:
                 recorder.record_q(i, start, q, self.spec)
-            o = self.attend(q, keys, values, pos, self.spec.scale, None, masks)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
             h = rms_norm(x, layer.ffn_norm, a.norm_eps)
             gate, up = layer.gate_up(h)
