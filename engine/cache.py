@@ -83,10 +83,15 @@ class KVCache:
 
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store k, v (n_kv_heads, T, head_dim) at [start, start+T); return all keys/values up to start+T as float32."""
+        end = self.put(layer, start, k, v)
+        return self.keys(layer, end), self.values(layer, end)
+
+    def put(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Store k, v (n_kv_heads, T, head_dim) at [start, start+T) in the cache's type; returns start + T."""
         end = start + k.shape[1]
         self.k[layer][:, start:end] = self._encode(k)
         self.v[layer][:, start:end] = self._encode(v)
-        return self.keys(layer, end), self.values(layer, end)
+        return end
 
     def rows(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The layer's K and V storage (n_kv_heads, capacity, head_dim) as float32 or fp16 bits (uint16), for the
@@ -95,6 +100,12 @@ class KVCache:
             return None
         k, v = self.k[layer], self.v[layer]
         return (k.view(np.uint16), v.view(np.uint16)) if k.dtype == np.float16 else (k, v)
+
+    def stored(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Keys and values of positions [0, n) in their stored dtype (float16 or float32), None for quantized rows."""
+        if self._quantized:
+            return None
+        return self.k[layer][:, :n], self.v[layer][:, :n]
 
     def keys(self, layer: int, n: int | None = None) -> np.ndarray:
         """Keys of positions [0, n) as float32 (n_kv_heads, n, head_dim); default: the committed ones."""

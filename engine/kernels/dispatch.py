@@ -4,13 +4,11 @@
 memory map). As ggml-cpu does before every product, x is first quantized to the weight type's vec_dot_type
 (Q8_0, Q8_1, Q8_K, F16, ...). Then:
 
-- a few rows (decode, short prompts): the compiled integer block dot products (gemv / gemm kernels);
-- many rows (prefill): the quantized activation's values against tiles of W dequantized into a scratch
-  buffer and multiplied by BLAS. Both operands hold exactly the values ggml multiplies, so the result
-  differs from the integer kernels only in the order of float additions; no tile outlives the call.
-
-Without numba (or with GGUF_LENS_KERNELS=numpy) every product takes the tile path with NumPy's
-dequantizers and the NumPy twins of the activation quantizers: the same numbers, slower.
+- with the compiled kernels: the integer block dot products (gemv for one row, gemm for up to GEMV_MAX_ROWS
+  rows a call), bit for bit ggml's vec_dot, for any number of rows (a prompt too, as llama.cpp's CPU backend);
+- without numba (or with GGUF_LENS_KERNELS=numpy): the quantized activation's values against tiles of W
+  dequantized into a scratch buffer and multiplied by BLAS. Both operands hold exactly the values ggml
+  multiplies, so only the order of float additions differs; no tile outlives the call.
 """
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ Gemv = Callable[[U8, U8, F32], None]
 DequantRows = Callable[[U8, int, int, F32], None]
 
 NUMERICS = ("ggml", "float32")
-GEMV_MAX_ROWS = 16  # up to this many activation rows use the integer kernels; more take the tile + BLAS path
+GEMV_MAX_ROWS = 16  # activation rows per gemm call (the k-quant gemm decodes each weight block once for them)
 TILE_BYTES = 8 << 20  # float32 bytes of one dequantized weight tile in the prefill path
 
 _T = GGMLType
@@ -231,10 +229,12 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
-        elif t <= GEMV_MAX_ROWS and self.gemm is not None:
+        elif self.gemm is not None:  # every row through ggml's own dot products, GEMV_MAX_ROWS rows a call
             xq = act.bytes_for(self.qtype)
-            with KERNEL_LOCK:
-                self.gemm(self.weight, xq, out)
+            for r0 in range(0, t, GEMV_MAX_ROWS):
+                r1 = min(t, r0 + GEMV_MAX_ROWS)
+                with KERNEL_LOCK:
+                    self.gemm(self.weight, xq[r0:r1], out[r0:r1])
         else:
             self._tiled(act, out)
         return out

@@ -12,9 +12,10 @@ from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
 from engine.kernels.dispatch import activation_values, quantize_activation, warm_up
-from engine.models import decode
+from engine.models import decode, ggml_attention, ggml_ops
 from engine.models.attention_tiled import attention_tiled
-from engine.models.base import BaseArgs, attention, causal_mask
+from engine.models.base import BaseArgs, attention, causal_mask, rms_norm
+from engine.models.rope import apply_rope, rope_angles
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, FusedLinear, Linear, QTensor
 
@@ -196,10 +197,24 @@ class DecoderModel:
         raise NotImplementedError
 
     def attend(
-        self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, pos: np.ndarray, scale: float,
+        self, q: np.ndarray, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float,
         window: int | None, masks: dict,
     ) -> np.ndarray:
-        """Attention for one layer: the plain path for short contexts and single tokens, tiled for long prefills."""
+        """Attention of one layer's queries q (Hq, T, d) over the cache's keys [0, end) (written already).
+
+        ggml numerics with an F32/F16 cache: llama.cpp's own products, softmax and padding (ggml_attention, bit for
+        bit). Otherwise: the plain path for short contexts and single tokens, tiled for long prefills, with the
+        rounding ggml applies for the cache type where the numerics ask for it.
+        """
+        stored = cache.stored(layer, end) if self.numerics == "ggml" else None
+        if stored is not None:
+            self.attention_path = "plain"
+            if window not in masks:
+                masks[window] = causal_mask(pos, end, window)
+            out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale,
+                                              n_kv=ggml_attention.kv_length(end, cache.n_ctx))
+            return out
+        keys, values = cache.keys(layer, end), cache.values(layer, end)
         n_keys = keys.shape[1]
         round_q, round_w = self._rounding
         if round_q is not None:
@@ -216,6 +231,26 @@ class DecoderModel:
         out, _ = attention(q, keys, values, masks[window], scale, round_w)
         return out
 
+    # ---- the elementwise maths, as ggml computes it (ggml numerics) or the textbook way (float32)
+
+    def norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """RMSNorm over the last axis times the weight."""
+        if self.numerics == "ggml":
+            return ggml_ops.rms_norm(x, weight, self.args.norm_eps)
+        return rms_norm(x, weight, self.args.norm_eps)
+
+    def rope_tables(self, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin (T, rope_dim/2) of the positions: ggml's theta recurrence and libm, or exact float64 angles."""
+        if self.numerics == "ggml":
+            return ggml_ops.rope_cache(pos, self.args.rope_dim, base)
+        return rope_angles(pos, freqs)
+
+    def rotate(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """RoPE on x (H, T, d) in the architecture's mode."""
+        if self.numerics == "ggml":
+            return ggml_ops.rope(x, cos, sin, self.rope_mode)
+        return apply_rope(x, cos, sin, self.rope_mode)
+
     def decode_attention(
         self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray,
         sin: np.ndarray, q_scale: float, scale: float, window: int | None,
@@ -225,7 +260,7 @@ class DecoderModel:
         q (Hq, d), k/v (Hkv, d) before RoPE; returns (rotated q (Hq, 1, d), output (Hq, 1, d)), or None where the
         NumPy path must run (no numba, quantized cache rows).
         """
-        rows = cache.rows(layer) if decode.available() else None
+        rows = cache.rows(layer) if decode.available() and self.numerics != "ggml" else None
         if rows is None:
             return None
         round_q, round_w = self._rounding

@@ -9,10 +9,11 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh, rms_norm
+from engine.models import ggml_ops
+from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh
 from engine.models.decoder import Block, DecoderModel, Weights
 from engine.models.registry import register
-from engine.models.rope import apply_rope, rope_angles, rope_freqs
+from engine.models.rope import rope_freqs
 
 if TYPE_CHECKING:  # the recorder is passed in; models never build one
     from engine.observe.recorder import Recorder
@@ -105,18 +106,18 @@ class Gemma3(DecoderModel):
         t = x.shape[0]
         pos = np.arange(start, start + t)
         rope = {
-            "global": rope_angles(pos, self.freqs_global),
-            "local": rope_angles(pos, self.freqs_local),
+            "global": self.rope_tables(pos, a.rope_base, self.freqs_global),
+            "local": self.rope_tables(pos, a.rope_base_local, self.freqs_local),
         }
         masks: dict = {}
         for i in which:
             layer = self.layers[i]
             spec = self.specs[i]
             cos, sin = rope["local" if a.is_local(i) else "global"]
-            h = rms_norm(x, layer.attn_norm, a.norm_eps)
+            h = self.norm(x, layer.attn_norm)
             q, k, v = layer.qkv(h)
-            q = rms_norm(q.reshape(t, a.n_heads, a.head_dim), layer.q_norm, a.norm_eps)  # (T, Hq, d)
-            k = rms_norm(k.reshape(t, a.n_kv_heads, a.head_dim), layer.k_norm, a.norm_eps)  # (T, Hkv, d)
+            q = self.norm(q.reshape(t, a.n_heads, a.head_dim), layer.q_norm)  # (T, Hq, d)
+            k = self.norm(k.reshape(t, a.n_kv_heads, a.head_dim), layer.k_norm)  # (T, Hkv, d)
             v = v.reshape(t, a.n_kv_heads, a.head_dim)
             # the query is scaled (ggml_scale by f_attention_scale) after RoPE, then attention runs with scale 1
             fast = None if t > 1 else self.decode_attention(
@@ -124,22 +125,22 @@ class Gemma3(DecoderModel):
             if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
                 q, o = fast
             else:
-                q = apply_rope(q.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hq, T, d)
-                k = apply_rope(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
-                keys, values = cache.write(i, start, k, v.transpose(1, 0, 2))
-                o = self.attend(q * np.float32(spec.scale), keys, values, pos, 1.0, spec.window, masks)
+                q = self.rotate(q.transpose(1, 0, 2), cos, sin)  # (Hq, T, d)
+                k = self.rotate(k.transpose(1, 0, 2), cos, sin)  # (Hkv, T, d)
+                cache.put(i, start, k, v.transpose(1, 0, 2))
+                o = self.attend(q * np.float32(spec.scale), cache, i, start + t, pos, 1.0, spec.window, masks)
             if recorder is not None:
                 recorder.record_q(i, start, q, spec)
             o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
-            x = x + rms_norm(o, layer.post_attn_norm, a.norm_eps)
-            h = rms_norm(x, layer.ffn_norm, a.norm_eps)
+            x = x + self.norm(o, layer.post_attn_norm)
+            h = self.norm(x, layer.ffn_norm)
             gate, up = layer.gate_up(h)
-            f = layer.w_down(gelu_tanh(gate) * up)
-            x = x + rms_norm(f, layer.post_ffn_norm, a.norm_eps)
+            f = layer.w_down(ggml_ops.geglu(gate, up) if self.numerics == "ggml" else gelu_tanh(gate) * up)
+            x = x + self.norm(f, layer.post_ffn_norm)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         return x
 
     def head(self, x: npt.NDArray[np.float32], all_logits: bool) -> npt.NDArray[np.float32]:
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.args.norm_eps)
+        x = self.norm(x if all_logits else x[-1:], self.out_norm)
         return self.output(x)

@@ -20,7 +20,14 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK, fma32, njit, prange, quantize_f16
+from engine.kernels.activations import (
+    HAVE_NUMBA,
+    KERNEL_LOCK,
+    fma32,
+    njit,
+    prange,
+    quantize_f16,
+)
 from engine.kernels.legacy import gemm_f16, gemm_f32
 from engine.models.ggml_math import fma32 as fma32_np
 from engine.models.ggml_ops import soft_max
@@ -43,28 +50,28 @@ def kv_length(n_used: int, kv_size: int | None = None) -> int:
 # ---- tinyBLAS order
 
 
-@njit(cache=True, forceinline=True)
-def _reduce16(a):
-    """_mm512_reduce_add_ps (GCC's order) of a[0:16]."""
-    t0, t1, t2, t3 = a[0] + a[8], a[1] + a[9], a[2] + a[10], a[3] + a[11]
-    t4, t5, t6, t7 = a[4] + a[12], a[5] + a[13], a[6] + a[14], a[7] + a[15]
-    u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
-    return (u0 + u2) + (u1 + u3)
-
-
 @njit(cache=True, parallel=True)
-def _lanes16(w, y, out):
-    """out (m, r) = tinyBLAS dot of rows w (r, k) with rows y (m, k), k a multiple of 16 (float32 values)."""
+def _lanes16(w, yt, out):
+    """out (m, r) = tinyBLAS dot of rows w (r, k) with the columns of yt (k, m), k a multiple of 16.
+
+    The columns are the innermost loop (contiguous in yt), so LLVM vectorises across outputs while each
+    output keeps its own 16 lanes and its own order."""
     r_rows, k = w.shape
-    m = y.shape[0]
+    m = yt.shape[1]
     for r in prange(r_rows):
-        acc = np.empty(LANES, np.float32)
+        acc = np.zeros((LANES, m), np.float32)
+        for c in range(0, k, LANES):
+            for lane in range(LANES):
+                wv = w[r, c + lane]
+                for i in range(m):
+                    acc[lane, i] = fma32(wv, yt[c + lane, i], acc[lane, i])
         for i in range(m):
-            acc[:] = 0.0
-            for c in range(0, k, LANES):
-                for lane in range(LANES):
-                    acc[lane] = fma32(w[r, c + lane], y[i, c + lane], acc[lane])
-            out[i, r] = _reduce16(acc)
+            t0, t1 = acc[0, i] + acc[8, i], acc[1, i] + acc[9, i]
+            t2, t3 = acc[2, i] + acc[10, i], acc[3, i] + acc[11, i]
+            t4, t5 = acc[4, i] + acc[12, i], acc[5, i] + acc[13, i]
+            t6, t7 = acc[6, i] + acc[14, i], acc[7, i] + acc[15, i]
+            u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
+            out[i, r] = (u0 + u2) + (u1 + u3)
 
 
 def _reduce16_np(v: F32) -> F32:
@@ -84,7 +91,7 @@ def lanes16_dot(w: F32, y: F32) -> F32:
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
     if HAVE_NUMBA:
         with KERNEL_LOCK:
-            _lanes16(w, y, out)
+            _lanes16(w, np.ascontiguousarray(y.T), out)
         return out
     acc = np.zeros((y.shape[0], w.shape[0], LANES), np.float32)
     for c in range(0, w.shape[1], LANES):

@@ -6,7 +6,9 @@ ggml-cpu function named in its docstring operation by operation: the same float3
 summation order, the same fused multiply-adds (ggml's intrinsics, and those GCC's default
 -ffp-contract=fast makes of `a*b + c` in ggml's C sources, checked against llama.cpp's tensors), the same
 elementary functions (engine.models.ggml_math). Every op takes and returns float32 arrays, works on the
-last axis (rows are independent) and is plain NumPy: nothing here needs a compiled kernel.
+last axis (rows are independent) and is plain NumPy; softmax and SiLU, the two loops that are slow in
+NumPy, run their compiled twins (engine.models.ggml_kernels, the same bits) when the compiled kernels are
+in use.
 
 The attention products are in engine.models.ggml_attention.
 """
@@ -18,6 +20,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
 from engine.models.ggml_math import cosf, fma32, sinf, v_expf
 from engine.models.ggml_math import expf as libm_expf
 
@@ -29,6 +32,19 @@ __all__ = ["add", "geglu", "gelu_table", "rms_norm", "rope", "rope_cache", "scal
 
 def _f32(x: npt.ArrayLike) -> F32:
     return np.asarray(x, dtype=np.float32)
+
+
+def _compiled() -> bool:
+    """Whether to run ggml_kernels' compiled loops (numba present and the kernels not switched off)."""
+    if not HAVE_NUMBA:
+        return False
+    from engine.kernels.dispatch import compiled  # noqa: PLC0415 - loads the kernel modules once
+
+    return compiled()
+
+
+def _rows(a: F32) -> F32:
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
 
 
 # ---- norms
@@ -86,8 +102,18 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     g, u = _f32(gate), _f32(up)
     n = g.shape[-1]
     body = n - n % CHUNK
-    out = np.empty(np.broadcast_shapes(g.shape, u.shape), np.float32)
-    out[..., :body] = silu(g[..., :body]) * u[..., :body]
+    shape = np.broadcast_shapes(g.shape, u.shape)
+    out = np.empty(shape, np.float32)
+    if _compiled() and body:
+        from engine.models.ggml_kernels import swiglu_chunks  # noqa: PLC0415
+
+        g2, u2 = _rows(np.broadcast_to(g, shape)), _rows(np.broadcast_to(u, shape))
+        o2 = np.empty(g2.shape, np.float32)
+        with KERNEL_LOCK:
+            swiglu_chunks(g2, u2, o2, body)
+        out[..., :body] = o2.reshape(shape)[..., :body]
+    else:
+        out[..., :body] = silu(g[..., :body]) * u[..., :body]
     if body < n:
         out[..., body:] = _silu_libm(g[..., body:]) * u[..., body:]
     return out
@@ -160,9 +186,20 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
         mx = np.max(w, axis=-1, keepdims=True)
         d = w - mx
         e = np.empty(w.shape, np.float32)
-        e[..., :body] = v_expf(d[..., :body])
-        chunks = _reduce16(e[..., :body].reshape(*w.shape[:-1], body // CHUNK, CHUNK)).astype(np.float64)
-        total = np.cumsum(chunks, axis=-1)[..., -1] if body else np.zeros(w.shape[:-1])
+        if _compiled() and body:
+            from engine.models.ggml_kernels import soft_max_chunks  # noqa: PLC0415
+
+            d2 = _rows(d)
+            e2 = np.empty(d2.shape, np.float32)
+            sums = np.empty(d2.shape[0], np.float64)
+            with KERNEL_LOCK:
+                soft_max_chunks(d2, e2, sums, body)
+            e = e2.reshape(w.shape)
+            total = sums.reshape(w.shape[:-1])
+        else:
+            e[..., :body] = v_expf(d[..., :body])
+            chunks = _reduce16(e[..., :body].reshape(*w.shape[:-1], body // CHUNK, CHUNK)).astype(np.float64)
+            total = np.cumsum(chunks, axis=-1)[..., -1] if body else np.zeros(w.shape[:-1])
         if body < n:
             e[..., body:] = libm_expf(d[..., body:])
             tail = np.concatenate([total[..., None], e[..., body:].astype(np.float64)], axis=-1)

@@ -9,10 +9,11 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, rms_norm, silu
+from engine.models import ggml_ops
+from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, silu
 from engine.models.decoder import Block, DecoderModel, Weights
 from engine.models.registry import register
-from engine.models.rope import apply_rope, rope_angles, rope_freqs
+from engine.models.rope import rope_freqs
 
 if TYPE_CHECKING:  # the recorder is passed in; models never build one
     from engine.observe.recorder import Recorder
@@ -61,11 +62,11 @@ class Llama(DecoderModel):
         a = self.args
         t = x.shape[0]
         pos = np.arange(start, start + t)
-        cos, sin = rope_angles(pos, self.freqs)
+        cos, sin = self.rope_tables(pos, a.rope_base, self.freqs)
         masks: dict = {}
         for i in which:
             layer = self.layers[i]
-            h = rms_norm(x, layer.attn_norm, a.norm_eps)
+            h = self.norm(x, layer.attn_norm)
             q, k, v = layer.qkv(h)
             fast = None if t > 1 else self.decode_attention(
                 i, q.reshape(a.n_heads, a.head_dim), k.reshape(a.n_kv_heads, a.head_dim),
@@ -73,21 +74,21 @@ class Llama(DecoderModel):
             if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
                 q, o = fast
             else:
-                q = apply_rope(q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2), cos, sin, self.rope_mode)
-                k = apply_rope(k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2), cos, sin, self.rope_mode)
+                q = self.rotate(q.reshape(t, a.n_heads, a.head_dim).transpose(1, 0, 2), cos, sin)  # (Hq, T, d)
+                k = self.rotate(k.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2), cos, sin)
                 v = v.reshape(t, a.n_kv_heads, a.head_dim).transpose(1, 0, 2)  # (Hkv, T, d)
-                keys, values = cache.write(i, start, k, v)
-                o = self.attend(q, keys, values, pos, self.spec.scale, None, masks)  # (Hq, T, d)
+                cache.put(i, start, k, v)
+                o = self.attend(q, cache, i, start + t, pos, self.spec.scale, None, masks)  # (Hq, T, d)
             if recorder is not None:
                 recorder.record_q(i, start, q, self.spec)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
-            h = rms_norm(x, layer.ffn_norm, a.norm_eps)
+            h = self.norm(x, layer.ffn_norm)
             gate, up = layer.gate_up(h)
-            x = x + layer.w_down(silu(gate) * up)
+            x = x + layer.w_down(ggml_ops.swiglu(gate, up) if self.numerics == "ggml" else silu(gate) * up)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         return x
 
     def head(self, x: npt.NDArray[np.float32], all_logits: bool) -> npt.NDArray[np.float32]:
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.args.norm_eps)
+        x = self.norm(x if all_logits else x[-1:], self.out_norm)
         return self.output(x)

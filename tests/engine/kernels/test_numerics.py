@@ -116,14 +116,16 @@ def test_requantized_blocks_reach_the_kernels_at_once(tiny_q: Path) -> None:
         model.close()
 
 
-def test_numpy_fallback_gives_the_same_prefill(tiny_q: Path) -> None:
-    """GGUF_LENS_KERNELS=numpy: no compiled kernel, one warning, the same numbers for a prefill."""
+def test_numpy_fallback_stays_close_to_the_kernels(tiny_q: Path) -> None:
+    """GGUF_LENS_KERNELS=numpy: no compiled product, one warning; ggml's values, summed in BLAS's order instead of
+    vec_dot's (so an 8-bit rounding can flip), nearer the kernels than float32 numerics are."""
     ids = list(range(7, 40))
-    model = load_model(tiny_q)
+    model, reference = load_model(tiny_q), load_model(tiny_q, numerics="float32")
     try:
-        ours = _logits(model, ids)
+        ours, f32 = _logits(model, ids), _logits(reference, ids)
     finally:
         model.close()
+        reference.close()
     code = (
         "import json, sys, numpy as np\n"
         "from engine.model import load_model\nfrom engine.generate import prefill\nfrom engine.kernels import dispatch\n"
@@ -142,6 +144,8 @@ def test_numpy_fallback_gives_the_same_prefill(tiny_q: Path) -> None:
         info = json.loads(r.stdout.strip().splitlines()[-1])
         assert info == {"compiled": False, "note": "NumPy fallback (GGUF_LENS_KERNELS=numpy)"}
         assert r.stderr.count("NumPy fallback") == 1
-        np.testing.assert_allclose(np.load(out), ours, rtol=1e-4, atol=1e-4)
+        fallback = np.load(out)
+        assert np.abs(fallback - ours).mean() < np.abs(f32 - ours).mean()
+        assert (fallback.argmax(-1) == ours.argmax(-1)).mean() >= 0.9
     finally:
         out.unlink(missing_ok=True)

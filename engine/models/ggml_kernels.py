@@ -1,0 +1,74 @@
+"""Compiled twins of the two hot loops of engine.models.ggml_ops: ggml_v_expf in softmax and in SiLU.
+
+The NumPy versions in ggml_ops / ggml_math are the reference and make the same bits; they emulate each
+float32 fused multiply-add in float64 (exact but some 50 ns per element), which for a 512-token prefill
+is a second per layer in softmax alone. These run the same operations with the hardware's fma
+(llvm.fma, `engine.kernels.activations.fma32`) and the scalef step as an exact ldexp in double.
+Used when the compiled kernels are (engine.kernels.dispatch.compiled()); tests hold both to the taps.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.kernels.activations import fma32, njit, prange
+
+_R = np.float32(float.fromhex("0x1.8p23"))
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_P0 = np.float32(float.fromhex("0x1.0e4020p-7"))
+_P1 = np.float32(float.fromhex("0x1.573e2ep-5"))
+_P2 = np.float32(float.fromhex("0x1.555e66p-3"))
+_P3 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+_P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
+_INF = np.float32(np.inf)
+
+
+@njit(cache=True, forceinline=True)
+def v_expf1(x):
+    """One lane of ggml_v_expf (AVX-512): see engine.models.ggml_math.v_expf."""
+    z = fma32(x, _LOG2E, _R)
+    n = z - _R
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_P0, b, _P1), u, fma32(_P2, b, _P3)), u, fma32(_P4, b, _ONE))
+    if abs(n) > 192:
+        return _ZERO if n <= 0 else _INF
+    if math.isnan(n):  # NaN in, NaN out
+        return j
+    return np.float32(math.ldexp(np.float64(j), int(n)))
+
+
+@njit(cache=True, forceinline=True)
+def reduce16(a, o):
+    """_mm512_reduce_add_ps of a[o:o + 16] in GCC's order: halves added, 8 -> 4 -> 2 -> 1."""
+    t0, t1, t2, t3 = a[o] + a[o + 8], a[o + 1] + a[o + 9], a[o + 2] + a[o + 10], a[o + 3] + a[o + 11]
+    t4, t5, t6, t7 = a[o + 4] + a[o + 12], a[o + 5] + a[o + 13], a[o + 6] + a[o + 14], a[o + 7] + a[o + 15]
+    u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
+    return (u0 + u2) + (u1 + u3)
+
+
+@njit(cache=True, parallel=True)
+def soft_max_chunks(d, e, sums, body):
+    """e[:, :body] = v_expf(d[:, :body]); sums[r] = the double sum of each 16-float chunk's
+    _mm512_reduce_add_ps, chunk after chunk (ggml_vec_soft_max_f32 without its scalar tail)."""
+    for r in prange(d.shape[0]):
+        total = 0.0
+        for c in range(0, body, 16):
+            for k in range(16):
+                e[r, c + k] = v_expf1(d[r, c + k])
+            total += np.float64(reduce16(e[r], c))
+        sums[r] = total
+
+
+@njit(cache=True, parallel=True)
+def swiglu_chunks(g, u, out, body):
+    """out[:, :body] = x / (1 + v_expf(0 - x)) * up: ggml_v_silu then the multiply, lane by lane."""
+    for r in prange(g.shape[0]):
+        for i in range(body):
+            x = g[r, i]
+            out[r, i] = (x / (_ONE + v_expf1(_ZERO - x))) * u[r, i]
