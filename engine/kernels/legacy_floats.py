@@ -150,6 +150,29 @@ def dot_f16(w, yq, out):
                 out[i, r] = _dot_f16_row(w[r], y[i], acc)
 
 
+@njit(cache=True)
+def dot_f32_serial(w, y, out):
+    """dot_f32 on the calling thread: for the small products of attention, where starting threads costs more."""
+    acc = np.empty(STEP, np.float32)
+    for r in range(w.shape[0]):
+        for i in range(y.shape[0]):
+            out[i, r] = _dot_f32_row(w[r], y[i], acc)
+
+
+@njit(cache=True)
+def dot_f16_serial(w, yq, out):
+    """dot_f16 on the calling thread (see dot_f32_serial)."""
+    m, n = yq.shape
+    y = np.empty((m, n), np.float32)
+    for i in range(m):
+        for e in range(n):
+            y[i, e] = f16_to_f32(yq[i, e])
+    acc = np.empty(STEP, np.float32)
+    for r in range(w.shape[0]):
+        for i in range(m):
+            out[i, r] = _dot_f16_row(w[r], y[i], acc)
+
+
 @njit(cache=True, parallel=True)
 def dot_bf16(w, yq, out):
     """out (m, n_rows) = ggml_vec_dot_bf16 of bf16 rows w (n_rows, n) with bf16 activations yq (m, n), uint16 bits."""

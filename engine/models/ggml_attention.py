@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import legacy_floats
 from engine.kernels.activations import (
     HAVE_NUMBA,
     KERNEL_LOCK,
@@ -100,9 +101,20 @@ def lanes16_dot(w: F32, y: F32) -> F32:
     return out
 
 
+SERIAL_MACS = 1 << 20  # below this many multiply-adds a product runs on the calling thread (no thread start-up)
+
+
 def _vec_dot(w: np.ndarray, y: F32) -> F32:
     """(m, r): ggml_vec_dot_f32 (w float32) or ggml_vec_dot_f16 (w float16, y rounded to fp16) of rows."""
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
+    if HAVE_NUMBA and w.size * y.shape[0] < SERIAL_MACS:
+        if w.dtype == np.float16:
+            legacy_floats.dot_f16_serial(np.ascontiguousarray(w).view(np.uint16),
+                                         quantize_f16(np.ascontiguousarray(y, np.float32)).view(np.uint16)
+                                         .reshape(y.shape[0], -1), out)
+        else:
+            legacy_floats.dot_f32_serial(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(y, np.float32), out)
+        return out
     if w.dtype == np.float16:
         xq = quantize_f16(np.ascontiguousarray(y, np.float32))
         wb = np.ascontiguousarray(w).view(np.uint8)

@@ -72,3 +72,9 @@ def swiglu_chunks(g, u, out, body):
         for i in range(body):
             x = g[r, i]
             out[r, i] = (x / (_ONE + v_expf1(_ZERO - x))) * u[r, i]
+
+
+# the same loops on the calling thread, for the few rows of a decode step (thread start-up costs more than the work)
+soft_max_chunks_serial = njit(cache=True)(soft_max_chunks.py_func)
+swiglu_chunks_serial = njit(cache=True)(swiglu_chunks.py_func)
+SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially

@@ -105,12 +105,13 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     shape = np.broadcast_shapes(g.shape, u.shape)
     out = np.empty(shape, np.float32)
     if _compiled() and body:
-        from engine.models.ggml_kernels import swiglu_chunks  # noqa: PLC0415
+        from engine.models import ggml_kernels as gk  # noqa: PLC0415
 
         g2, u2 = _rows(np.broadcast_to(g, shape)), _rows(np.broadcast_to(u, shape))
         o2 = np.empty(g2.shape, np.float32)
+        kernel = gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks
         with KERNEL_LOCK:
-            swiglu_chunks(g2, u2, o2, body)
+            kernel(g2, u2, o2, body)
         out[..., :body] = o2.reshape(shape)[..., :body]
     else:
         out[..., :body] = silu(g[..., :body]) * u[..., :body]
@@ -187,13 +188,14 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
         d = w - mx
         e = np.empty(w.shape, np.float32)
         if _compiled() and body:
-            from engine.models.ggml_kernels import soft_max_chunks  # noqa: PLC0415
+            from engine.models import ggml_kernels as gk  # noqa: PLC0415
 
             d2 = _rows(d)
             e2 = np.empty(d2.shape, np.float32)
             sums = np.empty(d2.shape[0], np.float64)
+            kernel = gk.soft_max_chunks_serial if d2.size < gk.SERIAL_ELEMENTS else gk.soft_max_chunks
             with KERNEL_LOCK:
-                soft_max_chunks(d2, e2, sums, body)
+                kernel(d2, e2, sums, body)
             e = e2.reshape(w.shape)
             total = sums.reshape(w.shape[:-1])
         else:
