@@ -1,10 +1,14 @@
 """Prompt and generation speed of GGUF Lens and llama.cpp on the same model, in one run, as ratios.
 
-    .venv/bin/python benchmarks/vs_llamacpp.py [MODEL ...] --llama-python /path/to/llvenv/bin/python
+    .venv/bin/python benchmarks/vs_llamacpp.py [MODEL ...] [--synthetic-1b] --llama-python /path/to/llvenv/bin/python
 
 llama.cpp runs through llama-cpp-python (a development tool, built as README.md says) in a subprocess with
-the same thread count, prompt length and generation length; GGUF Lens runs `gguf-lens bench` the same way.
-Both are best of --reps. Prints one JSON object per model.
+the same thread count, prompt length and generation length; GGUF Lens runs `gguf-lens bench` (of this
+checkout) the same way. Both are best of --reps. Prints one JSON object per model: tokens/s of each, the
+ratios (ours / llama.cpp), and each one's peak resident memory against the file size.
+
+--synthetic-1b adds issue 12's 1.1B llama in Q4_K_M (Llama-3.2-1B shapes, random weights), written on the
+fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the first time, then reused).
 """
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 LLAMA_BENCH = r"""
 import json, resource, sys, time
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 path, p, n, reps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 t = time.perf_counter()
@@ -29,12 +35,17 @@ load_s = time.perf_counter() - t
 rng = np.random.default_rng(1234)
 ids = rng.integers(0, llm.n_vocab(), size=p).tolist()
 pp = tg = float("inf")
+n_vocab = llm.n_vocab()
+
+def last_logits():  # llm.scores stays zero in llama-cpp-python 0.3.36: read the context's logits
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
+
 llm.eval(ids[:8]); llm.reset()
 for _ in range(reps):
     llm.reset(); t = time.perf_counter(); llm.eval(ids); pp = min(pp, time.perf_counter() - t)
     llm.reset(); tok = ids[0]; t = time.perf_counter()
     for _ in range(n):
-        llm.eval([tok]); tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([tok]); tok = int(np.argmax(last_logits()))
     tg = min(tg, time.perf_counter() - t)
 print(json.dumps({"prompt_tok_s": p / pp, "gen_tok_s": n / tg, "load_s": load_s,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -42,7 +53,7 @@ print(json.dumps({"prompt_tok_s": p / pp, "gen_tok_s": n / tg, "load_s": load_s,
 
 
 def run_json(cmd: list[str], env: dict[str, str]) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -50,28 +61,49 @@ def run_json(cmd: list[str], env: dict[str, str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("models", nargs="*", default=["smollm2-135m-instruct"])
+    ap.add_argument("models", nargs="*", help="catalog names or .gguf paths (default smollm2-135m-instruct)")
     ap.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"), help="a python with llama-cpp-python")
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--synthetic-1b", action="store_true",
+                    help="also the 1.1B llama Q4_K_M with random weights (written to /tmp on the first run)")
+    ap.add_argument("--synthetic-vocab", type=int, default=None,
+                    help="its vocabulary (default 49152: 1.07B parameters; 128256 is Llama 3.2 1B's own)")
     args = ap.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    models = list(args.models) or ([] if args.synthetic_1b else ["smollm2-135m-instruct"])
+    t = str(args.threads)
+    # the same thread count everywhere: BLAS (prefill tiles), numba's kernels, llama.cpp's n_threads;
+    # PYTHONPATH: `gguf-lens bench` runs this checkout's engine
+    env = dict(os.environ, OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, NUMBA_NUM_THREADS=t,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     gguf_lens = [sys.executable, "-m", "engine.cli"]
-    for model in args.models:
-        path = subprocess.run([*gguf_lens, "fetch", model], capture_output=True, text=True, check=False).stdout.strip() \
-            if not model.endswith(".gguf") else model
+    paths: list[tuple[str, str]] = []
+    for model in models:
+        path = model if model.endswith(".gguf") else subprocess.run(
+            [*gguf_lens, "fetch", model], capture_output=True, text=True, check=False, cwd=ROOT, env=env).stdout.strip()
+        paths.append((model, path))
+    if args.synthetic_1b:
+        from synthetic_1b import Shape1B, ensure_1b  # noqa: PLC0415
+
+        shape = Shape1B(n_vocab=args.synthetic_vocab or Shape1B.n_vocab)
+        path = ensure_1b(None, shape, threads=os.cpu_count() or 2, llama_python=args.llama_python,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+        paths.append((f"synthetic-llama-1.1b-q4_k_m-v{shape.n_vocab}", str(path)))
+    for model, path in paths:
+        file_mb = Path(path).stat().st_size / 2**20
         ours = run_json([*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json"], env)
-        row: dict = {"model": model, "p": args.p, "n": args.n, "threads": args.threads, "gguf_lens": ours}
+        row: dict = {"model": model, "file_mb": round(file_mb, 1), "p": args.p, "n": args.n, "threads": args.threads,
+                     "gguf_lens": ours, "rss_vs_file": round(ours["peak_rss_mb"] / file_mb, 3)}
         if args.llama_python:
-            ref = run_json([args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps),
-                            str(args.threads)], env)
+            ref = run_json([args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps), t], env)
             row["llama_cpp"] = ref
+            row["llama_cpp_rss_vs_file"] = round(ref["peak_rss_mb"] / file_mb, 3)
             row["ratio_prompt"] = round(ours["prompt_tok_s"] / ref["prompt_tok_s"], 3)
             row["ratio_gen"] = round(ours["gen_tok_s"] / ref["gen_tok_s"], 3)
             row["ratio_rss"] = round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3)
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
     return 0
 
 
