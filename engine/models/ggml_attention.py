@@ -159,7 +159,8 @@ def kq(q: F32, keys: np.ndarray, n_kv: int | None = None) -> F32:
     hq, t, d = q.shape
     hkv, s, _ = keys.shape
     n_kv = kv_length(s) if n_kv is None else n_kv
-    k = _padded(keys, n_kv)
+    if s > n_kv:
+        raise ValueError(f"{s} cached rows exceed n_kv {n_kv}")
     g = hq // hkv
     q = np.asarray(q, np.float32)
     contiguous_q = t == 1 or hq == 1  # ggml_permute(q, 0, 2, 1, 3) is a plain layout only then
@@ -167,10 +168,12 @@ def kq(q: F32, keys: np.ndarray, n_kv: int | None = None) -> F32:
         tinyblas = _sgemm_takes(n_kv, t, d)  # q goes through the F16 work buffer, always contiguous
     else:
         tinyblas = contiguous_q and _sgemm_takes(n_kv, t, d)
-    out = np.empty((hq, t, n_kv), np.float32)
+    # rows past the s cached keys are zero (the padding): each score is its own dot, so they are skipped and
+    # left at 0 (the mask hides them anyway); the kernel choice above still follows n_kv, as llama.cpp's
+    out = np.zeros((hq, t, n_kv), np.float32)
     for h in range(hkv):
         cols = q[h * g : (h + 1) * g].reshape(g * t, d)
-        out[h * g : (h + 1) * g] = _product(k[h], cols, tinyblas).reshape(g, t, n_kv)
+        out[h * g : (h + 1) * g, :, :s] = _product(keys[h], cols, tinyblas).reshape(g, t, s)
     return out
 
 
@@ -178,9 +181,13 @@ def kqv(weights: F32, values: np.ndarray) -> F32:
     """ggml_mul_mat(V^T, kq_soft_max): (Hq, T, d) for weights (Hq, T, n_kv) and values (Hkv, S, d), S <= n_kv."""
     hq, t, n_kv = weights.shape
     hkv, _, d = values.shape
+    # the dot runs over the keys in 64-wide steps (16-wide for tinyBLAS): past the cached keys the padding adds
+    # exact zeros to every accumulator, so stopping at the next multiple of 64 gives the same bits
+    tinyblas = _sgemm_takes(d, t, n_kv)
+    n_kv = min(n_kv, -(-values.shape[1] // 64) * 64)
+    weights = weights[..., :n_kv]
     v = _padded(values, n_kv)
     g = hq // hkv
-    tinyblas = _sgemm_takes(d, t, n_kv)
     out = np.empty((hq, t, d), np.float32)
     for h in range(hkv):
         vt = np.ascontiguousarray(v[h].T)  # (d, n_kv): llama.cpp's transposed V rows

@@ -78,3 +78,17 @@ def swiglu_chunks(g, u, out, body):
 soft_max_chunks_serial = njit(cache=True)(soft_max_chunks.py_func)
 swiglu_chunks_serial = njit(cache=True)(swiglu_chunks.py_func)
 SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially
+
+
+@njit(cache=True)
+def rope_rows(x, cos, sin, neox, out):
+    """ggml's rotate_pairs on x (R, T, d) in place of out (a copy of x): fma(x0, c, -(x1 s)), fma(x0, s, x1 c)."""
+    n = cos.shape[1]
+    for r in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            for i in range(n):
+                a, b = (i, i + n) if neox else (2 * i, 2 * i + 1)
+                x0, x1 = x[r, t, a], x[r, t, b]
+                c, s = cos[t, i], sin[t, i]
+                out[r, t, a] = fma32(x0, c, -(x1 * s))
+                out[r, t, b] = fma32(x0, s, x1 * c)
