@@ -28,27 +28,15 @@ import numpy.typing as npt
 from engine.quant.kquants import k4_scales_mins, q3_k_scales
 from engine.quant.types import TYPES, GGMLType
 
+from .legacy_ref import (
+    fma32_ref as fma_f32,  # one float32-fma emulation for every reference
+)
 from .q8k import q8k_fields
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
 I64 = npt.NDArray[np.int64]
 QK_K = 256
-
-
-def fma_f32(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> F32:
-    """float32 fma(a, b, c) with a single rounding, emulated in float64 (round to odd, then to float32)."""
-    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
-    c = np.asarray(c, np.float32).astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = p + c  # p is exact: 24 x 24 bits
-        bb = s - p
-        err = (p - (s - bb)) + (c - bb)  # TwoSum: s + err == p + c exactly
-        bits = np.atleast_1d(s).view(np.int64).copy()
-        inexact = (err != 0) & np.isfinite(np.atleast_1d(s)) & ((bits & 1) == 0)
-        step = np.where(np.signbit(err) == np.signbit(np.atleast_1d(s)), 1, -1)
-        bits = np.where(inexact, bits + step, bits)
-    return bits.view(np.float64).reshape(np.shape(s)).astype(np.float32)
 
 
 def hsum8(acc: F32) -> F32:
