@@ -152,37 +152,40 @@ class FusedLinear:
 
     def __init__(self, parts: list[Linear]):
         self.parts = parts
-        self._groups: list[tuple[BlockProduct | None, list[Linear]]] = []  # ggml numerics: runs of one type
+        self._groups: list[tuple[BlockProduct, list[Linear]]] = []  # ggml numerics: products and their parts
         self._groups_key: tuple[int, ...] = ()
         self._stacked: np.ndarray | None = None
         self._views: list[np.ndarray] = []
         self.splits = np.cumsum([p.n_out for p in parts])[:-1].tolist()
 
-    def _ggml(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
-        """ggml numerics: x quantized once per vec_dot_type; consecutive parts of one repackable type in one call."""
+    def products(self) -> list[tuple[BlockProduct, list[Linear]]]:
+        """ggml numerics: the products this input runs, each with the parts whose rows it holds (in order).
+
+        Consecutive parts of one repackable type are stacked into one product (one kernel call); the grouping is
+        rebuilt when a part's blocks were swapped."""
         key = tuple(id(p.weight.blocks) for p in self.parts)
-        if key != self._groups_key:
-            self._groups, self._groups_key = [], key
+        if key != self._groups_key or not self._groups:
+            runs: list[list[Linear]] = []
             for p in self.parts:
-                qtype = p.weight.qtype
-                if self._groups and self._groups[-1][0] is None and self._groups[-1][1][0].weight.qtype == qtype:
-                    self._groups[-1][1].append(p)
+                if runs and runs[-1][0].weight.qtype == p.weight.qtype:
+                    runs[-1].append(p)
                 else:
-                    self._groups.append((None, [p]))
-            built = []
-            for _, members in self._groups:
+                    runs.append([p])
+            built: list[tuple[BlockProduct, list[Linear]]] = []
+            for members in runs:
                 qtype = members[0].weight.qtype
                 if len(members) > 1 and BlockProduct.can_fuse(qtype):
                     built.append((BlockProduct.fused(qtype, [m.weight.blocks for m in members], members[0].n_in), members))
                 else:
-                    built.extend((None, [m]) for m in members)
-            self._groups = built
+                    built.extend((m.product(), [m]) for m in members)
+            self._groups, self._groups_key = built, key
+        return self._groups
+
+    def _ggml(self, x: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
+        """ggml numerics: x quantized once per vec_dot_type, read by every product."""
         act = Activation(x)  # quantized once per vec_dot_type, read by every part
         outs: list[npt.NDArray[np.float32]] = []
-        for product, members in self._groups:
-            if product is None:
-                outs.append(members[0].product()(act))
-                continue
+        for product, members in self.products():
             y = product(act)
             start = 0
             for m in members:

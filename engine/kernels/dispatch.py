@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import pages
 from engine.kernels.activations import KERNEL_LOCK
 from engine.quant import dequantize_rows
 from engine.quant.types import TYPES, GGMLType
@@ -215,6 +216,9 @@ class BlockProduct:
         # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
         self.weight = ks.repack(blocks) if ks.repack is not None else blocks
         self.repacked = ks.repack is not None
+        # a repacked copy (not the float types' identity repack) is all the products read from now on, prefill
+        # tiles and Q4_1/Q5_1 block mins included: the raw blocks' file pages can go (repack released them)
+        self.planar = self.weight is not blocks
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
         row_floats = max(1, n_in)
@@ -239,19 +243,32 @@ class BlockProduct:
             self._tiled(act, out)
         return out
 
+    def bind(self, xq: U8, out: F32) -> Callable[[], None] | None:
+        """The one-row product reading the activation bytes in xq (1, bytes of the vec_dot_type) into out (1, n_out),
+        every argument prepared once (a decode step reuses its buffers); None without compiled kernels.
+        The caller holds KERNEL_LOCK around the calls."""
+        if self.gemv is None:
+            return None
+        if self.qtype in K_QUANTS:
+            gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
+            return lambda: gemv(w, x1, o1)
+        from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - only with compiled kernels
+
+        return bind_gemv(self.qtype, self.weight, xq, out)
+
     def dequantize_tile(self, r0: int, r1: int, scratch: F32) -> F32:
         """Rows [r0, r1) of W as float32 in `scratch` (compiled when available, else NumPy)."""
         tile = scratch[: r1 - r0]
         if self.dequant is not None:
             with KERNEL_LOCK, _one_numba_thread():
-                self.dequant(self.blocks if self.blocks is not None else self.weight, r0, r1, tile)
+                self.dequant(self.weight if self.planar or self.blocks is None else self.blocks, r0, r1, tile)
         else:
             tile[:] = dequantize_rows(self.blocks[r0:r1], self.qtype)
         return tile
 
     def _block_mins(self, r0: int, r1: int) -> F32:
         """The fp16 min m of every Q4_1/Q5_1 block of rows [r0, r1) (bytes 2..3 of a block), (rows, nb) float32."""
-        if self.blocks is not None:
+        if self.blocks is not None and not self.planar:
             b = self.blocks[r0:r1].reshape(r1 - r0, -1, TYPES[self.qtype].type_size)
             m = np.ascontiguousarray(b[..., 2:4])
         else:  # byte planes (ng, nb, type_size, group): the m bytes of every row, in row order
@@ -266,7 +283,16 @@ class BlockProduct:
 
         Only for types the kernels repack (the stacked copy is the repacked one; the GGUF blocks stay mapped).
         """
-        return cls(qtype, np.concatenate(parts, axis=0), n_in, keep_blocks=False)
+        product = cls(qtype, np.concatenate(parts, axis=0), n_in, keep_blocks=False)
+        for p in parts:  # read once, by the concatenation
+            pages.release(p)
+        return product
+
+    def rows(self, ids: npt.ArrayLike) -> F32:
+        """Rows `ids` of W as float32 (embedding look-ups of a tied output), from the repacked copy when there is one."""
+        if self.planar:
+            return dequantize_rows(self.weight.rows(ids), self.qtype)
+        return dequantize_rows(self.blocks, self.qtype, np.asarray(ids, dtype=np.int64))
 
     @staticmethod
     def can_fuse(qtype: GGMLType) -> bool:

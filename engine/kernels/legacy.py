@@ -88,6 +88,21 @@ def _product(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> None:
         out[:] = target
 
 
+def bind_gemv(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> Callable[[], None]:
+    """The gemv of `blocks` with one activation buffer xq (1, bytes) and out (1, n_rows) fixed: a call without
+    arguments runs it on whatever xq holds then (a decode step fills the same buffers token after token).
+    Compiled kernels only; the caller holds KERNEL_LOCK."""
+    xq = _read_only(xq)  # a read-only view of the caller's buffer: the kernels' one specialisation
+    if qtype in (_T.F32, _T.F16, _T.BF16):
+        dot = {_T.F32: legacy_floats.dot_f32, _T.F16: legacy_floats.dot_f16, _T.BF16: legacy_floats.dot_bf16}[qtype]
+        view = np.float32 if qtype == _T.F32 else np.uint16
+        w, y = _read_only(blocks).view(view), xq.view(view)
+        return lambda: dot(w, y, out)
+    raw, planes, planar = _sources(blocks)
+    fn, n = legacy_products.PRODUCTS[int(qtype)], blocks.shape[0]
+    return lambda: fn(raw, planes, planar, n, xq, out)
+
+
 def _gemv(qtype: GGMLType) -> Callable[[Weight, U8, F32], None]:
     def gemv(blocks: Weight, xq: U8, out: F32) -> None:
         _product(qtype, blocks, xq.reshape(1, -1), out.reshape(1, -1))

@@ -94,6 +94,22 @@ def dequant(kind, raw, planes, planar, r0, r1, out):
     size = BLOCK_BYTES_ARR[kind]
     nb = out.shape[1] // QK
     n = r1 - r0
+    if planar:  # a whole group at a time: each 64-byte plane line is read once for its 64 rows
+        g0 = r0 // ROW_GROUP
+        g1 = (r1 + ROW_GROUP - 1) // ROW_GROUP
+        rb = nb * size
+        for gi in prange(g1 - g0):
+            g = g0 + gi
+            rows = np.empty((ROW_GROUP, rb), np.uint8)
+            for k in range(rb):
+                line = k * ROW_GROUP
+                for lane in range(ROW_GROUP):
+                    rows[lane, k] = planes[g, line + lane]
+            for lane in range(ROW_GROUP):
+                r = g * ROW_GROUP + lane
+                if r0 <= r < r1:
+                    _dequant_row(kind, rows[lane], size, out[r - r0])
+        return
     for t in prange((n + _ROWS - 1) // _ROWS):
         row = np.empty(nb * size, np.uint8)
         for r in range(t * _ROWS, min(n, (t + 1) * _ROWS)):

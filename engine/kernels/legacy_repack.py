@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from engine.quant.types import TYPES, GGMLType
 
+from . import pages
 from .activations import f16_to_f32, njit
 
 U8 = npt.NDArray[np.uint8]
@@ -53,6 +54,13 @@ class Repacked:
     def nbytes(self) -> int:
         return self.planes.nbytes
 
+    def rows(self, ids: npt.ArrayLike) -> U8:
+        """The raw (len(ids), row_bytes) blocks of rows `ids` (a gather from the planes)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_rows):
+            raise IndexError(f"row id out of range for {self.n_rows} rows")
+        return self.planes[ids // ROW_GROUP, :, :, ids % ROW_GROUP].reshape(len(ids), -1)
+
 
 def repack(qtype: GGMLType, blocks: U8) -> Repacked:
     """Raw (n_rows, row_bytes) blocks of a legacy type to byte planes, one copy of the file's bytes."""
@@ -69,11 +77,15 @@ def repack(qtype: GGMLType, blocks: U8) -> Repacked:
     src = np.asarray(blocks)
     if full:  # (g, r, b, j) -> (g, b, j, r), a group at a time so no temporary outgrows one group
         grouped = src[: full * ROW_GROUP].reshape(full, ROW_GROUP, nb, info.type_size)
+        per_release = max(1, (8 << 20) // max(1, ROW_GROUP * row_bytes))
         for g in range(full):
             planes[g] = grouped[g].transpose(1, 2, 0)
+            if (g + 1) % per_release == 0:  # the copied rows' file pages: the planes hold their bytes now
+                pages.release(src[(g + 1 - per_release) * ROW_GROUP : (g + 1) * ROW_GROUP])
     tail = n_rows - full * ROW_GROUP
     if tail:
         planes[full, :, :, :tail] = src[full * ROW_GROUP :].reshape(tail, nb, info.type_size).transpose(1, 2, 0)
+    pages.release(src)
     return Repacked(qtype, planes, n_rows, nb * QK)
 
 

@@ -11,10 +11,11 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
-from engine.kernels.dispatch import activation_values, quantize_activation, warm_up
+from engine.kernels import pages
+from engine.kernels.dispatch import activation_values, compiled, quantize_activation, warm_up
 from engine.models import decode, ggml_attention, ggml_ops
 from engine.models.attention_tiled import attention_tiled
-from engine.models.base import BaseArgs, attention, causal_mask, rms_norm
+from engine.models.base import BaseArgs, LayerAttentionSpec, attention, causal_mask, rms_norm
 from engine.models.rope import apply_rope, rope_angles
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, FusedLinear, Linear, QTensor
@@ -137,6 +138,9 @@ class DecoderModel:
     attention_path: str = "plain"  # which path the last forward took: 'plain' or 'tiled'
     _rounding: tuple[Rounding | None, Rounding | None] = (None, None)  # (q, softmax weights) as ggml rounds them
     tiled_min_keys: int = TILED_MIN_KEYS
+    glu: ClassVar[str] = "swiglu"  # the gated activation of the FFN: 'swiglu' or 'geglu'
+    query_scaled: ClassVar[bool] = False  # True: q is scaled by the spec's scale after RoPE and attention uses 1
+    ROPE_BLOCK: ClassVar[int] = 256  # positions per memoised RoPE table (ggml numerics)
 
     def __init__(self, args: BaseArgs, weights: Weights):
         self.args = args
@@ -179,8 +183,25 @@ class DecoderModel:
             recorder.begin(start, t)
         self._rounding = attention_rounding(cache.qtype) if self.numerics == "ggml" else (None, None)
         x = self.embed(ids)
+        if t == 1 and self.numerics == "ggml" and compiled():
+            from engine.models.ggml_decode import plan_for  # noqa: PLC0415 - compiled kernels only
+
+            plan = plan_for(self)
+            if plan.fits(cache, start):
+                self.attention_path = "plain"
+                return plan.step(x, cache, start, recorder)
         x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
         return self.head(x, all_logits)
+
+    def embed_rows(self, tok_embd: QTensor, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """Embedding rows; with tied embeddings in ggml numerics, read from the output head's repacked copy
+        (the file's pages of a table the head repacked are released, and a look-up maps a whole folio)."""
+        out = getattr(self, "output", None)
+        if self.numerics == "ggml" and isinstance(out, Linear) and out.weight.name == tok_embd.name:
+            product = out.product()
+            if product.planar:
+                return product.rows(ids)
+        return tok_embd.rows(ids)
 
     def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:  # pragma: no cover - abstract
         """The input embeddings of token ids, (T, dim)."""
@@ -242,8 +263,36 @@ class DecoderModel:
     def rope_tables(self, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin (T, rope_dim/2) of the positions: ggml's theta recurrence and libm, or exact float64 angles."""
         if self.numerics == "ggml":
+            pos = np.asarray(pos, np.int64)
+            if pos.size and pos.min() >= 0:
+                blocks = [self._rope_block(base, b) for b in range(pos.min() // self.ROPE_BLOCK, pos.max() // self.ROPE_BLOCK + 1)]
+                first = (pos.min() // self.ROPE_BLOCK) * self.ROPE_BLOCK
+                cos = np.concatenate([c for c, _ in blocks]) if len(blocks) > 1 else blocks[0][0]
+                sin = np.concatenate([s for _, s in blocks]) if len(blocks) > 1 else blocks[0][1]
+                return cos[pos - first], sin[pos - first]
             return ggml_ops.rope_cache(pos, self.args.rope_dim, base)
         return rope_angles(pos, freqs)
+
+    def _rope_block(self, base: float, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """ggml's RoPE cache for positions [block * ROPE_BLOCK, +ROPE_BLOCK), computed once (each position's row
+        depends on that position alone, so a row is the same whichever batch computed it)."""
+        memo = self.__dict__.setdefault("_rope_memo", {})
+        key = (float(base), block)
+        got = memo.get(key)
+        if got is None:
+            n = self.ROPE_BLOCK
+            got = memo[key] = ggml_ops.rope_cache(np.arange(block * n, (block + 1) * n), self.args.rope_dim, base)
+        return got
+
+    def rope_row(self, base: float, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin (rope_dim/2,) of one position, ggml numerics (contiguous rows of the memoised table)."""
+        cos, sin = self._rope_block(base, pos // self.ROPE_BLOCK)
+        return cos[pos % self.ROPE_BLOCK], sin[pos % self.ROPE_BLOCK]
+
+    def attention_spec(self, layer: int) -> LayerAttentionSpec:
+        """Layer `layer`'s attention: scale, sliding window, KV group, RoPE base."""
+        specs = getattr(self, "specs", None)
+        return specs[layer] if specs is not None else self.spec
 
     def rotate(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """RoPE on x (H, T, d) in the architecture's mode."""
@@ -286,6 +335,13 @@ class DecoderModel:
         copies, stacked for fused matrices (float32 numerics)."""
         if self.numerics == "ggml":
             warm_up({lin.weight.qtype for lin in self.linears().values()}, progress)
+            if compiled():
+                # one token through the model: the block products (repacked copies) are built and the decode
+                # kernels loaded now, not at the first real token; after it LLVM's code (libllvmlite.so, ~80 MiB
+                # resident since its import) is needed again only to compile, so its pages go back
+                pages.release_libraries()  # before the copies are made, so the peak is not libraries + copies
+                self.forward(np.zeros(1, np.int64), self.new_cache(2))
+                pages.release_libraries()
             return
         fused = [f for layer in getattr(self, "layers", []) for f in vars(layer).values() if isinstance(f, FusedLinear)]
         linears = list(self.linears().values())

@@ -62,6 +62,8 @@ class Gemma3(DecoderModel):
     """Gemma 3 as llama.cpp's build_gemma3 (iswa) runs it; norm weights in the GGUF already include Gemma's +1."""
 
     rope_mode = "neox"
+    glu = "geglu"
+    query_scaled = True
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> Gemma3Args:
@@ -97,7 +99,7 @@ class Gemma3(DecoderModel):
         ]
 
     def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        return self.tok_embd.rows(ids) * np.float32(math.sqrt(self.args.dim))  # (T, dim)
+        return self.embed_rows(self.tok_embd, ids) * np.float32(math.sqrt(self.args.dim))  # (T, dim)
 
     def run_layers(
         self, x: npt.NDArray[np.float32], start: int, cache: KVCache, recorder: Recorder | None, which: range

@@ -54,7 +54,7 @@ class Llama(DecoderModel):
         self.spec = LayerAttentionSpec(1.0 / math.sqrt(a.head_dim), None, a.n_heads // a.n_kv_heads, a.rope_base)
 
     def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        return self.tok_embd.rows(ids)  # (T, dim)
+        return self.embed_rows(self.tok_embd, ids)  # (T, dim)
 
     def run_layers(
         self, x: npt.NDArray[np.float32], start: int, cache: KVCache, recorder: Recorder | None, which: range

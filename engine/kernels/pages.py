@@ -1,0 +1,83 @@
+"""Give resident pages back that hold nothing this process still needs (Linux; elsewhere a no-op).
+
+Two kinds of clean, file-backed pages inflate a loaded model's resident memory without being used:
+
+- the GGUF blocks of a weight once its repacked copy is made (the kernels read only the copy), and
+- the code of libraries that ran once: `import llvmlite` maps ~80 MiB of libllvmlite.so (its static
+  constructors touch nearly every page), used again only when numba compiles.
+
+madvise(MADV_DONTNEED) unmaps them from this process; they stay in the page cache and fault back in on
+the next read, so it is always safe for read-only private mappings without copy-on-write pages.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import numpy as np
+
+_MADV_DONTNEED = 4
+_libc = None
+
+
+def _madvise() -> object | None:
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return None
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc.madvise if _libc else None
+
+
+def _file_backed(arr: np.ndarray) -> bool:
+    base = arr
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            return True
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+def release(arr: np.ndarray | None) -> int:
+    """Drop the whole pages of a read-only memory-mapped array from this process (bytes released)."""
+    fn = _madvise()
+    if fn is None or not isinstance(arr, np.ndarray) or arr.size == 0 or arr.flags.writeable or not _file_backed(arr):
+        return 0
+    page = mmap.PAGESIZE
+    start = arr.__array_interface__["data"][0]
+    lo, hi = -(-start // page) * page, (start + arr.nbytes) // page * page
+    if hi <= lo or fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) != 0:
+        return 0
+    return hi - lo
+
+
+def release_libraries() -> int:
+    """Drop the clean pages of every read-only library mapping that has no anonymous (relocated) page."""
+    fn = _madvise()
+    if fn is None:
+        return 0
+    spans: list[tuple[int, int]] = []
+    cur: list[int] | None = None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and not head[0].endswith(":"):
+                    if cur is not None and cur[2] == 0:
+                        spans.append((cur[0], cur[1]))
+                    cur = None
+                    if len(head) > 5 and ".so" in head[5] and head[1] in ("r-xp", "r--p"):
+                        lo, hi = (int(v, 16) for v in head[0].split("-"))
+                        cur = [lo, hi, 0]
+                elif cur is not None and head and head[0] == "Anonymous:":
+                    cur[2] = int(head[1])
+    except OSError:
+        return 0
+    if cur is not None and cur[2] == 0:
+        spans.append((cur[0], cur[1]))
+    return sum(hi - lo for lo, hi in spans if fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0)

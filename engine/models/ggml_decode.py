@@ -1,0 +1,221 @@
+"""A decode step (one token) with ggml numerics as a short list of compiled calls: eight per block.
+
+Per block: residual + RMSNorm + activation quantization (one call), the q/k/v product(s), attention with RoPE
+and the fp16 cache write (one call), the output product, residual + norm + quantization, the gate/up
+product(s), the GLU + quantization, the down product. The products are the kernels of engine.kernels bound
+once to their weights and to buffers that live as long as the plan, so no call allocates or converts
+anything; the non-matrix work is engine.models.ggml_step. The numbers are those of the NumPy path (the same
+operations in the same order), which still runs prompts, other cache types and the float32 numerics.
+
+A plan is rebuilt when a weight is swapped (requantizing in the Quantization lens) or the cache changes shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels.dispatch import VEC_DOT_TYPE, BlockProduct
+from engine.models import ggml_attention, ggml_ops, ggml_step
+from engine.quant.types import GGMLType
+from engine.tensor import Linear
+
+if TYPE_CHECKING:
+    from engine.models.decoder import DecoderModel
+    from engine.observe.recorder import Recorder
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+_EMPTY = np.zeros(0, np.float32)
+
+
+# bytes per block of each activation type as ggml-cpu lays it out (block_q8_1 is 36 bytes: two fp16, 32 quants;
+# the GGUF type table's 40 is gguf-py's historical float d and s)
+_ACT_BLOCK = {GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2), GGMLType.Q8_0: (32, 34),
+              GGMLType.Q8_1: (32, 36), GGMLType.Q8_K: (256, 292)}
+
+
+def _act_bytes(vdt: GGMLType, n: int) -> int:
+    size, nbytes = _ACT_BLOCK[vdt]
+    return n // size * nbytes
+
+
+class _Inputs:
+    """One activation row quantized for every vec_dot_type its readers need: buffers (1, bytes) per type."""
+
+    def __init__(self, n: int, qtypes: list[GGMLType]):
+        self.vdts = sorted({VEC_DOT_TYPE[q] for q in qtypes})
+        self.bufs = {v: np.zeros((1, _act_bytes(v, n)), np.uint8) for v in self.vdts}
+
+    def slots(self) -> tuple[int, U8, int, U8]:
+        """The first two (type, buffer) pairs as residual_norm_quant takes them (-1 when there is one)."""
+        a = self.vdts[0]
+        b = self.vdts[1] if len(self.vdts) > 1 else -1
+        return int(a), self.bufs[a], int(b), self.bufs[b] if b != -1 else self.bufs[a]
+
+
+@dataclass
+class _Product:
+    """A bound product and where its output rows go: (run, out (1, n_out), [(part, start, stop)])."""
+
+    run: Callable[[], None]
+    out: F32
+    parts: list[tuple[Linear, int, int]]
+
+
+def _bind(product: BlockProduct, members: list[Linear], inputs: _Inputs) -> _Product | None:
+    out = np.zeros((1, product.n_out), np.float32)
+    run = product.bind(inputs.bufs[VEC_DOT_TYPE[product.qtype]], out)
+    if run is None:
+        return None
+    parts, start = [], 0
+    for m in members:
+        parts.append((m, start, start + m.n_out))
+        start += m.n_out
+    return _Product(run, out, parts)
+
+
+def _bind_all(groups: list[tuple[BlockProduct, list[Linear]]], inputs: _Inputs) -> list[_Product] | None:
+    bound = [_bind(p, members, inputs) for p, members in groups]
+    return None if any(b is None for b in bound) else bound  # type: ignore[return-value]
+
+
+def _views(bound: list[_Product]) -> list[F32]:
+    """The output (n,) of each part, in the order of the fused linear's parts."""
+    return [b.out[0, s:e] for b in bound for _, s, e in b.parts]
+
+
+@dataclass
+class _Layer:
+    h_in: _Inputs  # the attention input (q/k/v readers)
+    qkv: list[_Product]
+    q: F32
+    k: F32
+    v: F32
+    o_in: _Inputs  # the attention output (wo)
+    wo: _Product
+    f_in: _Inputs  # the FFN input (gate/up readers)
+    gate_up: list[_Product]
+    gate: F32
+    up: F32
+    d_in: _Inputs  # the GLU output (down)
+    down: _Product
+
+
+class DecodePlan:
+    """Bound products and buffers for one-token steps of one model with ggml numerics and an F16 cache."""
+
+    def __init__(self, model: DecoderModel):
+        a = model.args
+        self.model = model
+        self.key = self._key(model)
+        self.dim, self.d = a.dim, a.head_dim
+        self.eps = np.float32(a.norm_eps)
+        self.glu = ggml_step.GEGLU if model.glu == "geglu" else ggml_step.SWIGLU
+        self.table = ggml_ops.gelu_table() if self.glu == ggml_step.GEGLU else _EMPTY
+        self.layers: list[_Layer] = []
+        self.ok = True
+        for layer in model.layers:
+            built = self._layer(layer)
+            if built is None:
+                self.ok = False
+                return
+            self.layers.append(built)
+        self.head_in = _Inputs(a.dim, [model.output.weight.qtype])
+        head = _bind(model.output.product(), [model.output], self.head_in)
+        if head is None:
+            self.ok = False
+            return
+        self.head = head
+        self.x = np.zeros(a.dim, np.float32)
+        self.h = np.zeros((1, a.dim), np.float32)
+        self.o = np.zeros((1, a.n_heads * a.head_dim), np.float32)
+        self.q_rot = np.zeros((a.n_heads, a.head_dim), np.float32)
+        self.act = np.zeros((1, a.hidden_dim), np.float32)
+        self.ok = a.hidden_dim % 16 == 0
+
+    @staticmethod
+    def _key(model: DecoderModel) -> tuple[int, ...]:
+        """What the bound products depend on: the weights swapped so far and the identity of every weight's blocks."""
+        return (Linear.swaps, *(id(lin.weight.blocks) for lin in model.linears().values()))
+
+    def _layer(self, layer) -> _Layer | None:
+        qkv_groups = layer.qkv.products()
+        h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
+        qkv = _bind_all(qkv_groups, h_in)
+        o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
+        wo = _bind(layer.wo.product(), [layer.wo], o_in)
+        gu_groups = layer.gate_up.products()
+        f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
+        gate_up = _bind_all(gu_groups, f_in)
+        d_in = _Inputs(layer.w_down.n_in, [layer.w_down.weight.qtype])
+        down = _bind(layer.w_down.product(), [layer.w_down], d_in)
+        if qkv is None or wo is None or gate_up is None or down is None:
+            return None
+        if len(h_in.vdts) > 2 or len(f_in.vdts) > 2:
+            return None  # residual_norm_quant fills two activation types
+        q, k, v = _views(qkv)
+        gate, up = _views(gate_up)
+        return _Layer(h_in, qkv, q, k, v, o_in, wo, f_in, gate_up, gate, up, d_in, down)
+
+    def fits(self, cache: KVCache, pos: int) -> bool:
+        """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
+        n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
+        return self.ok and cache.qtype == GGMLType.F16 and pos + 1 <= n_kv - n_kv % 16
+
+    def step(self, x0: F32, cache: KVCache, pos: int, recorder: Recorder | None) -> F32:
+        """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
+        model = self.model
+        n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
+        x = self.x
+        x[:] = x0[0]
+        delta, post = _EMPTY, _EMPTY
+        with KERNEL_LOCK:
+            for i, (lay, layer) in enumerate(zip(self.layers, model.layers)):
+                spec = model.attention_spec(i)
+                cos, sin = model.rope_row(spec.rope_base, pos)
+                q_scale, kq_scale = (np.float32(spec.scale), np.float32(1.0)) if model.query_scaled else (
+                    np.float32(1.0), np.float32(spec.scale))
+                ggml_step.residual_norm_quant(x, delta, post, layer.attn_norm, self.eps, self.h, *lay.h_in.slots())
+                for p in lay.qkv:
+                    p.run()
+                k_rows, v_rows = cache.rows(i)
+                vdt = lay.o_in.vdts[0]
+                ggml_step.attend(lay.q, lay.k, lay.v, getattr(layer, "q_norm", _EMPTY), getattr(layer, "k_norm", _EMPTY),
+                                 self.eps, k_rows, v_rows, pos, n_kv, spec.window or 0, cos, sin,
+                                 model.rope_mode == "neox", q_scale, kq_scale, self.q_rot, self.o, int(vdt),
+                                 lay.o_in.bufs[vdt])
+                if recorder is not None:
+                    recorder.record_q(i, pos, self.q_rot[:, None, :].copy(), spec)
+                lay.wo.run()
+                post = getattr(layer, "post_attn_norm", _EMPTY)
+                ggml_step.residual_norm_quant(x, lay.wo.out[0], post, layer.ffn_norm, self.eps, self.h,
+                                              *lay.f_in.slots())
+                for p in lay.gate_up:
+                    p.run()
+                vdt = lay.d_in.vdts[0]
+                ggml_step.glu_quant(lay.gate, lay.up, self.glu, self.table, self.act, int(vdt), lay.d_in.bufs[vdt])
+                lay.down.run()
+                delta, post = lay.down.out[0], getattr(layer, "post_ffn_norm", _EMPTY)
+                if recorder is not None:
+                    hidden = x.copy()
+                    ggml_step.residual_norm_quant(hidden, delta, post, layer.attn_norm, self.eps, self.h,
+                                                  *lay.h_in.slots())
+                    recorder.record_hidden(i, pos, hidden[None, :])
+            ggml_step.residual_norm_quant(x, delta, post, model.out_norm, self.eps, self.h, *self.head_in.slots())
+            self.head.run()
+        return self.head.out.copy()
+
+
+def plan_for(model: DecoderModel) -> DecodePlan:
+    """The model's current plan, rebuilt when a weight was swapped since it was made."""
+    plan = getattr(model, "_decode_plan", None)
+    if plan is None or plan.key != DecodePlan._key(model):
+        plan = DecodePlan(model)
+        model._decode_plan = plan
+    return plan
+
