@@ -104,6 +104,25 @@ class _Layer:
     up: F32
     d_in: _Inputs  # the GLU output (down)
     down: _Product
+    # what the calls take that never changes between tokens
+    attn_norm: F32
+    ffn_norm: F32
+    q_norm: F32
+    k_norm: F32
+    post_attn: F32
+    post_ffn: F32
+    h_slots: tuple[int, U8, int, U8]
+    f_slots: tuple[int, U8, int, U8]
+    window: int
+    base: float
+    q_scale: np.float32
+    kq_scale: np.float32
+    runs: tuple[Callable[[], None], ...]  # q/k/v products
+    ffn_runs: tuple[Callable[[], None], ...]  # gate/up products
+    o_vdt: int
+    o_buf: U8
+    d_vdt: int
+    d_buf: U8
 
 
 class DecodePlan:
@@ -119,8 +138,8 @@ class DecodePlan:
         self.table = ggml_ops.gelu_table() if self.glu == ggml_step.GEGLU else _EMPTY
         self.layers: list[_Layer] = []
         self.ok = True
-        for layer in model.layers:
-            built = self._layer(layer)
+        for index, layer in enumerate(model.layers):
+            built = self._layer(index, layer)
             if built is None:
                 self.ok = False
                 return
@@ -139,11 +158,11 @@ class DecodePlan:
         self.ok = a.hidden_dim % 16 == 0
 
     @staticmethod
-    def _key(model: DecoderModel) -> tuple[int, ...]:
-        """What the bound products depend on: the weights swapped so far and the identity of every weight's blocks."""
-        return (Linear.swaps, *(id(lin.weight.blocks) for lin in model.linears().values()))
+    def _key(model: DecoderModel) -> tuple[int]:
+        """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap)."""
+        return (Linear.swaps,)
 
-    def _layer(self, layer) -> _Layer | None:
+    def _layer(self, index: int, layer) -> _Layer | None:
         qkv_groups = layer.qkv.products()
         h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
         qkv = _bind_all(qkv_groups, h_in)
@@ -160,7 +179,15 @@ class DecodePlan:
             return None  # residual_norm_quant fills two activation types
         q, k, v = _views(qkv)
         gate, up = _views(gate_up)
-        return _Layer(h_in, qkv, q, k, v, o_in, wo, f_in, gate_up, gate, up, d_in, down)
+        spec = self.model.attention_spec(index)
+        one, scale = np.float32(1.0), np.float32(spec.scale)
+        q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
+        return _Layer(h_in, qkv, q, k, v, o_in, wo, f_in, gate_up, gate, up, d_in, down,
+                      layer.attn_norm, layer.ffn_norm, getattr(layer, "q_norm", _EMPTY), getattr(layer, "k_norm", _EMPTY),
+                      getattr(layer, "post_attn_norm", _EMPTY), getattr(layer, "post_ffn_norm", _EMPTY),
+                      h_in.slots(), f_in.slots(), spec.window or 0, spec.rope_base, q_scale, kq_scale,
+                      tuple(p.run for p in qkv), tuple(p.run for p in gate_up),
+                      int(o_in.vdts[0]), o_in.bufs[o_in.vdts[0]], int(d_in.vdts[0]), d_in.bufs[d_in.vdts[0]])
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -171,42 +198,35 @@ class DecodePlan:
         """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
         model = self.model
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
-        x = self.x
+        neox = model.rope_mode == "neox"
+        rope = {base: model.rope_row(base, pos) for base in {lay.base for lay in self.layers}}
+        x, h, eps, q_rot, o = self.x, self.h, self.eps, self.q_rot, self.o
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
+        rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.attend, ggml_step.glu_quant
         with KERNEL_LOCK:
-            for i, (lay, layer) in enumerate(zip(self.layers, model.layers)):
-                spec = model.attention_spec(i)
-                cos, sin = model.rope_row(spec.rope_base, pos)
-                q_scale, kq_scale = (np.float32(spec.scale), np.float32(1.0)) if model.query_scaled else (
-                    np.float32(1.0), np.float32(spec.scale))
-                ggml_step.residual_norm_quant(x, delta, post, layer.attn_norm, self.eps, self.h, *lay.h_in.slots())
-                for p in lay.qkv:
-                    p.run()
+            for i, lay in enumerate(self.layers):
+                rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
+                for run in lay.runs:
+                    run()
                 k_rows, v_rows = cache.rows(i)
-                vdt = lay.o_in.vdts[0]
-                ggml_step.attend(lay.q, lay.k, lay.v, getattr(layer, "q_norm", _EMPTY), getattr(layer, "k_norm", _EMPTY),
-                                 self.eps, k_rows, v_rows, pos, n_kv, spec.window or 0, cos, sin,
-                                 model.rope_mode == "neox", q_scale, kq_scale, self.q_rot, self.o, int(vdt),
-                                 lay.o_in.bufs[vdt])
+                cos, sin = rope[lay.base]
+                attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
+                       sin, neox, lay.q_scale, lay.kq_scale, q_rot, o, lay.o_vdt, lay.o_buf)
                 if recorder is not None:
-                    recorder.record_q(i, pos, self.q_rot[:, None, :].copy(), spec)
+                    recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                 lay.wo.run()
-                post = getattr(layer, "post_attn_norm", _EMPTY)
-                ggml_step.residual_norm_quant(x, lay.wo.out[0], post, layer.ffn_norm, self.eps, self.h,
-                                              *lay.f_in.slots())
-                for p in lay.gate_up:
-                    p.run()
-                vdt = lay.d_in.vdts[0]
-                ggml_step.glu_quant(lay.gate, lay.up, self.glu, self.table, self.act, int(vdt), lay.d_in.bufs[vdt])
+                rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
+                for run in lay.ffn_runs:
+                    run()
+                glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
                 lay.down.run()
-                delta, post = lay.down.out[0], getattr(layer, "post_ffn_norm", _EMPTY)
+                delta, post = lay.down.out[0], lay.post_ffn
                 if recorder is not None:
                     hidden = x.copy()
-                    ggml_step.residual_norm_quant(hidden, delta, post, layer.attn_norm, self.eps, self.h,
-                                                  *lay.h_in.slots())
+                    rnq(hidden, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
                     recorder.record_hidden(i, pos, hidden[None, :])
-            ggml_step.residual_norm_quant(x, delta, post, model.out_norm, self.eps, self.h, *self.head_in.slots())
+            rnq(x, delta, post, model.out_norm, eps, h, *self.head_in.slots())
             self.head.run()
         return self.head.out.copy()
 

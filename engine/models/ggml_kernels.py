@@ -3,7 +3,7 @@
 The NumPy versions in ggml_ops / ggml_math are the reference and make the same bits; they emulate each
 float32 fused multiply-add in float64 (exact but some 50 ns per element), which for a 512-token prefill
 is a second per layer in softmax alone. These run the same operations with the hardware's fma
-(llvm.fma, `engine.kernels.activations.fma32`) and the scalef step as an exact ldexp in double.
+(llvm.fma, `engine.kernels.activations.fma32`) and the scalef step as an exact multiplication by 2^n in double.
 Used when the compiled kernels are (engine.kernels.dispatch.compiled()); tests hold both to the taps.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ _P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 _INF = np.float32(np.inf)
+_POW2 = np.array([2.0**k for k in range(-192, 193)], np.float64)  # 2^n for the scalef step, |n| <= 192
 
 
 @njit(cache=True, forceinline=True)
@@ -40,7 +41,7 @@ def v_expf1(x):
         return _ZERO if n <= 0 else _INF
     if math.isnan(n):  # NaN in, NaN out
         return j
-    return np.float32(math.ldexp(np.float64(j), int(n)))
+    return np.float32(np.float64(j) * _POW2[int(n) + 192])  # exact in double, rounded once (as VSCALEFPS)
 
 
 @njit(cache=True, forceinline=True)

@@ -145,7 +145,7 @@ if HAVE_NUMBA:
         q16 = np.empty(d, np.float32)
         acc = np.empty(64, np.float32)
         lanes = np.empty((64, d), np.float32)
-        red = np.empty(16, np.float32)
+        red = np.empty((16, d), np.float32)
         out = o[0]
         for h in range(hq):
             kv = h // group
@@ -180,10 +180,17 @@ if HAVE_NUMBA:
                 wj = w16[j]
                 for t in range(d):
                     lanes[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, lanes[lane, t])
+            for i in range(16):  # GGML_F32x16_REDUCE of the four accumulators, every output at once
+                for t in range(d):
+                    red[i, t] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
+            for i in range(8):  # _mm512_reduce_add_ps: 16 -> 8 -> 4 -> 2 -> 1
+                for t in range(d):
+                    red[i, t] = red[i, t] + red[i + 8, t]
+            for i in range(4):
+                for t in range(d):
+                    red[i, t] = red[i, t] + red[i + 4, t]
             for t in range(d):
-                for i in range(16):
-                    red[i] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
-                s64 = np.float64(reduce16(red, 0))
+                s64 = np.float64((red[0, t] + red[2, t]) + (red[1, t] + red[3, t]))
                 for j in range(max(lo, body64), min(n_used, n_eff)):
                     s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
                 out[h * d + t] = np.float32(s64)
