@@ -7,14 +7,16 @@ time into block_q4_Kx8, and every MUL_MAT on them runs tensor_traits<block_q4_K,
 - activation rows [0, m - m % 4) are quantized four at a time by ggml_quantize_mat_q8_K_4x8 into
   block_q8_Kx4 and multiplied by ggml_gemm_q4_K_8x8_q8_K; the last m % 4 rows (all of them when m < 4) are
   quantized by quantize_row_q8_K (from_float) and multiplied one by one by ggml_gemv_q4_K_8x8_q8_K;
-- gemv and gemm (arch/x86/repack.cpp; AVX2, AVX-512 and their 16-column tails alike) compute each output
-  (activation a, weight row r) the same way, from the integers of each super-block i,
+- gemv and gemm (arch/x86/repack.cpp, __AVX2__ / __AVX512BW__ branches) compute each output (activation a,
+  weight row r) as one float recurrence over exact integers, with no horizontal sum:
       isum = sum_j scale_j * dot(q4 of sub-block j, q8 of sub-block j)        (exact int32)
       imin = sum_j min_j * (bsums[2j] + bsums[2j + 1])                          (exact int32)
-  and one float recurrence per output, no horizontal sum:
       acc  = fma(float(isum), fp16(d) * d8, acc)      acc_min = fma(float(imin), fp16(dmin) * d8, acc_min)
       out  = acc - acc_min
-  (d8 the activation block's scale; the products fp16 * d8 are rounded to float32 first);
+  (d8 the activation block's scale; the products fp16 * d8 are rounded to float32 first). The gemv takes
+  one step per super-block (j over its 8 sub-blocks); the gemm, in every branch (16 columns with AVX-512,
+  8 with AVX2, 16 or 4 rows), one step per pair of sub-blocks (j = 2p, 2p + 1; four steps per super-block).
+  So the two round differently, and the same row gives different floats through gemv and gemm;
 - ggml_quantize_mat_q8_K_4x8 (its __AVX2__ branch) gives the same bytes as quantize_row_q8_K except for the
   sign of the scale: it takes iscale = -127 / amax when +amax occurs anywhere in the block, else
   +127 / amax, where quantize_row_q8_K follows the sign of the first element of largest magnitude; and
@@ -121,40 +123,65 @@ def q4_k_fields(blocks: U8) -> tuple[F32, F32, I64, I64, I64]:
 
 
 def int_sums_q4_k_ref(blocks: U8, xq: U8) -> tuple[I64, I64]:
-    """(isum, imin), each (m, r, nb): the exact integers of every (activation, weight row, super-block)."""
+    """(isum, imin), each (m, r, nb, 4): the exact integers of every (activation, weight row, super-block,
+    pair of sub-blocks 2p and 2p + 1), scale * dot and min * bsum summed over the pair."""
     _, _, sc, mn, q = q4_k_fields(blocks)
     _, qs, bsums = q8k_fields(np.atleast_2d(xq))
     m, nb = qs.shape[:2]
     x = qs.reshape(m, nb, 8, 32).astype(np.float64)
     dots = np.einsum("rnjk,mnjk->mrnj", q.astype(np.float64), x)  # exact: |sums| < 2^53
-    isum = (dots.astype(np.int64) * sc[None]).sum(axis=3)
-    pair = bsums.astype(np.int64).reshape(m, nb, 8, 2).sum(axis=3)  # (m, nb, 8)
-    imin = (mn[None] * pair[:, None]).sum(axis=3)
+    isum = (dots.astype(np.int64) * sc[None]).reshape(m, -1, nb, 4, 2).sum(axis=4)
+    pair = bsums.astype(np.int64).reshape(m, nb, 8, 2).sum(axis=3)  # (m, nb, 8): bsums of each 32 weights
+    imin = (mn[None] * pair[:, None]).reshape(m, -1, nb, 4, 2).sum(axis=4)
     return isum, imin
 
 
-def gemm_q4_k_8x8_ref(blocks: U8, xq: U8) -> F32:
-    """out (m, r): each Q4_K row of `blocks` (r, nb * 144) with each Q8_K row of xq (m, nb * 292), as
-    ggml_gemm_q4_K_8x8_q8_K / ggml_gemv_q4_K_8x8_q8_K compute one output (any r; llama.cpp needs r % 8 == 0)."""
+def _products(blocks: U8, xq: U8, per_pair: bool) -> F32:
     xq = np.atleast_2d(xq)
     d, dmin, *_ = q4_k_fields(blocks)
     yd = q8k_fields(xq)[0]  # (m, nb)
     if yd.shape[1] != d.shape[1]:
         raise ValueError(f"activation has {yd.shape[1]} super-blocks per row, weight {d.shape[1]}")
     isum, imin = int_sums_q4_k_ref(blocks, xq)
+    if not per_pair:  # the gemv: one step per super-block
+        isum, imin = isum.sum(axis=3, keepdims=True), imin.sum(axis=3, keepdims=True)
     acc = np.zeros(isum.shape[:2], np.float32)
     acc_min = np.zeros(isum.shape[:2], np.float32)
     for i in range(d.shape[1]):
         scale = (d[None, :, i] * yd[:, i, None]).astype(np.float32)
         scale_min = (dmin[None, :, i] * yd[:, i, None]).astype(np.float32)
-        acc = fma32_ref(isum[..., i].astype(np.float32), scale, acc)
-        acc_min = fma32_ref(imin[..., i].astype(np.float32), scale_min, acc_min)
+        for p in range(isum.shape[3]):
+            acc = fma32_ref(isum[..., i, p].astype(np.float32), scale, acc)
+            acc_min = fma32_ref(imin[..., i, p].astype(np.float32), scale_min, acc_min)
     return (acc - acc_min).astype(np.float32)
 
 
+def gemv_q4_k_8x8_ref(blocks: U8, xq: U8) -> F32:
+    """out (m, r) as ggml_gemv_q4_K_8x8_q8_K computes it for each Q4_K row of `blocks` (r, nb * 144) and each
+    Q8_K row of xq (m, nb * 292): acc = fma(float(isum), d * d8, acc) once per super-block (isum over all 8
+    sub-blocks), the same for the mins, out = acc - acc_min. Any r (llama.cpp needs r % 8 == 0)."""
+    return _products(blocks, xq, per_pair=False)
+
+
+def gemm_q4_k_8x8_ref(blocks: U8, xq: U8) -> F32:
+    """out (m, r) as ggml_gemm_q4_K_8x8_q8_K computes it (every x86 branch): like the gemv, but one fused
+    multiply-add per pair of sub-blocks (4 per super-block), for the quants and for the mins."""
+    return _products(blocks, xq, per_pair=True)
+
+
 def matmul_q4_k_8x8_ref(blocks: U8, x: npt.ArrayLike) -> F32:
-    """y (m, r) = x @ W^T for float32 rows x (m, n), as ggml-cpu's MUL_MAT on a repacked Q4_K weight."""
-    return gemm_q4_k_8x8_ref(blocks, quantize_q8_k_mat_ref(x))
+    """y (m, r) = x @ W^T for float32 rows x (m, n), as ggml-cpu's MUL_MAT on a repacked Q4_K weight:
+    rows [0, mat_rows(m)) through the 4x8 quantizer and the gemm, the others through quantize_row_q8_K and
+    the gemv."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    xq = quantize_q8_k_mat_ref(x)
+    k = mat_rows(x.shape[0])
+    out = np.empty((x.shape[0], blocks.shape[0]), np.float32)
+    if k:
+        out[:k] = gemm_q4_k_8x8_ref(blocks, xq[:k])
+    if k < x.shape[0]:
+        out[k:] = gemv_q4_k_8x8_ref(blocks, xq[k:])
+    return out
 
 
 # ---- the interleaved layout of kquant_repack.repack_q4_k_8x8

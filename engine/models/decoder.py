@@ -13,7 +13,8 @@ from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
 from engine.kernels import pages
 from engine.kernels.dispatch import activation_values, compiled, quantize_activation, warm_up
-from engine.models import decode, ggml_attention, ggml_ops
+from engine.kernels.activations import KERNEL_LOCK
+from engine.models import decode, ggml_attention, ggml_ops, ggml_prefill
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, LayerAttentionSpec, attention, causal_mask, rms_norm
 from engine.models.rope import apply_rope, rope_angles
@@ -232,8 +233,12 @@ class DecoderModel:
             self.attention_path = "plain"
             if window not in masks:
                 masks[window] = causal_mask(pos, end, window)
-            out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale,
-                                              n_kv=ggml_attention.kv_length(end, cache.n_ctx))
+            n_kv = ggml_attention.kv_length(end, cache.n_ctx)
+            rows = cache.rows(layer)
+            if stored[0].dtype == np.float16 and ggml_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
+                with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
+                    return ggml_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv)
+            out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv)
             return out
         keys, values = cache.keys(layer, end), cache.values(layer, end)
         n_keys = keys.shape[1]
