@@ -43,7 +43,19 @@ from .activations import bits_f32, f32_bits
 from .kquant_lanes import V32, decode_q4_k
 from .kquant_repack_ref import GROUP, MAT_ROWS, Q4K_BYTES, QK_K
 from .q8k import Q8K_BLOCK_BYTES, quantize_q8_k
-from .simd import F32, I16, I32, I64, Ops, byte_ptr, call_intrinsic, has_feature, half_to_float, load, vec
+from .simd import (
+    F32,
+    I16,
+    I32,
+    I64,
+    Ops,
+    byte_ptr,
+    call_intrinsic,
+    half_to_float,
+    has_feature,
+    load,
+    vec,
+)
 
 _INLINE = {"forceinline": True, "error_model": "numpy", "cache": True}
 _KERNEL = {"parallel": True, "error_model": "numpy", "cache": True}
@@ -179,7 +191,7 @@ def _tile_intrinsic(per_pair: bool):
             pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
             px = byte_ptr(context, builder, signature.args[5], x_, xo_)
             po = byte_ptr(context, builder, signature.args[9], out_, oo_)
-            i = lambda v: _i64(builder, v)  # noqa: E731
+            i = lambda v: _i64(builder, v)
             _group_tile(context, builder, pw, i(rs_), i(bs_), i(nb_), px, i(xs_), i(m_), po, i(os_), per_pair)
             return context.get_dummy_value()
 

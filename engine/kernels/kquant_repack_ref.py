@@ -203,3 +203,20 @@ def unpack_q4_k_8x8_ref(weight: U8) -> U8:
     nb = nbytes // (GROUP * Q4K_BYTES)
     g = np.asarray(weight).reshape(ng, nb, GROUP, Q4K_BYTES).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(g).reshape(ng * GROUP, nb * Q4K_BYTES)
+
+
+def q8_kx4_rows_ref(raw: U8, n: int) -> U8:
+    """llama.cpp's block_q8_Kx4 runs (k, n / 256 * 1168), four activation rows each, as plain block_q8_K
+    rows (4k, n / 256 * 292). block_q8_Kx4 is | d: float32[4] | qs: int8[1024] | bsums: int16[64] |, the
+    quants in 8-byte pieces of rows 0..3 in turn, bsum g of row r at (g // 4) * 16 + r * 4 + g % 4."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    k, nb = raw.shape[0], n // QK_K
+    b = raw.reshape(k, nb, 1168)
+    d = np.ascontiguousarray(b[..., :16]).view("<f4")  # (k, nb, 4)
+    qs = b[..., 16:1040].reshape(k, nb, 32, 4, 8).transpose(0, 3, 1, 2, 4).reshape(k, 4, nb, QK_K)
+    bs = np.ascontiguousarray(b[..., 1040:]).view("<i2").reshape(k, nb, 4, 4, 4).transpose(0, 3, 1, 2, 4)
+    out = np.empty((k, 4, nb, Q8K_BLOCK_BYTES), np.uint8)
+    out[..., 0:4] = d.transpose(0, 2, 1)[..., None].copy().view(np.uint8)
+    out[..., 4 : 4 + QK_K] = qs
+    out[..., 4 + QK_K :] = bs.reshape(k, 4, nb, 16).astype("<i2").view(np.uint8)
+    return out.reshape(4 * k, nb * Q8K_BLOCK_BYTES)

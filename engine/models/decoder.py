@@ -339,14 +339,27 @@ class DecoderModel:
         """Get ready for the first token: compile the CPU kernels (ggml numerics) or build the float32 weight
         copies, stacked for fused matrices (float32 numerics)."""
         if self.numerics == "ggml":
-            warm_up({lin.weight.qtype for lin in self.linears().values()}, progress)
+            def part(lo: float, hi: float) -> Callable[[float], None] | None:
+                return None if progress is None else (lambda f: progress(lo + (hi - lo) * f))
+
+            warm_up({lin.weight.qtype for lin in self.linears().values()}, part(0.0, 0.7))
             if compiled():
-                # one token through the model: the block products (repacked copies) are built and the decode
-                # kernels loaded now, not at the first real token; after it LLVM's code (libllvmlite.so, ~80 MiB
-                # resident since its import) is needed again only to compile, so its pages go back
+                # a two-token prompt and one decode step: the block products (repacked copies) are built and the
+                # prompt and decode-step kernels compiled (or loaded from numba's cache) now, not at the first
+                # real token; after them LLVM's code (libllvmlite.so, ~80 MiB resident since its import) is
+                # needed again only to compile, so its pages go back
                 pages.release_libraries()  # before the copies are made, so the peak is not libraries + copies
-                self.forward(np.zeros(1, np.int64), self.new_cache(2))
+                cache = self.new_cache(min(256, self.args.n_ctx))
+                prompt = np.zeros(min(2, cache.n_ctx), np.int64)
+                self.forward(prompt, cache)
+                cache.commit(prompt.tolist())
+                if progress is not None:
+                    progress(0.85)
+                if cache.length < cache.n_ctx:
+                    self.forward(np.zeros(1, np.int64), cache)
                 pages.release_libraries()
+            if progress is not None:
+                progress(1.0)
             return
         fused = [f for layer in getattr(self, "layers", []) for f in vars(layer).values() if isinstance(f, FusedLinear)]
         linears = list(self.linears().values())

@@ -1,0 +1,91 @@
+"""Where a decode step's time goes: compiled kernels against the Python around them, per token.
+
+    .venv/bin/python benchmarks/decode_overhead.py [MODEL ...] [--tokens N]
+
+Runs N greedy decode steps (after a short prompt) under cProfile and splits the step time into the time
+spent inside numba-compiled functions (the products, the fused norm/attention/GLU calls, the activation
+quantizers) and everything else (the Python of engine/models/ggml_decode.py, argmax, bookkeeping). The
+profiler itself slows the Python side a little, so the Python share printed is an upper bound. One JSON line
+per model: ms per token in total, in compiled calls and in Python, and the compiled calls per token.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _compiled_names() -> set[tuple[str, int, str]]:
+    """(file, line, name) of every numba dispatcher in the engine, as cProfile names them."""
+    import importlib
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    import engine.kernels
+    import engine.models
+
+    keys = set()
+    for pkg in (engine.kernels, engine.models):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            for value in vars(mod).values():
+                if isinstance(value, CPUDispatcher):
+                    code = value.py_func.__code__
+                    keys.add((code.co_filename, code.co_firstlineno, code.co_name))
+    return keys
+
+
+def measure(name: str, n_tokens: int) -> dict:
+    from engine.model import load_model
+
+    model = load_model(name)
+    cache = model.new_cache(512)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    model.forward(prompt, cache)
+    cache.commit(prompt)
+    tok = 9
+    for _ in range(4):  # warm: the plan is built, the pages are in
+        tok = model.greedy_step(tok, cache)
+    t0 = time.perf_counter()
+    for _ in range(n_tokens):
+        tok = model.greedy_step(tok, cache)
+    plain_ms = (time.perf_counter() - t0) / n_tokens * 1000
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n_tokens):
+        tok = model.greedy_step(tok, cache)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    compiled = _compiled_names()
+    total = sum(v[2] for v in stats.values())
+    in_kernels = sum(v[2] for k, v in stats.items() if k in compiled)
+    calls = sum(v[1] for k, v in stats.items() if k in compiled)
+    model.close()
+    return {
+        "model": name, "tokens": n_tokens, "ms_per_token": round(plain_ms, 2),
+        "profiled_ms_per_token": round(total / n_tokens * 1000, 2),
+        "compiled_ms_per_token": round(in_kernels / n_tokens * 1000, 2),
+        "python_ms_per_token": round((total - in_kernels) / n_tokens * 1000, 2),
+        "compiled_calls_per_token": round(calls / n_tokens, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=["smollm2-135m-instruct", "gemma3-270m"])
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args()
+    for name in args.models:
+        print(json.dumps(measure(name, args.tokens)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
