@@ -38,6 +38,7 @@ DequantRows = Callable[[U8, int, int, F32], None]
 
 NUMERICS = ("ggml", "float32")
 GEMV_MAX_ROWS = 16  # activation rows per gemm call (the k-quant gemm decodes each weight block once for them)
+TILED_MIN_ROWS = 8  # batches from this size take ggml-cpu's tiled k-quant path (Q6_K, Q4_K not repacked)
 TILE_BYTES = 8 << 20  # float32 bytes of one dequantized weight tile in the prefill path
 
 _T = GGMLType
@@ -182,8 +183,19 @@ class Activation:
 
     def __init__(self, x: F32):
         self.x = np.ascontiguousarray(x, dtype=np.float32)
-        self._bytes: dict[GGMLType, U8] = {}
+        self._bytes: dict[GGMLType | str, U8] = {}
         self._values: dict[GGMLType, F32] = {}
+
+    def q8k_mat_bytes(self) -> U8:
+        """Q8_K bytes as llama.cpp quantizes a batch for its repacked Q4_K gemm (rows in fours by
+        ggml_quantize_mat_q8_K_4x8, the rest by quantize_row_q8_K): engine.kernels.kquant_repack."""
+        got = self._bytes.get("q8_k_mat")
+        if got is None:
+            from engine.kernels.kquant_repack import quantize_q8_k_mat  # noqa: PLC0415 - compiled kernels only
+
+            with KERNEL_LOCK:
+                got = self._bytes["q8_k_mat"] = quantize_q8_k_mat(self.x)
+        return got
 
     def bytes_for(self, qtype: GGMLType) -> U8:
         vdt = VEC_DOT_TYPE[qtype]
@@ -219,10 +231,28 @@ class BlockProduct:
         # a repacked copy (not the float types' identity repack) is all the products read from now on, prefill
         # tiles and Q4_1/Q5_1 block mins included: the raw blocks' file pages can go (repack released them)
         self.planar = self.weight is not blocks
+        # which of ggml-cpu's kernels the numbers follow for a batch: "vec_dot", or the repacked Q4_K path
+        # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them
+        self.path, self.tiled = "vec_dot", None
+        if reg.compiled and qtype in (_T.Q4_K, _T.Q6_K):
+            self._llama_cpp_paths(blocks)
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
         row_floats = max(1, n_in)
         self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
+
+    def _llama_cpp_paths(self, blocks: U8) -> None:
+        """Q4_K with rows in eights: repacked as llama.cpp's CPU backend does (q4_K_8x8), its gemv and gemm;
+        Q6_K and other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more."""
+        from engine.kernels import kquant_repack, kquant_tiled  # noqa: PLC0415 - compiled kernels only
+
+        if self.qtype == _T.Q4_K and blocks.shape[0] % kquant_repack.GROUP == 0:
+            self.weight = kquant_repack.repack_q4_k_8x8(blocks)
+            pages.release(blocks)  # the products read the repacked copy only
+            self.gemv, self.gemm = kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
+            self.path, self.repacked, self.planar = "repack_8x8", True, True
+        else:
+            self.tiled = kquant_tiled.gemm_tiled_q6_k if self.qtype == _T.Q6_K else kquant_tiled.gemm_tiled_q4_k
 
     def __call__(self, x: F32 | Activation, out: F32 | None = None) -> F32:
         act = x if isinstance(x, Activation) else Activation(x)
@@ -233,12 +263,18 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
-        elif self.gemm is not None:  # every row through ggml's own dot products, GEMV_MAX_ROWS rows a call
-            xq = act.bytes_for(self.qtype)
+        elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
+            gemm = self.gemm
+            if self.path == "repack_8x8":
+                xq = act.q8k_mat_bytes()  # chunks start at multiples of 4, as the repacked gemm's row groups
+            else:
+                xq = act.bytes_for(self.qtype)
+                if self.tiled is not None and t >= TILED_MIN_ROWS:
+                    gemm = self.tiled
             for r0 in range(0, t, GEMV_MAX_ROWS):
                 r1 = min(t, r0 + GEMV_MAX_ROWS)
                 with KERNEL_LOCK:
-                    self.gemm(self.weight, xq[r0:r1], out[r0:r1])
+                    gemm(self.weight, xq[r0:r1], out[r0:r1])
         else:
             self._tiled(act, out)
         return out
@@ -290,6 +326,10 @@ class BlockProduct:
 
     def rows(self, ids: npt.ArrayLike) -> F32:
         """Rows `ids` of W as float32 (embedding look-ups of a tied output), from the repacked copy when there is one."""
+        if self.path == "repack_8x8":
+            from engine.kernels.kquant_repack import unpack_q4_k_8x8  # noqa: PLC0415
+
+            return dequantize_rows(unpack_q4_k_8x8(self.weight, ids), self.qtype)
         if self.planar:
             return dequantize_rows(self.weight.rows(ids), self.qtype)
         return dequantize_rows(self.blocks, self.qtype, np.asarray(ids, dtype=np.int64))
@@ -358,7 +398,7 @@ def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = No
     for i, qtype in enumerate(todo):
         if progress is not None:
             progress(i / max(1, len(todo)))
-        blocks = np.zeros((2, TYPES[qtype].row_bytes(n)), np.uint8)
+        blocks = np.zeros((8, TYPES[qtype].row_bytes(n)), np.uint8)  # eight rows: Q4_K's repacked path too
         blocks.flags.writeable = False
         product = BlockProduct(qtype, blocks, n)
         for rows in (1, 2, GEMV_MAX_ROWS + 1):

@@ -98,14 +98,11 @@ def test_float32_numerics_match_llamacpp_too(run, run_f32) -> None:
     assert stats["same_top"] >= top_bound
 
 
-def test_ggml_numerics_reproduce_llamacpp_on_smollm2(run) -> None:
-    """Q4_1 goes through ggml's vec_dot in llama.cpp at every batch size, so with ggml numerics (the default) every
-    op here is ggml's own and the logits are llama.cpp's: KLD at the rounding of the stored golden log-probs.
-    (Gemma 3's Q4_K tensors run through llama.cpp's repacked q4_K_8x8 kernels, another order of sums: its bounds
-    stay those of test_logits_match_llamacpp.)"""
+def test_ggml_numerics_reproduce_llamacpp(run) -> None:
+    """With ggml numerics (the default) every op is ggml-cpu's own, each product through the kernel llama.cpp picks
+    for it (vec_dot for Q4_1, Q5_0, Q8_0; the repacked q4_K_8x8 gemv/gemm for Q4_K; the tiled path for Q6_K
+    batches), so the logits are llama.cpp's: KLD at the rounding of the stored golden log-probs."""
     key, model, golden, ids, logits, *_ = run
-    if key != "smollm2":
-        pytest.skip("exact only where llama.cpp runs vec_dot (see the docstring)")
     assert model.numerics == "ggml"
     stats = compare(golden, logits)
     assert stats["kld_mean"] <= 1e-6 and stats["same_top"] == 1.0

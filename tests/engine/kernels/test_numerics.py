@@ -110,8 +110,8 @@ def test_requantized_blocks_reach_the_kernels_at_once(tiny_q: Path) -> None:
         layer.wq.replace(QTensor(w.name, T.Q8_0, w.shape, new))
         after = _logits(model, ids)
         assert not np.array_equal(before, after)
-        groups = layer.qkv._groups  # rebuilt: q alone (Q8_0), then k and v still fused (Q4_1)
-        assert [members for _, members in groups] == [[layer.wq], [layer.wk, layer.wv]] and groups[0][0] is None
+        groups = layer.qkv._groups  # rebuilt: q alone (Q8_0, its own product), then k and v still fused (Q4_1)
+        assert [members for _, members in groups] == [[layer.wq], [layer.wk, layer.wv]] and groups[0][0] is layer.wq.product()
     finally:
         model.close()
 
