@@ -234,7 +234,10 @@ class BlockProduct:
         # which of ggml-cpu's kernels the numbers follow for a batch: "vec_dot", or the repacked Q4_K path
         # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them
         self.path, self.tiled = "vec_dot", None
-        if reg.compiled and qtype in (_T.Q4_K, _T.Q6_K):
+        # batches of legacy quants: the integer kernel of legacy_gemm on the GGUF blocks (raw_parts, stacked by rows)
+        self.batch = _legacy_batch() if reg.compiled and int(qtype) in _LEGACY_INT else None
+        self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
+        if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
@@ -243,7 +246,8 @@ class BlockProduct:
 
     def _llama_cpp_paths(self, blocks: U8) -> None:
         """Q4_K with rows in eights: repacked as llama.cpp's CPU backend does (q4_K_8x8), its gemv and gemm;
-        Q6_K and other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more."""
+        Q3_K, Q5_K, Q6_K and other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more.
+        (Not reproduced: Q2_K's tiled path and its AVX-512 repacking, Q4_0's repacking.)"""
         from engine.kernels import kquant_repack, kquant_tiled  # noqa: PLC0415 - compiled kernels only
 
         if self.qtype == _T.Q4_K and blocks.shape[0] % kquant_repack.GROUP == 0:
@@ -252,7 +256,7 @@ class BlockProduct:
             self.gemv, self.gemm = kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
             self.path, self.repacked, self.planar = "repack_8x8", True, True
         else:
-            self.tiled = kquant_tiled.gemm_tiled_q6_k if self.qtype == _T.Q6_K else kquant_tiled.gemm_tiled_q4_k
+            self.tiled = getattr(kquant_tiled, f"gemm_tiled_{self.qtype.name.lower()}")
 
     def __call__(self, x: F32 | Activation, out: F32 | None = None) -> F32:
         act = x if isinstance(x, Activation) else Activation(x)
@@ -263,6 +267,17 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
+        elif self.batch is not None and self.raw_parts is not None:
+            xq = act.bytes_for(self.qtype)
+            row = 0
+            for part in self.raw_parts:
+                n = part.shape[0]
+                target = out[:, row : row + n] if len(self.raw_parts) == 1 else np.empty((t, n), np.float32)
+                with KERNEL_LOCK:
+                    self.batch(int(self.qtype), part, xq, target)
+                if target is not out:
+                    out[:, row : row + n] = target
+                row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
             gemm = self.gemm
             if self.path == "repack_8x8":
@@ -322,6 +337,8 @@ class BlockProduct:
         product = cls(qtype, np.concatenate(parts, axis=0), n_in, keep_blocks=False)
         for p in parts:  # read once, by the concatenation
             pages.release(p)
+        if product.batch is not None:
+            product.raw_parts = list(parts)  # the batch kernel reads the GGUF blocks of each part
         return product
 
     def rows(self, ids: npt.ArrayLike) -> F32:
@@ -349,6 +366,15 @@ class BlockProduct:
             np.matmul(xv, tile.T, out=out[:, r0:r1])
             if delta is not None:
                 out[:, r0:r1] += delta @ self._block_mins(r0, r1).T
+
+
+_LEGACY_INT = {int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)}
+
+
+def _legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
+    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
+
+    return gemm_int
 
 
 _SCRATCH = threading.local()

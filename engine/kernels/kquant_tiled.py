@@ -1,12 +1,12 @@
 """Compiled k-quant products with the numerics of ggml-cpu's tiled MUL_MAT path (ggml-cpu/tiled), bit for bit.
 
-llama.cpp multiplies a k-quant weight that stays in the plain CPU buffer (Q6_K always on x86, Q4_K when its
-row count is not a multiple of 8; see kquant_repack.py) by the tiled path when the batch has 8 or more
-activation rows, and by ggml_vec_dot_q*_K_q8_K (kquant_dot.py) below that. Per (activation a, weight row r),
+llama.cpp multiplies a k-quant weight that stays in the plain CPU buffer (Q3_K, Q5_K and Q6_K always on x86,
+Q4_K when its row count is not a multiple of 8; see kquant_repack.py) by the tiled path when the batch has 8 or
+more activation rows, and by ggml_vec_dot_q*_K_q8_K (kquant_dot.py) below that. Per (activation a, weight row r),
 super-blocks in order, acc starting at 0:
 
-  Q6_K: res = float(isum) * fp16(d)                                   acc = fma(res, d8, acc)
-  Q4_K: res = fma(-fp16(dmin), float(imin), float(isum) * fp16(d))    acc = fma(res, d8, acc)
+  Q3_K, Q6_K: res = float(isum) * fp16(d)                                   acc = fma(res, d8, acc)
+  Q4_K, Q5_K: res = fma(-fp16(dmin), float(imin), float(isum) * fp16(d))    acc = fma(res, d8, acc)
 
 isum / imin are the exact integers of vec_dot's super-block (the sum over sub-blocks of scale * dot, and of
 min * bsum); d8 is the block_q8_K scale (activations from quantize_row_q8_K, as for vec_dot). GCC contracts
@@ -14,6 +14,7 @@ the microkernel's `acc + res * d8` into the fma. The integer parts are kquant_la
 
   gemm_tiled_q6_k(blocks, xq, out)   blocks (n_rows, nb * 210), xq (m, nb * 292) -> out (m, n_rows)
   gemm_tiled_q4_k(blocks, xq, out)   blocks (n_rows, nb * 144), the same
+  gemm_tiled_q3_k / gemm_tiled_q5_k  blocks (n_rows, nb * 110) / (n_rows, nb * 176), the same
   TILED_MIN_ROWS                     the batch size from which llama.cpp takes this path
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquant_lanes import decode_q4_k, decode_q6_k, lanes
+from .kquant_lanes import decode_q3_k, decode_q4_k, decode_q5_k, decode_q6_k, lanes
 from .simd import (
     F32,
     I16,
@@ -40,10 +41,14 @@ from .simd import (
 TILE = 16  # activations whose accumulators live on the stack while a weight block is decoded once
 TILED_MIN_ROWS = 8
 u64 = np.uint64
-_SPEC = {"q6_k": (210, decode_q6_k, 208, None), "q4_k": (144, decode_q4_k, 0, 2)}
+# block bytes, decoder, byte offsets of the fp16 d and dmin (None: no min term)
+_SPEC = {"q6_k": (210, decode_q6_k, 208, None), "q4_k": (144, decode_q4_k, 0, 2),
+         "q3_k": (110, decode_q3_k, 108, None), "q5_k": (176, decode_q5_k, 0, 2)}
 
 
 def _reduce(b, v):
+    if v.type == I32:  # Q5_K's min term is one integer already
+        return v
     return call_intrinsic(b, f"llvm.vector.reduce.add.v{v.type.count}i32", I32, [v])
 
 
@@ -93,6 +98,8 @@ def _make(name):
 
 _tile_q6_k = _make("q6_k")
 _tile_q4_k = _make("q4_k")
+_tile_q3_k = _make("q3_k")
+_tile_q5_k = _make("q5_k")
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -116,4 +123,28 @@ def gemm_tiled_q4_k(blocks, xq, out):
     for r in prange(blocks.shape[0]):
         for a0 in range(0, m, TILE):
             _tile_q4_k(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(TILE, m - a0), out, u64(a0) * os + u64(4 * r), os)
+    return out
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def gemm_tiled_q3_k(blocks, xq, out):
+    """out (m, n_rows) = tiled Q3_K numerics of blocks (n_rows, nb * 110) with Q8_K rows xq (m, nb * 292)."""
+    nb = blocks.shape[1] // 110
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    m = xq.shape[0]
+    for r in prange(blocks.shape[0]):
+        for a0 in range(0, m, TILE):
+            _tile_q3_k(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(TILE, m - a0), out, u64(a0) * os + u64(4 * r), os)
+    return out
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def gemm_tiled_q5_k(blocks, xq, out):
+    """out (m, n_rows) = tiled Q5_K numerics of blocks (n_rows, nb * 176) with Q8_K rows xq (m, nb * 292)."""
+    nb = blocks.shape[1] // 176
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    m = xq.shape[0]
+    for r in prange(blocks.shape[0]):
+        for a0 in range(0, m, TILE):
+            _tile_q5_k(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(TILE, m - a0), out, u64(a0) * os + u64(4 * r), os)
     return out

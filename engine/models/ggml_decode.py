@@ -12,7 +12,8 @@ A plan is rebuilt when a weight is swapped (requantizing in the Quantization len
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt

@@ -161,7 +161,7 @@ if HAVE_NUMBA:
             for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
                 s = _dot_f16_row(kc[kv, j], q16, acc) * kq_scale
                 scores[j] = s
-                if s > top:
+                if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s
             total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
             for c in range(lo - lo % 16, min(body, n_used + 15 - (n_used + 15) % 16), 16):

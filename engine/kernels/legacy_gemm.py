@@ -1,0 +1,178 @@
+"""Batched products of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights in integers, row by row on the GGUF blocks.
+
+The byte-plane kernels of legacy_dot.py form each lane's four products in float (one fused multiply-add per
+weight, 64 rows in the SIMD lanes), which suits one activation row. A prompt meets each weight block with many
+activation rows, and there integer products win: per (row, block) the 32 weights are decoded once into a
+<32 x i8> (bytes_from_nibbles_32, the fifth bits of Q5_x, the -8 / -16 offsets of Q4_0 / Q5_0) and, per
+activation, multiplied with its 32 quants by vpmaddubsw / vpmaddwd (ggml's mul_sum_us8_pairs_float and, with
+_mm256_sign_epi8 first, mul_sum_i8_pairs_float) into eight int32 lanes, each the sum of four neighbouring
+products. Then ggml_vec_dot_<type>_q8_<0|1>'s float steps, which is all that decides the bits:
+
+  acc = fma(fp16(d_w) * fp16(d_x), float(lanes), acc)    (<8 x float>, block after block)
+  summs = fma(fp16(m_w), fp16(s_x), summs)               (Q4_1, Q5_1)
+  out = hsum_float_8(acc) (+ summs)
+
+The integer lanes are exact (|weight| <= 128 and |quant| <= 127 keep every vpmaddubsw pair below 2^15), so the
+results equal gemv / gemm of legacy.py bit for bit. The weights are read as (n_rows, row_bytes) raw blocks.
+
+  gemm_int(kind, blocks, xq, out)    blocks (n_rows, nb * size) uint8, xq (m, nb * 34 | 36), out (m, n_rows)
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from engine.quant.types import GGMLType
+
+from .kquant_dot import _fma, _hsum8
+from .simd import (
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    Ops,
+    byte_ptr,
+    call_intrinsic,
+    const_vec,
+    half_to_float,
+    has_feature,
+    load,
+    shuffle,
+    splat_const,
+    vec,
+)
+
+TILE = 16  # activations sharing one decode of each weight block (their accumulators live on the stack)
+_ROWS = 16  # rows per parallel task
+u64 = np.uint64
+V32 = vec(I8, 32)
+# kind -> (block bytes, qs offset, qh offset or -1, offset subtracted from the weights, has a min, act block bytes)
+_SPEC = {
+    int(GGMLType.Q4_0): (18, 2, -1, 8, False, 34),
+    int(GGMLType.Q4_1): (20, 4, -1, 0, True, 36),
+    int(GGMLType.Q5_0): (22, 6, 2, 16, False, 34),
+    int(GGMLType.Q5_1): (24, 8, 4, 0, True, 36),
+    int(GGMLType.Q8_0): (34, 2, -1, 0, False, 34),
+}
+KINDS = tuple(_SPEC)
+
+
+def _decode(kind: int, b, pw):
+    """The 32 weight integers of the block at pw as <32 x i8>, and whether they are signed."""
+    _, qs, qh, offset, _, _ = _SPEC[kind]
+    if kind == int(GGMLType.Q8_0):
+        return load(b, pw, V32, qs), True
+    v = load(b, pw, vec(I8, 16), qs)
+    lo = b.and_(v, splat_const(I8, 15, 16))
+    hi = b.lshr(v, splat_const(I8, 4, 16))
+    w = b.shuffle_vector(lo, hi, const_vec(I32, list(range(32))))  # bytes_from_nibbles_32: low nibbles, then high
+    if qh >= 0:  # bit i of the little-endian qh is the fifth bit of weight i
+        bits = b.insert_element(ir.Constant(vec(I32, 32), None), load(b, pw, I32, qh), ir.Constant(I32, 0))
+        bits = shuffle(b, bits, [0] * 32)
+        bits = b.and_(b.lshr(bits, const_vec(I32, list(range(32)))), splat_const(I32, 1, 32))
+        w = b.or_(w, b.shl(b.trunc(bits, V32), splat_const(I8, 4, 32)))
+    if offset:
+        w = b.sub(w, splat_const(I8, offset, 32))
+    return w, bool(offset)
+
+
+def _lanes(ops: Ops, b, w, signed: bool, x):
+    """<8 x i32>: lane k = sum of the products of weights 4k..4k+3 with quants 4k..4k+3 (maddubs, madd)."""
+    if signed:  # _mm256_sign_epi8(w, w) and _mm256_sign_epi8(x, w)
+        zero = ir.Constant(V32, None)
+        neg = b.icmp_signed("<", w, zero)
+        ax = b.select(neg, b.sub(zero, w), w)
+        sx = b.select(neg, b.sub(zero, x), b.select(b.icmp_signed("==", w, zero), zero, x))
+    else:
+        ax, sx = w, x
+    if ops.vnni:  # one vpdpbusd: the same four-product sums, without the int16 step
+        i32x8 = vec(I32, 8)
+        return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i32x8,
+                              [ir.Constant(i32x8, None), b.bitcast(ax, i32x8), b.bitcast(sx, i32x8)])
+    return ops.madd(ops.maddubs(ax, sx), splat_const(I16, 1, 16))
+
+
+def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride) -> None:
+    """One weight row against m <= TILE activation rows (px0 + a * x_stride), each block decoded once."""
+    size, _, _, _, has_m, act = _SPEC[kind]
+    ops = Ops(context, b)
+    ops.vnni = has_feature(context, "avx512vnni") and has_feature(context, "avx512vl")
+    acc = cgutils.alloca_once(b, vec(F32, 8), size=TILE)
+    summs = cgutils.alloca_once(b, F32, size=TILE)
+    with cgutils.for_range(b, m) as a:
+        b.store(ir.Constant(vec(F32, 8), None), b.gep(acc, [a.index]))
+        b.store(ir.Constant(F32, 0.0), b.gep(summs, [a.index]))
+    with cgutils.for_range(b, nb) as loop:
+        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, size))])
+        w, signed = _decode(kind, b, pw)
+        dw = half_to_float(context, b, load(b, pw, I16, 0))
+        mw = half_to_float(context, b, load(b, pw, I16, 2)) if has_m else None
+        px_b = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, act))])
+        with cgutils.for_range(b, m) as a:
+            px = b.gep(px_b, [b.mul(a.index, x_stride)])
+            q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
+            d = b.fmul(dw, half_to_float(context, b, load(b, px, I16, 0)))
+            p = b.gep(acc, [a.index])
+            b.store(_fma(b, d, q, b.load(p)), p)
+            if has_m:
+                s = b.gep(summs, [a.index])
+                b.store(b.fma(mw, half_to_float(context, b, load(b, px, I16, 2)), b.load(s)), s)
+    with cgutils.for_range(b, m) as a:
+        total = _hsum8(b, b.load(b.gep(acc, [a.index])))
+        if has_m:
+            total = b.fadd(total, b.load(b.gep(summs, [a.index])))
+        b.store(total, b.bitcast(b.gep(po, [b.mul(a.index, o_stride)]), F32.as_pointer()), align=4)
+
+
+def _i64(b, v):
+    return v if v.type == I64 else b.sext(v, I64)
+
+
+def _tile_intrinsic(kind: int):
+    def typer(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
+        def codegen(context, builder, signature, args):
+            w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
+            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+            px = byte_ptr(context, builder, signature.args[3], x_, xo_)
+            po = byte_ptr(context, builder, signature.args[7], out_, oo_)
+            _row_tile(kind, context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_), _i64(builder, m_), po,
+                      _i64(builder, os_))
+            return context.get_dummy_value()
+
+        return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
+
+    typer.__name__ = f"row_tile_{GGMLType(kind).name.lower()}"
+    return intrinsic(typer)
+
+
+_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0 = (_tile_intrinsic(k) for k in KINDS)
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = KINDS
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def gemm_int(kind, blocks, xq, out):
+    """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (the type id as `kind`)."""
+    size = 18 if kind == _Q4_0 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
+    nb = blocks.shape[1] // size
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + _ROWS - 1) // _ROWS):
+        for a0 in range(0, m, TILE):
+            for r in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
+                k = min(TILE, m - a0)
+                at, wo, xo = u64(a0) * os + u64(4 * r), u64(r) * rs, u64(a0) * xs
+                if kind == _Q4_0:
+                    _tile_q4_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                elif kind == _Q4_1:
+                    _tile_q4_1(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                elif kind == _Q5_0:
+                    _tile_q5_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                elif kind == _Q5_1:
+                    _tile_q5_1(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                else:
+                    _tile_q8_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+    return out
