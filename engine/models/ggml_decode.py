@@ -11,8 +11,8 @@ A plan is rebuilt when a weight is swapped (requantizing in the Quantization len
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
