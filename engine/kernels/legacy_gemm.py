@@ -27,7 +27,8 @@ from numba.extending import intrinsic
 
 from engine.quant.types import GGMLType
 
-from .kquant_dot import _fma, _hsum8
+from .activations import f16_to_f32
+from .kquant_dot import _fma, _hsum8, _splat
 from .simd import (
     F32,
     I8,
@@ -96,36 +97,46 @@ def _lanes(ops: Ops, b, w, signed: bool, x):
     return ops.madd(ops.maddubs(ax, sx), splat_const(I16, 1, 16))
 
 
-def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride) -> None:
-    """One weight row against m <= TILE activation rows (px0 + a * x_stride), each block decoded once."""
+def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd0, d_stride) -> None:
+    """One weight row against m <= TILE activation rows (px0 + a * x_stride), each block decoded once.
+
+    pd0 points at the activations' scales as float32, per block a row of TILE d values then TILE s values
+    (d_stride bytes from block to block), so a block's scale products and Q4_1/Q5_1's min terms are one vector
+    operation for all the tile's activations. The activation loop is unrolled (a guard per activation for a
+    short tile) with each activation's accumulators in their own stack slot, which LLVM keeps in registers."""
     size, _, _, _, has_m, act = _SPEC[kind]
     ops = Ops(context, b)
     ops.vnni = has_feature(context, "avx512vnni") and has_feature(context, "avx512vl")
-    acc = cgutils.alloca_once(b, vec(F32, 8), size=TILE)
-    summs = cgutils.alloca_once(b, F32, size=TILE)
-    with cgutils.for_range(b, m) as a:
-        b.store(ir.Constant(vec(F32, 8), None), b.gep(acc, [a.index]))
-        b.store(ir.Constant(F32, 0.0), b.gep(summs, [a.index]))
+    f16x = vec(F32, TILE)
+    accs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None)) for _ in range(TILE)]
+    summs = cgutils.alloca_once_value(b, ir.Constant(f16x, None))
+    live = [b.icmp_signed(">", m, ir.Constant(I64, a)) for a in range(TILE)]
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, size))])
         w, signed = _decode(kind, b, pw)
+        pd = b.gep(pd0, [b.mul(loop.index, d_stride)])
         dw = half_to_float(context, b, load(b, pw, I16, 0))
-        mw = half_to_float(context, b, load(b, pw, I16, 2)) if has_m else None
+        dvec = b.fmul(_splat(b, dw, TILE), load(b, pd, f16x))  # fp16(d_w) * fp16(d_x), one product per activation
+        if has_m:  # summs = fma(fp16(m_w), fp16(s_x), summs), every activation at once
+            mw = half_to_float(context, b, load(b, pw, I16, 2))
+            fma = call_intrinsic(b, f"llvm.fma.v{TILE}f32", f16x, [_splat(b, mw, TILE), load(b, pd, f16x, 4 * TILE),
+                                                                   b.load(summs)])
+            b.store(fma, summs)
         px_b = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, act))])
-        with cgutils.for_range(b, m) as a:
-            px = b.gep(px_b, [b.mul(a.index, x_stride)])
-            q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
-            d = b.fmul(dw, half_to_float(context, b, load(b, px, I16, 0)))
-            p = b.gep(acc, [a.index])
-            b.store(_fma(b, d, q, b.load(p)), p)
+        for a in range(TILE):
+            with b.if_then(live[a], likely=True):
+                px = b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)])
+                q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
+                d = b.extract_element(dvec, ir.Constant(I32, a))
+                b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
+    s_all = b.load(summs)
+    for a in range(TILE):
+        with b.if_then(live[a], likely=True):
+            total = _hsum8(b, b.load(accs[a]))
             if has_m:
-                s = b.gep(summs, [a.index])
-                b.store(b.fma(mw, half_to_float(context, b, load(b, px, I16, 2)), b.load(s)), s)
-    with cgutils.for_range(b, m) as a:
-        total = _hsum8(b, b.load(b.gep(acc, [a.index])))
-        if has_m:
-            total = b.fadd(total, b.load(b.gep(summs, [a.index])))
-        b.store(total, b.bitcast(b.gep(po, [b.mul(a.index, o_stride)]), F32.as_pointer()), align=4)
+                total = b.fadd(total, b.extract_element(s_all, ir.Constant(I32, a)))
+            dst = b.gep(po, [b.mul(ir.Constant(I64, a), o_stride)])
+            b.store(total, b.bitcast(dst, F32.as_pointer()), align=4)
 
 
 def _i64(b, v):
@@ -133,17 +144,18 @@ def _i64(b, v):
 
 
 def _tile_intrinsic(kind: int):
-    def typer(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
+    def typer(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os, sc, so, ss):
         def codegen(context, builder, signature, args):
-            w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
+            w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_, sc_, so_, ss_ = args
             pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
             px = byte_ptr(context, builder, signature.args[3], x_, xo_)
             po = byte_ptr(context, builder, signature.args[7], out_, oo_)
+            pd = byte_ptr(context, builder, signature.args[10], sc_, so_)
             _row_tile(kind, context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_), _i64(builder, m_), po,
-                      _i64(builder, os_))
+                      _i64(builder, os_), pd, _i64(builder, ss_))
             return context.get_dummy_value()
 
-        return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
+        return types.void(w, wo, nb, x, xo, xs, m, out, oo, os, sc, so, ss), codegen
 
     typer.__name__ = f"row_tile_{GGMLType(kind).name.lower()}"
     return intrinsic(typer)
@@ -153,26 +165,44 @@ _tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0 = (_tile_intrinsic(k)
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = KINDS
 
 
+@njit(cache=True, error_model="numpy")
+def _scales(xq, nb, act):
+    """The fp16 d (and s) of every activation block as float32: (n_tiles, nb, 2, TILE), zero past the last row."""
+    m = xq.shape[0]
+    tiles = (m + TILE - 1) // TILE
+    sc = np.zeros((tiles, nb, 2, TILE), np.float32)
+    for a in range(m):
+        for blk in range(nb):
+            o = blk * act
+            sc[a // TILE, blk, 0, a % TILE] = f16_to_f32(np.uint16(xq[a, o]) | (np.uint16(xq[a, o + 1]) << np.uint16(8)))
+            if act == 36:
+                sc[a // TILE, blk, 1, a % TILE] = f16_to_f32(np.uint16(xq[a, o + 2]) | (np.uint16(xq[a, o + 3]) << np.uint16(8)))
+    return sc
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def gemm_int(kind, blocks, xq, out):
     """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (the type id as `kind`)."""
     size = 18 if kind == _Q4_0 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
+    act = 36 if kind == _Q4_1 or kind == _Q5_1 else 34
     nb = blocks.shape[1] // size
+    sc = _scales(xq, nb, act)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    ts, bs = u64(sc.strides[0]), u64(sc.strides[1])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange((n + _ROWS - 1) // _ROWS):
         for a0 in range(0, m, TILE):
             for r in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
                 k = min(TILE, m - a0)
-                at, wo, xo = u64(a0) * os + u64(4 * r), u64(r) * rs, u64(a0) * xs
+                at, wo, xo, so = u64(a0) * os + u64(4 * r), u64(r) * rs, u64(a0) * xs, u64(a0 // TILE) * ts
                 if kind == _Q4_0:
-                    _tile_q4_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                    _tile_q4_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
                 elif kind == _Q4_1:
-                    _tile_q4_1(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                    _tile_q4_1(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
                 elif kind == _Q5_0:
-                    _tile_q5_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                    _tile_q5_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
                 elif kind == _Q5_1:
-                    _tile_q5_1(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                    _tile_q5_1(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
                 else:
-                    _tile_q8_0(blocks, wo, nb, xq, xo, xs, k, out, at, os)
+                    _tile_q8_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
     return out
