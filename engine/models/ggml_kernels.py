@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.activations import fma32, njit, prange
+from engine.kernels.activations import f32_to_f16, fma32, njit, prange
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -93,3 +93,36 @@ def rope_rows(x, cos, sin, neox, out):
                 c, s = cos[t, i], sin[t, i]
                 out[r, t, a] = fma32(x0, c, -(x1 * s))
                 out[r, t, b] = fma32(x0, s, x1 * c)
+
+
+@njit(cache=True, parallel=True)
+def rms_norm_rows(x, w, eps, out):
+    """out = ggml_rms_norm(x) * w for rows x (R, n): squares summed in double one after another, mean rounded to
+    float, 1.0f / sqrtf(mean + eps), then (x * scale) * w; w empty for no multiply."""
+    n = x.shape[1]
+    for r in prange(x.shape[0]):
+        total = 0.0
+        for i in range(n):
+            v = x[r, i] * x[r, i]
+            total += np.float64(v)
+        s = _ONE / np.sqrt(np.float32(total / n) + eps)
+        if w.shape[0]:
+            for i in range(n):
+                out[r, i] = (x[r, i] * s) * w[i]
+        else:
+            for i in range(n):
+                out[r, i] = x[r, i] * s
+
+
+@njit(cache=True, parallel=True)
+def geglu_rows(g, u, table, out):
+    """ggml_vec_geglu_f32 with the fp16 GELU table: 0 at gate <= -10, gate * up at >= 10, else table * up."""
+    for r in prange(g.shape[0]):
+        for i in range(g.shape[1]):
+            x = g[r, i]
+            if x <= np.float32(-10.0):
+                out[r, i] = _ZERO
+            elif x >= np.float32(10.0):
+                out[r, i] = x * u[r, i]
+            else:
+                out[r, i] = table[f32_to_f16(x)] * u[r, i]

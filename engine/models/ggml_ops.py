@@ -59,6 +59,15 @@ def rms_norm(x: npt.ArrayLike, weight: npt.ArrayLike | None, eps: float) -> F32:
     """
     x = _f32(x)
     n = x.shape[-1]
+    if _compiled() and x.ndim >= 1 and x.size >= 4 * n and n:  # a batch of rows: the compiled twin, the same bits
+        from engine.models.ggml_kernels import rms_norm_rows  # noqa: PLC0415
+
+        rows = _rows(x)
+        out = np.empty(rows.shape, np.float32)
+        w = np.empty(0, np.float32) if weight is None else np.ascontiguousarray(np.broadcast_to(_f32(weight), (n,)))
+        with KERNEL_LOCK:
+            rms_norm_rows(rows, w, np.float32(eps), out)
+        return out.reshape(x.shape)
     squares = (x * x).astype(np.float64)
     total = np.cumsum(squares, axis=-1)[..., -1:]  # a running sum: the sequential order, not pairwise
     mean = (total / n).astype(np.float32)
@@ -150,6 +159,14 @@ def geglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     gate <= -10: 0; gate >= 10: gate * up; otherwise the fp16 GELU table at fp16(gate), times up.
     """
     g, u = _f32(gate), _f32(up)
+    if _compiled() and g.shape == u.shape and g.ndim >= 1 and g.size >= 4096:
+        from engine.models.ggml_kernels import geglu_rows  # noqa: PLC0415
+
+        g2, u2 = _rows(g), _rows(u)
+        out = np.empty(g2.shape, np.float32)
+        with KERNEL_LOCK:
+            geglu_rows(g2, u2, gelu_table(), out)
+        return out.reshape(g.shape)
     idx = g.astype(np.float16).view(np.uint16)  # F16C conversion: round to nearest even
     looked_up = gelu_table()[idx] * u
     with np.errstate(invalid="ignore"):
