@@ -69,6 +69,6 @@ class AppState(QObject):
         self._values: dict[str, Any] = {
             "model": None, "loading": None, "backend": "numpy", "generating": False, "tok_s": 0.0,
             "ctx_used": 0, "ctx_size": 0, "kv_bytes": 0, "memory_bytes": 0, "settings": settings,
-            "model_record": None, "attention_record": None, "kv_type": "F32", "kv_full_bytes": None,
+            "model_record": None, "attention_record": None, "kv_type": "F16", "kv_full_bytes": None,
             "attention_path": "",
         }

@@ -22,7 +22,7 @@ class Session:
     cache: Any = None
     recorder: Any = None
     context_limit: int = 4096
-    cache_type: str = "F32"  # the type the next fresh cache holds (F32 | F16 | Q8_0 | Q4_0), set from the GUI
+    cache_type: str = "F16"  # the type the next fresh cache holds (F32 | F16 | Q8_0 | Q4_0), set from the GUI
     backend: str = "auto"  # the array backend the next load uses (auto | numpy | cupy), set from the GUI
     numerics: str = "ggml"  # how the next load computes (ggml | float32), set from the GUI
     generating: threading.Event = field(default_factory=threading.Event)

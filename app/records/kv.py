@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CACHE_TYPES = ("F32", "F16", "Q8_0", "Q4_0")  # as llama.cpp's --cache-type-k / --cache-type-v
-DEFAULT_CACHE_TYPE = "F32"
+DEFAULT_CACHE_TYPE = "F16"  # llama.cpp's default, and the one the compiled decode step runs on
 SETTING_KEY = "cache_type"  # where the choice lives in Settings.extra
 BACKENDS = ("auto", "numpy", "cupy")  # engine.backend's choices; the model loaded next uses it
 BACKEND_KEY = "backend"  # where the backend choice lives in Settings.extra
@@ -49,7 +49,7 @@ class KVInfo:
 
 
 def cache_type_setting(settings: Any) -> str:
-    """The cache type a Settings record asks for (Settings.extra['cache_type']), F32 when unset or unknown."""
+    """The cache type a Settings record asks for (Settings.extra['cache_type']), F16 when unset or unknown."""
     extra = getattr(settings, "extra", None) or {}
     name = str(extra.get(SETTING_KEY, DEFAULT_CACHE_TYPE)).upper()
     return name if name in CACHE_TYPES else DEFAULT_CACHE_TYPE

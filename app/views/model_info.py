@@ -170,7 +170,7 @@ class ModelLens(QWidget):
         if shape is None:
             return
         st = self.state
-        cache_type = getattr(st, "kv_type", None) or "F32"
+        cache_type = getattr(st, "kv_type", None) or "F16"
         n_ctx = int(getattr(st, "ctx_size", 0) or shape.n_ctx)
         rows: list[tuple[str, str]] = []
         if st is not None:

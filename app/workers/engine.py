@@ -184,7 +184,7 @@ class Engine(QObject):
         from engine.cache import CACHE_TYPES  # noqa: PLC0415
 
         name = str(cache_type).upper()
-        self.session.cache_type = name if name in CACHE_TYPES else "F32"
+        self.session.cache_type = name if name in CACHE_TYPES else "F16"
 
     @property
     def cache_type(self) -> str:

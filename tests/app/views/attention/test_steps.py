@@ -123,9 +123,9 @@ def test_lens_step_tab_uses_clicked_token_and_grid_head(qtbot) -> None:
 def test_kv_info_and_cache_cost() -> None:
     info = KVInfo("Q8_0", 100, 1000, 3, 30, ("plain", "tiled", "tiled"))
     assert info.attention_path == "plain + tiled" and KVInfo("F16", 0, 0, 0, 8, ()).attention_path == ""
-    assert cache_type_setting(Settings()) == "F32"
+    assert cache_type_setting(Settings()) == "F16"
     assert cache_type_setting(dataclasses.replace(Settings(), extra={"cache_type": "q4_0"})) == "Q4_0"
-    assert cache_type_setting(dataclasses.replace(Settings(), extra={"cache_type": "Q5_1"})) == "F32"
+    assert cache_type_setting(dataclasses.replace(Settings(), extra={"cache_type": "Q5_1"})) == "F16"
     rec = synthetic_model_record(3, 4, 2)  # head_dim 16: too short for 32-wide blocks
     assert kv_bytes_for(rec, 512, "F16") == 2 * 3 * 512 * 2 * 16 * 2 and kv_bytes_for(rec, 512, "Q8_0") is None
     shape = dataclasses.replace(rec, head_dim=64)
@@ -142,7 +142,7 @@ def test_status_bar_and_sampling_panel_show_the_cache_type(qtbot) -> None:
     bar, panel = StatusPanel(state), SamplingPanel(state)
     qtbot.addWidget(bar)
     qtbot.addWidget(panel)
-    assert bar.kv_cost.text() == "F32" and not bar.path.isVisibleTo(bar)
+    assert bar.kv_cost.text() == "F16" and not bar.path.isVisibleTo(bar)
     state.ctx_size, state.kv_bytes, state.kv_type, state.kv_full_bytes = 4096, 3 << 20, "F16", 90 << 20
     state.attention_path = "tiled"
     assert bar.kv.text() == "KV 3.0 MiB" and bar.kv_cost.text() == "F16 · 90.0 MiB at 4,096"
@@ -150,7 +150,7 @@ def test_status_bar_and_sampling_panel_show_the_cache_type(qtbot) -> None:
     panel.cache_type.setCurrentIndex(panel.cache_type.findData("Q4_0"))
     assert cache_type_setting(state.settings) == "Q4_0"
     panel.reset()
-    assert cache_type_setting(state.settings) == "F32" and panel.cache_type.currentText() == "F32"
+    assert cache_type_setting(state.settings) == "F16" and panel.cache_type.currentText() == "F16"
 
 
 # ---- the real model
