@@ -103,7 +103,8 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
     pd0 points at the activations' scales as float32, per block a row of TILE d values then TILE s values
     (d_stride bytes from block to block), so a block's scale products and Q4_1/Q5_1's min terms are one vector
     operation for all the tile's activations. The activation loop is unrolled (a guard per activation for a
-    short tile) with each activation's accumulators in their own stack slot, which LLVM keeps in registers."""
+    short tile) with each activation's accumulators in their own stack slot, which LLVM keeps in registers. With
+    AVX512-VNNI two activations share one 512-bit vpdpbusd (the same integers, each lane its own activation's)."""
     size, _, _, _, has_m, act = _SPEC[kind]
     ops = Ops(context, b)
     ops.vnni = has_feature(context, "avx512vnni") and has_feature(context, "avx512vl")
@@ -123,12 +124,44 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
                                                                    b.load(summs)])
             b.store(fma, summs)
         px_b = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, act))])
-        for a in range(TILE):
-            with b.if_then(live[a], likely=True):
-                px = b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)])
-                q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
-                d = b.extract_element(dvec, ir.Constant(I32, a))
-                b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
+
+        def one(a):  # activation a alone: <8 x i32> lanes, one fma into its accumulators
+            px = b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)])
+            q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
+            d = b.extract_element(dvec, ir.Constant(I32, a))
+            b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
+
+        if not ops.vnni:
+            for a in range(TILE):
+                with b.if_then(live[a], likely=True):
+                    one(a)
+        else:  # two activations per 512-bit vpdpbusd: the block's weights in both halves
+            w64 = b.shuffle_vector(w, w, const_vec(I32, list(range(32)) * 2))
+            if signed:
+                zero64 = ir.Constant(vec(I8, 64), None)
+                neg64 = b.icmp_signed("<", w64, zero64)
+                ax64 = b.select(neg64, b.sub(zero64, w64), w64)
+                nil64 = b.icmp_signed("==", w64, zero64)
+            else:
+                ax64 = w64
+            i32x16 = vec(I32, 16)
+            for a in range(0, TILE, 2):
+                with b.if_else(live[a + 1], likely=True) as (both, single):
+                    with both:
+                        x0 = load(b, b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)]), V32, act - 32)
+                        x1 = load(b, b.gep(px_b, [b.mul(ir.Constant(I64, a + 1), x_stride)]), V32, act - 32)
+                        x64 = b.shuffle_vector(x0, x1, const_vec(I32, list(range(64))))
+                        if signed:  # _mm512_sign_epi8 semantics, as the 256-bit path
+                            x64 = b.select(neg64, b.sub(zero64, x64), b.select(nil64, zero64, x64))
+                        q = call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", i32x16,
+                                           [ir.Constant(i32x16, None), b.bitcast(ax64, i32x16), b.bitcast(x64, i32x16)])
+                        dp = b.shuffle_vector(dvec, dvec, const_vec(I32, [a] * 8 + [a + 1] * 8))
+                        acc = b.shuffle_vector(b.load(accs[a]), b.load(accs[a + 1]), const_vec(I32, list(range(16))))
+                        acc = call_intrinsic(b, "llvm.fma.v16f32", vec(F32, 16), [dp, b.sitofp(q, vec(F32, 16)), acc])
+                        b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8)))), accs[a])
+                        b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8, 16)))), accs[a + 1])
+                    with single, b.if_then(live[a], likely=True):
+                        one(a)
     s_all = b.load(summs)
     for a in range(TILE):
         with b.if_then(live[a], likely=True):
