@@ -102,6 +102,19 @@ def _token(tok: Any, tid: int | None) -> str:
     return f"{tid} {escape_text(repr(tok.token_text(tid)), 60)}"
 
 
+def compute_note(model: Any) -> str:
+    """Where the products run, for the status bar: 'cupy', 'CPU · numba kernels' (llama.cpp's numbers),
+    'CPU · NumPy fallback (why)' or 'CPU · float32 BLAS' (the textbook numerics)."""
+    name = str(getattr(model.backend, "name", "numpy"))
+    if name != "numpy":
+        return name
+    if getattr(model, "numerics", "ggml") != "ggml":
+        return "CPU · float32 BLAS"
+    from engine.kernels.dispatch import kernel_note  # noqa: PLC0415 - numpy and numba only
+
+    return f"CPU · {kernel_note()}"
+
+
 def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
     """Describe a loaded model for the Model lens (runs on the worker thread)."""
     md = model.gguf.metadata
@@ -126,7 +139,7 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
         path=escape_text(str(model.path), 300),
         file_bytes=int(getattr(model.gguf, "file_size", 0)),
         arch=escape_text(model.arch, 60),
-        backend=str(getattr(model.backend, "name", "numpy")),
+        backend=compute_note(model),
         args=args,
         n_ctx=int(n_ctx),
         metadata=rows,
