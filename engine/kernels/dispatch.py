@@ -225,15 +225,21 @@ class BlockProduct:
         reg = _load()
         ks = reg.kernels.get(qtype, KernelSet())
         self.gemv, self.gemm, self.dequant = ks.gemv, ks.gemm, ks.dequant
-        # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
-        self.weight = ks.repack(blocks) if ks.repack is not None else blocks
-        self.repacked = ks.repack is not None
-        # a repacked copy (not the float types' identity repack) is all the products read from now on, prefill
-        # tiles and Q4_1/Q5_1 block mins included: the raw blocks' file pages can go (repack released them)
-        self.planar = self.weight is not blocks
         # which of ggml-cpu's kernels the numbers follow for a batch: "vec_dot", or the repacked Q4_K path
-        # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them
+        # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them;
+        # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows
         self.path, self.tiled = "vec_dot", None
+        if reg.compiled and qtype == _T.Q8_0 and blocks.shape[0] % 16 == 0 and _q8_0_x16() is not None:
+            self.weight, self.gemv = _q8_0_x16().repack_q8_0_x16(blocks), _gemv_x16
+            pages.release(blocks)  # prompts read the GGUF blocks (legacy_gemm), embeddings a few rows of them
+            self.path, self.repacked, self.planar = "q8_0_x16", True, False
+        else:
+            # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
+            self.weight = ks.repack(blocks) if ks.repack is not None else blocks
+            self.repacked = ks.repack is not None
+            # a repacked copy (not the float types' identity repack) is all the products read from now on, prefill
+            # tiles and Q4_1/Q5_1 block mins included: the raw blocks' file pages can go (repack released them)
+            self.planar = self.weight is not blocks
         # batches of legacy quants: the integer kernel of legacy_gemm on the GGUF blocks (raw_parts, stacked by rows)
         self.batch = _legacy_batch() if reg.compiled and int(qtype) in _LEGACY_INT else None
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
@@ -300,7 +306,7 @@ class BlockProduct:
         The caller holds KERNEL_LOCK around the calls."""
         if self.gemv is None:
             return None
-        if self.qtype in K_QUANTS:
+        if self.qtype in K_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
         from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - only with compiled kernels
@@ -369,6 +375,20 @@ class BlockProduct:
 
 
 _LEGACY_INT = {int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)}
+_X16: list[object] = []
+
+
+def _q8_0_x16() -> object | None:
+    """engine.kernels.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
+    if not _X16:
+        from engine.kernels import q8_0_x16  # noqa: PLC0415 - compiled kernels only
+
+        _X16.append(q8_0_x16 if q8_0_x16.available() else None)
+    return _X16[0]
+
+
+def _gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> None:
+    _q8_0_x16().gemv_q8_0_x16(weight[0], weight[1], xq, out)
 
 
 def _legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
@@ -424,7 +444,7 @@ def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = No
     for i, qtype in enumerate(todo):
         if progress is not None:
             progress(i / max(1, len(todo)))
-        blocks = np.zeros((8, TYPES[qtype].row_bytes(n)), np.uint8)  # eight rows: Q4_K's repacked path too
+        blocks = np.zeros((16, TYPES[qtype].row_bytes(n)), np.uint8)  # Q4_K's repacked and Q8_0's x16 paths too
         blocks.flags.writeable = False
         product = BlockProduct(qtype, blocks, n)
         for rows in (1, 2, GEMV_MAX_ROWS + 1):
