@@ -26,6 +26,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import pages
 from .activations import f16_to_f32
 from .kquant_dot import _splat
 from .simd import (
@@ -150,9 +151,16 @@ def repack_q8_0_x16(blocks: U8) -> tuple[U8, npt.NDArray[np.uint16]]:
     n, row_bytes = blocks.shape
     if n % ROWS or row_bytes % 34:
         raise ValueError(f"Q8_0 x16 needs rows in multiples of {ROWS} and whole blocks, got {blocks.shape}")
-    nb = row_bytes // 34
-    b = np.asarray(blocks).reshape(n // ROWS, ROWS, nb, 34)
-    scales = np.ascontiguousarray(b[..., 0:2].transpose(0, 2, 1, 3)).view(np.uint16).reshape(n // ROWS, nb * ROWS)
-    q = b[..., 2:].reshape(n // ROWS, ROWS, nb, 8, 4) ^ np.uint8(0x80)  # int8 w as the byte of w + 128
-    quants = np.ascontiguousarray(q.transpose(0, 2, 3, 1, 4)).reshape(n // ROWS, nb * 512)
+    nb, ng = row_bytes // 34, n // ROWS
+    b = np.asarray(blocks).reshape(ng, ROWS, nb, 34)
+    quants = np.empty((ng, nb * 512), np.uint8)
+    scales = np.empty((ng, nb * ROWS), np.uint16)
+    step = max(1, (4 << 20) // (ROWS * row_bytes))  # a few MiB at a time: no temporary as large as the weight
+    for g0 in range(0, ng, step):
+        part = b[g0 : g0 + step]
+        k = part.shape[0]
+        scales[g0 : g0 + k] = np.ascontiguousarray(part[..., 0:2].transpose(0, 2, 1, 3)).view(np.uint16).reshape(k, -1)
+        q = part[..., 2:].reshape(k, ROWS, nb, 8, 4) ^ np.uint8(0x80)  # int8 w as the byte of w + 128
+        quants[g0 : g0 + k] = q.transpose(0, 2, 3, 1, 4).reshape(k, nb * 512)
+        pages.release(blocks[g0 * ROWS : (g0 + k) * ROWS])  # these rows' file pages: the copy holds them now
     return quants, scales
