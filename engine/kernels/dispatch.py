@@ -17,14 +17,13 @@ import logging
 import os
 import pkgutil
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels import pages
+from engine.kernels import fallback, pages, paths
 from engine.kernels.activations import KERNEL_LOCK
 from engine.quant import dequantize_rows
 from engine.quant.types import TYPES, GGMLType
@@ -93,7 +92,7 @@ def _load() -> _Registry:
 
 
 def _find_kernels() -> None:
-    from engine.kernels import activations  # noqa: PLC0415 - numba-free at import
+    from engine.kernels import activations
 
     _REG.quantizers = {t: getattr(activations, f"quantize_{t.name.lower()}_ref") for t in (_T.Q8_0, _T.Q8_1)}
     _REG.quantizers[_T.F16] = activations.quantize_f16_ref
@@ -105,7 +104,7 @@ def _find_kernels() -> None:
         _REG.reason = "numba is not installed"
     else:
         try:
-            import engine.kernels as pkg  # noqa: PLC0415
+            import engine.kernels as pkg
 
             mods = [importlib.import_module(f"engine.kernels.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)
                     if m.name not in ("dispatch", "warmup")]
@@ -118,7 +117,7 @@ def _find_kernels() -> None:
                     ks.dequant = ks.dequant or getattr(mod, f"dequantize_rows_{name}", None)
                     ks.repack = ks.repack or getattr(mod, f"repack_{name}", None)
                 _REG.kernels[t] = ks
-            from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
+            from engine.kernels.q8k import quantize_q8_k
 
             _REG.quantizers.update({t: getattr(activations, f"quantize_{t.name.lower()}") for t in (_T.Q8_0, _T.Q8_1)})
             _REG.quantizers[_T.F16] = activations.quantize_f16
@@ -129,7 +128,7 @@ def _find_kernels() -> None:
             _REG.kernels.clear()
             _REG.reason = f"the compiled kernels failed to load ({type(exc).__name__}: {exc})"
     if _T.Q8_K not in _REG.quantizers:
-        from engine.kernels.q8k import quantize_q8_k_ref  # noqa: PLC0415
+        from engine.kernels.q8k import quantize_q8_k_ref
 
         _REG.quantizers[_T.Q8_K] = quantize_q8_k_ref
     if not _REG.compiled:
@@ -191,7 +190,7 @@ class Activation:
         ggml_quantize_mat_q8_K_4x8, the rest by quantize_row_q8_K): engine.kernels.kquant_repack."""
         got = self._bytes.get("q8_k_mat")
         if got is None:
-            from engine.kernels.kquant_repack import quantize_q8_k_mat  # noqa: PLC0415 - compiled kernels only
+            from engine.kernels.kquant_repack import quantize_q8_k_mat
 
             with KERNEL_LOCK:
                 got = self._bytes["q8_k_mat"] = quantize_q8_k_mat(self.x)
@@ -229,8 +228,8 @@ class BlockProduct:
         # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them;
         # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows
         self.path, self.tiled = "vec_dot", None
-        if reg.compiled and qtype == _T.Q8_0 and blocks.shape[0] % 16 == 0 and _q8_0_x16() is not None:
-            self.weight, self.gemv = _q8_0_x16().repack_q8_0_x16(blocks), _gemv_x16
+        if reg.compiled and qtype == _T.Q8_0 and blocks.shape[0] % 16 == 0 and paths.q8_0_x16() is not None:
+            self.weight, self.gemv = paths.q8_0_x16().repack_q8_0_x16(blocks), paths.gemv_x16
             pages.release(blocks)  # prompts read the GGUF blocks (legacy_gemm), embeddings a few rows of them
             self.path, self.repacked, self.planar = "q8_0_x16", True, False
         else:
@@ -241,7 +240,7 @@ class BlockProduct:
             # tiles and Q4_1/Q5_1 block mins included: the raw blocks' file pages can go (repack released them)
             self.planar = self.weight is not blocks
         # batches of legacy quants: the integer kernel of legacy_gemm on the GGUF blocks (raw_parts, stacked by rows)
-        self.batch = _legacy_batch() if reg.compiled and int(qtype) in _LEGACY_INT else None
+        self.batch = paths.legacy_batch() if reg.compiled and int(qtype) in paths.LEGACY_INT else None
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
@@ -251,18 +250,14 @@ class BlockProduct:
         self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
 
     def _llama_cpp_paths(self, blocks: U8) -> None:
-        """Q4_K with rows in eights: repacked as llama.cpp's CPU backend does (q4_K_8x8), its gemv and gemm;
-        Q3_K, Q5_K, Q6_K and other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more.
-        (Not reproduced: Q2_K's tiled path and its AVX-512 repacking, Q4_0's repacking.)"""
-        from engine.kernels import kquant_repack, kquant_tiled  # noqa: PLC0415 - compiled kernels only
-
-        if self.qtype == _T.Q4_K and blocks.shape[0] % kquant_repack.GROUP == 0:
-            self.weight = kquant_repack.repack_q4_k_8x8(blocks)
-            pages.release(blocks)  # the products read the repacked copy only
-            self.gemv, self.gemm = kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
+        """Q4_K with rows in eights: repacked as llama.cpp does (q4_K_8x8), its gemv and gemm; Q3_K, Q5_K, Q6_K and
+        other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more (engine.kernels.paths)."""
+        repacked = paths.q4_k_8x8(blocks) if self.qtype == _T.Q4_K else None
+        if repacked is not None:
+            self.weight, self.gemv, self.gemm = repacked
             self.path, self.repacked, self.planar = "repack_8x8", True, True
         else:
-            self.tiled = getattr(kquant_tiled, f"gemm_tiled_{self.qtype.name.lower()}")
+            self.tiled = paths.tiled_gemm(self.qtype)
 
     def __call__(self, x: F32 | Activation, out: F32 | None = None) -> F32:
         act = x if isinstance(x, Activation) else Activation(x)
@@ -309,7 +304,7 @@ class BlockProduct:
         if self.qtype in K_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
-        from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - only with compiled kernels
+        from engine.kernels.legacy import bind_gemv
 
         return bind_gemv(self.qtype, self.weight, xq, out)
 
@@ -317,7 +312,7 @@ class BlockProduct:
         """Rows [r0, r1) of W as float32 in `scratch` (compiled when available, else NumPy)."""
         tile = scratch[: r1 - r0]
         if self.dequant is not None:
-            with KERNEL_LOCK, _one_numba_thread():
+            with KERNEL_LOCK, fallback.one_numba_thread():
                 self.dequant(self.weight if self.planar or self.blocks is None else self.blocks, r0, r1, tile)
         else:
             tile[:] = dequantize_rows(self.blocks[r0:r1], self.qtype)
@@ -350,7 +345,7 @@ class BlockProduct:
     def rows(self, ids: npt.ArrayLike) -> F32:
         """Rows `ids` of W as float32 (embedding look-ups of a tied output), from the repacked copy when there is one."""
         if self.path == "repack_8x8":
-            from engine.kernels.kquant_repack import unpack_q4_k_8x8  # noqa: PLC0415
+            from engine.kernels.kquant_repack import unpack_q4_k_8x8
 
             return dequantize_rows(unpack_q4_k_8x8(self.weight, ids), self.qtype)
         if self.planar:
@@ -364,71 +359,14 @@ class BlockProduct:
 
     def _tiled(self, act: Activation, out: F32) -> None:
         xv = act.values_for(self.qtype)
-        scratch = _scratch(self.tile_rows * self.n_in).reshape(self.tile_rows, self.n_in)
-        delta = _q8_1_sum_rounding(act.bytes_for(self.qtype)) if self.qtype in (_T.Q4_1, _T.Q5_1) else None
+        scratch = fallback.scratch(self.tile_rows * self.n_in).reshape(self.tile_rows, self.n_in)
+        delta = fallback.q8_1_sum_rounding(act.bytes_for(self.qtype)) if self.qtype in (_T.Q4_1, _T.Q5_1) else None
         for r0 in range(0, self.n_out, self.tile_rows):
             r1 = min(self.n_out, r0 + self.tile_rows)
             tile = self.dequantize_tile(r0, r1, scratch)
             np.matmul(xv, tile.T, out=out[:, r0:r1])
             if delta is not None:
                 out[:, r0:r1] += delta @ self._block_mins(r0, r1).T
-
-
-_LEGACY_INT = {int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)}
-_X16: list[object] = []
-
-
-def _q8_0_x16() -> object | None:
-    """engine.kernels.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
-    if not _X16:
-        from engine.kernels import q8_0_x16  # noqa: PLC0415 - compiled kernels only
-
-        _X16.append(q8_0_x16 if q8_0_x16.available() else None)
-    return _X16[0]
-
-
-def _gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> None:
-    _q8_0_x16().gemv_q8_0_x16(weight[0], weight[1], xq, out)
-
-
-def _legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
-    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
-
-    return gemm_int
-
-
-_SCRATCH = threading.local()
-
-
-@contextmanager
-def _one_numba_thread() -> Iterator[None]:
-    """Dequantize prefill tiles on one numba thread: BLAS, which multiplies them next, keeps its threads spinning
-    between calls, and a parallel kernel interleaved with it waits for cores (measured: 3x slower prefill)."""
-    import numba  # noqa: PLC0415 - only reached when the compiled kernels are in use
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
-
-
-def _scratch(n: int) -> F32:
-    """A float32 buffer of at least n values, one per thread, reused by every tile (fresh pages cost page faults)."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.size < n:
-        buf = _SCRATCH.buf = np.empty(n, np.float32)
-    return buf[:n]
-
-
-def _q8_1_sum_rounding(xq: U8) -> F32:
-    """Per Q8_1 block, s - d * sum(qs): ggml's Q4_1/Q5_1 products add min * s with s rounded to fp16 (T, nb)."""
-    b = xq.reshape(xq.shape[0], -1, 36)
-    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
-    s = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-    sums = b[..., 4:].view(np.int8).sum(axis=-1, dtype=np.int32).astype(np.float32)
-    return s - d * sums
 
 
 def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = None) -> None:

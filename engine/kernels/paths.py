@@ -1,0 +1,64 @@
+"""Which of ggml-cpu's kernels a weight takes, where that is not plain vec_dot, and the compiled kernels for them.
+
+llama.cpp's CPU backend repacks Q4_K weights with rows in eights (q4_K_8x8 gemv/gemm), sends k-quant batches of
+8+ rows of plain weights through its tiled path, and otherwise runs vec_dot (llamafile's tinyBLAS for Q8_0 /
+Q4_0 / Q5_0 batches gives the same bits). The engine follows it: `q4_k_8x8` and `tiled_gemm` here. Two more
+kernels compute vec_dot's numbers faster: `legacy_batch` (integer prompt tiles on the GGUF blocks) and
+`q8_0_x16` (one-row Q8_0 products across sixteen repacked rows, with AVX512-VNNI). Each module loads on first use.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.quant.types import GGMLType
+
+from . import pages
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+_T = GGMLType
+
+LEGACY_INT = {int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0)}
+_X16: list[Any] = []
+
+
+def q8_0_x16() -> Any:
+    """engine.kernels.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
+    if not _X16:
+        from engine.kernels import q8_0_x16
+
+        _X16.append(q8_0_x16 if q8_0_x16.available() else None)
+    return _X16[0]
+
+
+def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> None:
+    q8_0_x16().gemv_q8_0_x16(weight[0], weight[1], xq, out)
+
+
+def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
+    from engine.kernels.legacy_gemm import gemm_int
+
+    return gemm_int
+
+
+def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
+    """(repacked weight, gemv, gemm) of llama.cpp's q4_K_8x8 path for Q4_K rows in eights, else None. The blocks'
+    file pages are released: the products read the repacked copy only."""
+    from engine.kernels import kquant_repack
+
+    if blocks.shape[0] % kquant_repack.GROUP:
+        return None
+    weight = kquant_repack.repack_q4_k_8x8(blocks)
+    pages.release(blocks)
+    return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
+
+
+def tiled_gemm(qtype: GGMLType) -> Callable:
+    """The tiled k-quant gemm of a Q3_K / Q4_K / Q5_K / Q6_K weight (batches of TILED_MIN_ROWS rows or more)."""
+    from engine.kernels import kquant_tiled
+
+    return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
