@@ -234,6 +234,9 @@ class Engine(QObject):
         pending = self._task_pending.get(lane, {})
         for k in [k for k in pending if kind is None or k == kind]:
             pending.pop(k)
+            # a job that never started sends no done or failed of its own: say so, or its view waits for ever
+            # (a sweep asked again while the last one was ending, then cancelled, kept its Run button disabled)
+            self.task_failed.emit(k, "cancelled before it started")
         runner = self._tasks.get(lane)
         if runner is not None and (kind is None or runner.tag == kind):
             runner.cancel.set()
