@@ -40,7 +40,7 @@ from .simd import (
     call_intrinsic,
     const_vec,
     half_to_float,
-    has_feature,
+    has_vnni,
     load,
     shuffle,
     splat_const,
@@ -107,7 +107,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
     AVX512-VNNI two activations share one 512-bit vpdpbusd (the same integers, each lane its own activation's)."""
     size, _, _, _, has_m, act = _SPEC[kind]
     ops = Ops(context, b)
-    ops.vnni = has_feature(context, "avx512vnni") and has_feature(context, "avx512vl")
+    ops.vnni = has_vnni(context)
     f16x = vec(F32, TILE)
     accs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None)) for _ in range(TILE)]
     summs = cgutils.alloca_once_value(b, ir.Constant(f16x, None))

@@ -37,7 +37,7 @@ from .simd import (
     I64,
     byte_ptr,
     call_intrinsic,
-    has_feature,
+    has_vnni,
     load,
     vec,
 )
@@ -101,8 +101,7 @@ def _group_dot(typingctx, q, qo, s, so, nb, xq, xd, xb, out, oo):
 @intrinsic
 def _vnni(typingctx):
     def codegen(context, builder, signature, args):
-        ok = has_feature(context, "avx512vnni") and has_feature(context, "avx512bw")
-        return ir.Constant(ir.IntType(1), int(ok))
+        return ir.Constant(ir.IntType(1), int(has_vnni(context)))
 
     return types.boolean(), codegen
 

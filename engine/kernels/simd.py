@@ -54,6 +54,11 @@ def has_feature(context, name: str) -> bool:
     return f"+{name}" in target_features(context).split(",")
 
 
+def has_vnni(context) -> bool:
+    """AVX512-VNNI with the byte operations its kernels use on 256- and 512-bit vectors (vpdpbusd)."""
+    return all(has_feature(context, f) for f in ("avx512vnni", "avx512vl", "avx512bw"))
+
+
 # ---- memory
 
 

@@ -92,38 +92,33 @@ def _views(bound: list[_Product]) -> list[F32]:
 
 @dataclass
 class _Layer:
-    h_in: _Inputs  # the attention input (q/k/v readers)
-    qkv: list[_Product]
+    """One block as the step calls it: the bound products, their output views and what never changes between tokens."""
+
+    runs: tuple[Callable[[], None], ...]  # the q/k/v products
     q: F32
     k: F32
     v: F32
-    o_in: _Inputs  # the attention output (wo)
     wo: _Product
-    f_in: _Inputs  # the FFN input (gate/up readers)
-    gate_up: list[_Product]
+    ffn_runs: tuple[Callable[[], None], ...]  # the gate/up products
     gate: F32
     up: F32
-    d_in: _Inputs  # the GLU output (down)
     down: _Product
-    # what the calls take that never changes between tokens
     attn_norm: F32
     ffn_norm: F32
     q_norm: F32
     k_norm: F32
     post_attn: F32
     post_ffn: F32
-    h_slots: tuple[int, U8, int, U8]
-    f_slots: tuple[int, U8, int, U8]
+    h_slots: tuple[int, U8, int, U8]  # the attention input's activation types and buffers
+    f_slots: tuple[int, U8, int, U8]  # the FFN input's
+    o_vdt: int  # the attention output's (wo reads it)
+    o_buf: U8
+    d_vdt: int  # the GLU output's (down reads it)
+    d_buf: U8
     window: int
     base: float
     q_scale: np.float32
     kq_scale: np.float32
-    runs: tuple[Callable[[], None], ...]  # q/k/v products
-    ffn_runs: tuple[Callable[[], None], ...]  # gate/up products
-    o_vdt: int
-    o_buf: U8
-    d_vdt: int
-    d_buf: U8
 
 
 class DecodePlan:
@@ -133,7 +128,7 @@ class DecodePlan:
         a = model.args
         self.model = model
         self.key = self._key(model)
-        self.dim, self.d = a.dim, a.head_dim
+        self.dim = a.dim
         self.eps = np.float32(a.norm_eps)
         self.glu = ggml_step.GEGLU if model.glu == "geglu" else ggml_step.SWIGLU
         self.table = ggml_ops.gelu_table() if self.glu == ggml_step.GEGLU else _EMPTY
@@ -183,12 +178,12 @@ class DecodePlan:
         spec = self.model.attention_spec(index)
         one, scale = np.float32(1.0), np.float32(spec.scale)
         q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
-        return _Layer(h_in, qkv, q, k, v, o_in, wo, f_in, gate_up, gate, up, d_in, down,
+        o_vdt, d_vdt = o_in.vdts[0], d_in.vdts[0]
+        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, tuple(p.run for p in gate_up), gate, up, down,
                       layer.attn_norm, layer.ffn_norm, getattr(layer, "q_norm", _EMPTY), getattr(layer, "k_norm", _EMPTY),
                       getattr(layer, "post_attn_norm", _EMPTY), getattr(layer, "post_ffn_norm", _EMPTY),
-                      h_in.slots(), f_in.slots(), spec.window or 0, spec.rope_base, q_scale, kq_scale,
-                      tuple(p.run for p in qkv), tuple(p.run for p in gate_up),
-                      int(o_in.vdts[0]), o_in.bufs[o_in.vdts[0]], int(d_in.vdts[0]), d_in.bufs[d_in.vdts[0]])
+                      h_in.slots(), f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt],
+                      spec.window or 0, spec.rope_base, q_scale, kq_scale)
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -223,9 +218,9 @@ class DecodePlan:
                 glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
                 lay.down.run()
                 delta, post = lay.down.out[0], lay.post_ffn
-                if recorder is not None:
+                if recorder is not None:  # the residual after the block (the next call adds it to x)
                     hidden = x.copy()
-                    rnq(hidden, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
+                    rnq(hidden, delta, post, lay.attn_norm, eps, h, -1, lay.d_buf, -1, lay.d_buf)
                     recorder.record_hidden(i, pos, hidden[None, :])
             rnq(x, delta, post, model.out_norm, eps, h, *self.head_in.slots())
             self.head.run()

@@ -53,6 +53,21 @@ def reduce16(a, o):
     return (u0 + u2) + (u1 + u3)
 
 
+@njit(cache=True, forceinline=True)
+def reduce16_columns(a, dst):
+    """dst[c] = _mm512_reduce_add_ps of a[0:16, c] for every column c (GCC's order, as reduce16), all columns at
+    once; a is overwritten. The V*w products keep one 16-lane accumulator per output in a column of a."""
+    d = a.shape[1]
+    for k in range(8):
+        for c in range(d):
+            a[k, c] = a[k, c] + a[k + 8, c]
+    for k in range(4):
+        for c in range(d):
+            a[k, c] = a[k, c] + a[k + 4, c]
+    for c in range(d):
+        dst[c] = (a[0, c] + a[2, c]) + (a[1, c] + a[3, c])
+
+
 @njit(cache=True, parallel=True)
 def soft_max_chunks(d, e, sums, body):
     """e[:, :body] = v_expf(d[:, :body]); sums[r] = the double sum of each 16-float chunk's

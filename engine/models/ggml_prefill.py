@@ -27,7 +27,7 @@ def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
 
 if HAVE_NUMBA:
     from engine.kernels.activations import f16_to_f32, f32_to_f16, fma32, njit, prange
-    from engine.models.ggml_kernels import reduce16, v_expf1
+    from engine.models.ggml_kernels import reduce16, reduce16_columns, v_expf1
 
     @njit(cache=True, parallel=True)
     def _attend_f16(q, kc, vc, n_keys, mask, scale, n_kv, out):
@@ -73,14 +73,7 @@ if HAVE_NUMBA:
                 w = e[j]
                 for c in range(d):
                     lanes[lane, c] = fma32(f16_to_f32(vc[kv, j, c]), w, lanes[lane, c])
-            for k in range(8):  # _mm512_reduce_add_ps of each output's 16 lanes, all outputs at once
-                for c in range(d):
-                    lanes[k, c] = lanes[k, c] + lanes[k + 8, c]
-            for k in range(4):
-                for c in range(d):
-                    lanes[k, c] = lanes[k, c] + lanes[k + 4, c]
-            for c in range(d):
-                out[h, i, c] = (lanes[0, c] + lanes[2, c]) + (lanes[1, c] + lanes[3, c])
+            reduce16_columns(lanes, out[h, i])  # _mm512_reduce_add_ps of each output's 16 lanes
 
 
 def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask: npt.NDArray[np.bool_],

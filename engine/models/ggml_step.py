@@ -40,14 +40,15 @@ if HAVE_NUMBA:
     )
     from engine.kernels.legacy_floats import _dot_f16_row
     from engine.kernels.q8k import quantize_q8_k_into
-    from engine.models.ggml_kernels import reduce16, v_expf1
+    from engine.models.ggml_kernels import reduce16, reduce16_columns, v_expf1
 
     _ONE = np.float32(1.0)
     _ZERO = np.float32(0.0)
 
     @njit(cache=True)
     def quantize_into(vdt, x, out):
-        """x (1, n) float32 as the bytes of activation type vdt in out (1, nbytes), as ggml-cpu's from_float."""
+        """x (1, n) float32 as the bytes of activation type vdt in out (1, nbytes), as ggml-cpu's from_float;
+        nothing for a type of -1."""
         if vdt == Q8_0_T:
             _nb_quantize_q8(x, out, False)
         elif vdt == Q8_1_T:
@@ -183,17 +184,14 @@ if HAVE_NUMBA:
             for i in range(16):  # GGML_F32x16_REDUCE of the four accumulators, every output at once
                 for t in range(d):
                     red[i, t] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
-            for i in range(8):  # _mm512_reduce_add_ps: 16 -> 8 -> 4 -> 2 -> 1
+            head = out[h * d : (h + 1) * d]
+            reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
+            if max(lo, body64) < min(n_used, n_eff):  # a scalar tail past the last 64-key step: added in double
                 for t in range(d):
-                    red[i, t] = red[i, t] + red[i + 8, t]
-            for i in range(4):
-                for t in range(d):
-                    red[i, t] = red[i, t] + red[i + 4, t]
-            for t in range(d):
-                s64 = np.float64((red[0, t] + red[2, t]) + (red[1, t] + red[3, t]))
-                for j in range(max(lo, body64), min(n_used, n_eff)):
-                    s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
-                out[h * d + t] = np.float32(s64)
+                    s64 = np.float64(head[t])
+                    for j in range(max(lo, body64), min(n_used, n_eff)):
+                        s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
+                    head[t] = np.float32(s64)
             for j in range(lo, n_used):
                 scores[j] = _ZERO
                 w16[j] = _ZERO
