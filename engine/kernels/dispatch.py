@@ -92,7 +92,7 @@ def _load() -> _Registry:
 
 
 def _find_kernels() -> None:
-    from engine.kernels import activations
+    from engine.kernels import activations  # noqa: PLC0415 - numba-free at import
 
     _REG.quantizers = {t: getattr(activations, f"quantize_{t.name.lower()}_ref") for t in (_T.Q8_0, _T.Q8_1)}
     _REG.quantizers[_T.F16] = activations.quantize_f16_ref
@@ -104,7 +104,7 @@ def _find_kernels() -> None:
         _REG.reason = "numba is not installed"
     else:
         try:
-            import engine.kernels as pkg
+            import engine.kernels as pkg  # noqa: PLC0415
 
             mods = [importlib.import_module(f"engine.kernels.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)
                     if m.name not in ("dispatch", "warmup")]
@@ -117,7 +117,7 @@ def _find_kernels() -> None:
                     ks.dequant = ks.dequant or getattr(mod, f"dequantize_rows_{name}", None)
                     ks.repack = ks.repack or getattr(mod, f"repack_{name}", None)
                 _REG.kernels[t] = ks
-            from engine.kernels.q8k import quantize_q8_k
+            from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
 
             _REG.quantizers.update({t: getattr(activations, f"quantize_{t.name.lower()}") for t in (_T.Q8_0, _T.Q8_1)})
             _REG.quantizers[_T.F16] = activations.quantize_f16
@@ -128,7 +128,7 @@ def _find_kernels() -> None:
             _REG.kernels.clear()
             _REG.reason = f"the compiled kernels failed to load ({type(exc).__name__}: {exc})"
     if _T.Q8_K not in _REG.quantizers:
-        from engine.kernels.q8k import quantize_q8_k_ref
+        from engine.kernels.q8k import quantize_q8_k_ref  # noqa: PLC0415
 
         _REG.quantizers[_T.Q8_K] = quantize_q8_k_ref
     if not _REG.compiled:
@@ -190,7 +190,7 @@ class Activation:
         ggml_quantize_mat_q8_K_4x8, the rest by quantize_row_q8_K): engine.kernels.kquant_repack."""
         got = self._bytes.get("q8_k_mat")
         if got is None:
-            from engine.kernels.kquant_repack import quantize_q8_k_mat
+            from engine.kernels.kquant_repack import quantize_q8_k_mat  # noqa: PLC0415 - compiled kernels only
 
             with KERNEL_LOCK:
                 got = self._bytes["q8_k_mat"] = quantize_q8_k_mat(self.x)
@@ -270,15 +270,18 @@ class BlockProduct:
                 self.gemv(self.weight, xq, out.reshape(-1))
         elif self.batch is not None and self.raw_parts is not None:
             xq = act.bytes_for(self.qtype)
-            row = 0
-            for part in self.raw_parts:
-                n = part.shape[0]
-                target = out[:, row : row + n] if len(self.raw_parts) == 1 else np.empty((t, n), np.float32)
+            if len(self.raw_parts) == 1:
                 with KERNEL_LOCK:
-                    self.batch(int(self.qtype), part, xq, target)
-                if target is not out:
-                    out[:, row : row + n] = target
-                row += n
+                    self.batch(int(self.qtype), self.raw_parts[0], xq, out)
+            else:  # stacked parts: each one's rows, then into its columns
+                row = 0
+                for part in self.raw_parts:
+                    n = part.shape[0]
+                    part_out = np.empty((t, n), np.float32)
+                    with KERNEL_LOCK:
+                        self.batch(int(self.qtype), part, xq, part_out)
+                    out[:, row : row + n] = part_out
+                    row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
             gemm = self.gemm
             if self.path == "repack_8x8":
@@ -304,7 +307,7 @@ class BlockProduct:
         if self.qtype in K_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
-        from engine.kernels.legacy import bind_gemv
+        from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - compiled kernels only
 
         return bind_gemv(self.qtype, self.weight, xq, out)
 
@@ -345,7 +348,7 @@ class BlockProduct:
     def rows(self, ids: npt.ArrayLike) -> F32:
         """Rows `ids` of W as float32 (embedding look-ups of a tied output), from the repacked copy when there is one."""
         if self.path == "repack_8x8":
-            from engine.kernels.kquant_repack import unpack_q4_k_8x8
+            from engine.kernels.kquant_repack import unpack_q4_k_8x8  # noqa: PLC0415
 
             return dequantize_rows(unpack_q4_k_8x8(self.weight, ids), self.qtype)
         if self.planar:

@@ -18,7 +18,7 @@ _SCRATCH = threading.local()
 def one_numba_thread() -> Iterator[None]:
     """Dequantize prefill tiles on one numba thread: BLAS, which multiplies them next, keeps its threads spinning
     between calls, and a parallel kernel interleaved with it waits for cores (measured: 3x slower prefill)."""
-    import numba
+    import numba  # noqa: PLC0415 - only reached when the compiled kernels are in use
 
     before = numba.get_num_threads()
     numba.set_num_threads(1)

@@ -29,7 +29,7 @@ _X16: list[Any] = []
 def q8_0_x16() -> Any:
     """engine.kernels.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
     if not _X16:
-        from engine.kernels import q8_0_x16
+        from engine.kernels import q8_0_x16  # noqa: PLC0415 - compiled kernels only
 
         _X16.append(q8_0_x16 if q8_0_x16.available() else None)
     return _X16[0]
@@ -40,7 +40,7 @@ def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> Non
 
 
 def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
-    from engine.kernels.legacy_gemm import gemm_int
+    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
 
     return gemm_int
 
@@ -48,7 +48,7 @@ def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
 def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
     """(repacked weight, gemv, gemm) of llama.cpp's q4_K_8x8 path for Q4_K rows in eights, else None. The blocks'
     file pages are released: the products read the repacked copy only."""
-    from engine.kernels import kquant_repack
+    from engine.kernels import kquant_repack  # noqa: PLC0415 - compiled kernels only
 
     if blocks.shape[0] % kquant_repack.GROUP:
         return None
@@ -59,6 +59,6 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
 
 def tiled_gemm(qtype: GGMLType) -> Callable:
     """The tiled k-quant gemm of a Q3_K / Q4_K / Q5_K / Q6_K weight (batches of TILED_MIN_ROWS rows or more)."""
-    from engine.kernels import kquant_tiled
+    from engine.kernels import kquant_tiled  # noqa: PLC0415 - compiled kernels only
 
     return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
