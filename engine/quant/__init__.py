@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SettingError
-from . import floats, kquantize, kquants, legacy
+from . import floats, iquants, kquantize, kquants, legacy
 from .types import TYPES, GGMLType, TypeInfo, type_by_name, type_info
 
 __all__ = [
@@ -45,6 +45,8 @@ DEQUANTIZERS: dict[GGMLType, BlockKernel] = {
     _T.Q4_K: kquants.dequantize_q4_k,
     _T.Q5_K: kquants.dequantize_q5_k,
     _T.Q6_K: kquants.dequantize_q6_k,
+    **{t: getattr(iquants, f"dequantize_{t.name.lower()}") for t in (
+        _T.IQ4_NL, _T.IQ4_XS, _T.IQ3_XXS, _T.IQ3_S, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ1_S, _T.IQ1_M)},
 }
 
 # the reference quantizers of ggml_quantize_chunk without an imatrix, in ggml-quants.c / ggml.c

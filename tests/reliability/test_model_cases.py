@@ -397,8 +397,8 @@ CASE19: list[tuple[str, Builder, str]] = [
     ("norm-type-i32", edit(replace={"blk.0.attn_norm.weight": ("blk.0.attn_norm.weight", GGMLType.I32, (64,),
                                                                 np.ones(64, np.int32))}),
      r"tensor 'blk\.0\.attn_norm\.weight': type I32 is not supported by GGUF Lens"),
-    ("norm-type-iq4-nl", edit(replace={"blk.0.ffn_norm.weight": ("blk.0.ffn_norm.weight", GGMLType.IQ4_NL, (64,), bytes(36))}),
-     r"tensor 'blk\.0\.ffn_norm\.weight': type IQ4_NL is not supported"),
+    ("norm-type-mxfp4", edit(replace={"blk.0.ffn_norm.weight": ("blk.0.ffn_norm.weight", GGMLType.MXFP4, (64,), bytes(34))}),
+     r"tensor 'blk\.0\.ffn_norm\.weight': type MXFP4 is not supported"),
 ]
 
 

@@ -65,7 +65,7 @@ def test_bad_input_is_rejected_with_a_message() -> None:
     with pytest.raises(ValueError, match="18 bytes"):
         decode_block(np.zeros(17, np.uint8), GGMLType.Q4_0)
     with pytest.raises(ValueError, match="not supported"):
-        decode_block(np.zeros(TYPES[GGMLType.IQ2_XXS].type_size, np.uint8), GGMLType.IQ2_XXS)
+        decode_block(np.zeros(TYPES[GGMLType.TQ1_0].type_size, np.uint8), GGMLType.TQ1_0)
 
 
 @pytest.mark.parametrize("file", [SMOLLM2_FILE, GEMMA3_FILE])
