@@ -42,12 +42,14 @@ TILE_BYTES = 8 << 20  # float32 bytes of one dequantized weight tile in the pref
 
 _T = GGMLType
 K_QUANTS = (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
+# the i-quants: vec_dot on Q8_K rows (Q8_0 for IQ4_NL), engine.kernels.iquant_dot
+I_QUANTS = (_T.IQ4_NL, _T.IQ4_XS, _T.IQ3_XXS, _T.IQ3_S, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ1_S, _T.IQ1_M)
 # type_traits_cpu[type].vec_dot_type in ggml-cpu.c
 VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
     _T.F32: _T.F32, _T.F16: _T.F16, _T.BF16: _T.BF16,
     _T.Q4_0: _T.Q8_0, _T.Q5_0: _T.Q8_0, _T.Q8_0: _T.Q8_0,
     _T.Q4_1: _T.Q8_1, _T.Q5_1: _T.Q8_1,
-    **{t: _T.Q8_K for t in K_QUANTS},
+    **{t: _T.Q8_K for t in K_QUANTS + I_QUANTS}, _T.IQ4_NL: _T.Q8_0,
 }
 
 
@@ -304,7 +306,7 @@ class BlockProduct:
         The caller holds KERNEL_LOCK around the calls."""
         if self.gemv is None:
             return None
-        if self.qtype in K_QUANTS or self.path == "q8_0_x16":
+        if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
         from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - compiled kernels only
