@@ -1,8 +1,12 @@
-"""The Jinja sandbox chat templates render in: ImmutableSandboxedEnvironment plus time, size and depth caps."""
+"""The Jinja sandbox chat templates render in: ImmutableSandboxedEnvironment plus time, size and depth caps.
+
+The environment has the options, globals and filters transformers gives a template (`template_globals`);
+every operator, call, filter and output chunk is checked against a deadline and size caps, so a hostile
+template falls back instead of hanging or exhausting memory (RELIABILITY cases 1, 21).
+"""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import string
@@ -10,7 +14,6 @@ import sys
 import time
 import types
 from collections.abc import Callable, Mapping, MappingView
-from datetime import datetime
 from typing import Any
 
 from jinja2 import Undefined, nodes, pass_eval_context
@@ -18,7 +21,9 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.exceptions import SecurityError
 from jinja2.filters import do_batch, do_format, do_indent, do_replace, do_wordwrap, make_attrgetter, sync_do_slice
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import Namespace, _PassArg, generate_lorem_ipsum
+from jinja2.utils import Namespace, _PassArg
+
+from engine.chat.template_globals import GLOBALS, GenerationTag, LimitExceeded, tojson
 
 
 log = logging.getLogger(__name__)
@@ -35,14 +40,6 @@ MAX_NESTING = 100  # brackets plus blocks nested deeper than this are refused be
 _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d*)(?:\.(\*|\d*))?")
 _BLOCK_TAG = re.compile(r"\{%[-+]?\s*(end)?(?:if|for|macro|call|filter|with|block)\b")
 _DELIMITER = re.compile(r"\{[{%#][-+]?|[-+]?[}%#]\}")
-
-
-class LimitExceeded(Exception):
-    """A chat template ran past a time, size or nesting limit."""
-
-
-class TemplateRaised(Exception):
-    """The template called raise_exception(message)."""
 
 
 class _CountingCodeGenerator(CodeGenerator):
@@ -66,22 +63,6 @@ class _CountingCodeGenerator(CodeGenerator):
             self.visit(arg, frame)
             self.write(", ")
         self.write("))")
-
-
-def _raise_exception(message: Any = "") -> None:
-    raise TemplateRaised(str(message)[:500])
-
-
-def _strftime_now(fmt: str = "%Y-%m-%d") -> str:
-    if not isinstance(fmt, str) or len(fmt) > 200:
-        raise LimitExceeded("strftime_now format too long")
-    return datetime.now().strftime(fmt)
-
-
-def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 (jinja's names)
-    if n > 100 or max > 1000 or min > max:
-        raise LimitExceeded("lipsum too long")
-    return generate_lorem_ipsum(n, html, min, max)
 
 
 def _check_width(width: Any, what: str) -> None:
@@ -137,18 +118,18 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
     code_generator_class = _CountingCodeGenerator
 
     def __init__(self) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
+        # the options and extensions transformers compiles chat templates with, plus the output hook
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, "jinja2.ext.loopcontrols"],
                          finalize=self._finalize)
         self.deadline = float("inf")
         self.output_limit = OUTPUT_LIMIT
         self.depth = 0
         self.emitted = 0
         self._weights: dict[int, tuple[Any, int]] = {}
-        self.globals.update(range=self._range, lipsum=_lipsum, raise_exception=_raise_exception,
-                            strftime_now=_strftime_now)
+        self.globals.update(GLOBALS, range=self._range)
         self.filters.update(center=self._center, indent=self._indent, wordwrap=self._wordwrap, format=self._format,
                             replace=self._replace, join=self._join, batch=self._batch, slice=self._slice,
-                            tojson=self._tojson)
+                            tojson=tojson)
         self.filters = {name: self._checked_filter(f) for name, f in self.filters.items()}
 
     def start(self, time_limit_s: float, output_limit: int) -> None:
@@ -381,15 +362,6 @@ class _CappedEnvironment(ImmutableSandboxedEnvironment):
             raise LimitExceeded("slice count too large")
         return sync_do_slice(value, slices, fill_with)
 
-    @staticmethod
-    def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-                sort_keys: bool = False) -> str:
-        # as Hugging Face's chat-template tojson (no HTML escaping, unicode kept)
-        if isinstance(indent, int) and indent > 16 or isinstance(indent, str) and len(indent) > 16:
-            raise LimitExceeded("tojson indent wider than 16")
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
 
 class _Deadline:
     """Context manager that traces Python lines in this thread and raises LimitExceeded past the deadline."""
@@ -410,6 +382,3 @@ class _Deadline:
 
     def __exit__(self, *exc: Any) -> None:
         sys.settrace(self._old)
-
-
-# -- the public class -----------------------------------------------------------------------------

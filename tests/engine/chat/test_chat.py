@@ -151,7 +151,7 @@ def test_ordinary_templates_render_like_a_plain_sandbox(name: str) -> None:
     plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     plain.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
     want = plain.from_string(_ORDINARY[name]).render(messages=CONVERSATION, add_generation_prompt=True,
-                                                     bos_token="<s>", eos_token="</s>")
+                                                     bos_token="<s>", eos_token="</s>", tools=None, documents=None)
     result = _hostile(_ORDINARY[name], bos_token="<s>", eos_token="</s>").render(CONVERSATION)
     assert result.warning is None and result.text == want
 
@@ -279,11 +279,10 @@ def test_bombs_stay_within_memory_in_a_subprocess() -> None:
 
 
 @pytest.mark.parametrize("source, fragment", [
-    ("{% generation %}{{ m }}{% endgeneration %}", "could not be parsed"),
+    ("{% generation %}{{ m }}{% endgeneration", "could not be parsed"),
     ("{% for m in messages %}{{ m.content }", "could not be parsed"),
     ("{{ messages[0]['content'] + 1 }}", "failed (TypeError"),
-    ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}",
-     "raised an error: System role not supported"),
+    ("{{ raise_exception('System role not supported') }}", "raised an error: System role not supported"),
     ("{% if false %}never{% endif %}   \n", "rendered an empty prompt"),
     ("{{ undefined_thing.attr.deeper }}", "failed (UndefinedError"),
     ("x" * (2 << 20), "exceeded limits"),
