@@ -43,6 +43,11 @@ def softmax(x: F32, axis: int = -1) -> F32:
     return e / np.where(s > 0, s, 1.0)
 
 
+def soft_cap(x: F32, cap: float) -> F32:
+    """cap * tanh(x / cap) as llama.cpp builds it: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap."""
+    return np.tanh(x * np.float32(1.0 / cap)).astype(np.float32) * np.float32(cap)
+
+
 def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = None) -> npt.NDArray[np.bool_]:
     """(T, k_len) bool: True where query at absolute position q_pos[t] may see key j (j <= pos, and pos - j < window)."""
     j = np.arange(k_len)[None, :]
@@ -55,18 +60,22 @@ def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = N
 
 def attention(
     q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_] | None, scale: float,
-    round_weights: Callable[[F32], F32] | None = None,
+    round_weights: Callable[[F32], F32] | None = None, softcap: float | None = None,
 ) -> tuple[F32, F32]:
     """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S) or None when every key is visible.
 
     `round_weights` rounds the softmax weights before they multiply V, as ggml converts them to the V cache's
-    type (F16) for that product. Returns (out (Hq, T, d), weights (Hq, T, S)).
+    type (F16) for that product. `softcap` (Gemma 2) caps the raw scores as cap * tanh(kq / cap) before the scale
+    (build_attn_mha's attn_soft_cap). Returns (out (Hq, T, d), weights (Hq, T, S)).
     """
     hq, t, d = q.shape
     hkv = k.shape[0]
     g = hq // hkv
     qg = q.reshape(hkv, g * t, d)  # (Hkv, G*T, d): query heads h = kv*G + i share kv head kv
-    scores = (qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1) * np.float32(scale)  # (Hq, T, S)
+    if softcap is None:
+        scores = (qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1) * np.float32(scale)  # (Hq, T, S)
+    else:
+        scores = soft_cap((qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1), softcap) * np.float32(scale)
     if mask is not None:
         scores = np.where(mask[None], scores, np.float32(-np.inf))
     w = softmax(scores)
@@ -186,6 +195,15 @@ class MetadataView:
         if not math.isfinite(v):
             raise ModelFormatError(full, "must be finite", v)
         return v
+
+    def string(self, key: str, default: str) -> str:
+        full, v = self._get(key, default)
+        if not isinstance(v, str):
+            raise ModelFormatError(full, f"must be a string, got {type(v).__name__}", v)
+        return v
+
+    def has(self, key: str) -> bool:
+        return self._get(key, None)[1] is not None
 
     def reject_experts(self) -> None:
         """Mixture-of-experts variants need router tensors this engine does not run: refuse them by name."""

@@ -17,7 +17,7 @@ from engine.kernels.activations import KERNEL_LOCK
 from engine.models import decode, ggml_attention, ggml_ops, ggml_prefill
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, LayerAttentionSpec, attention, causal_mask, rms_norm
-from engine.models.rope import apply_rope, rope_angles
+from engine.models.rope import NO_SCALING, RopeScaling, apply_rope, rope_angles
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, FusedLinear, Linear, QTensor
 
@@ -142,6 +142,8 @@ class DecoderModel:
     glu: ClassVar[str] = "swiglu"  # the gated activation of the FFN: 'swiglu' or 'geglu'
     query_scaled: ClassVar[bool] = False  # True: q is scaled by the spec's scale after RoPE and attention uses 1
     ROPE_BLOCK: ClassVar[int] = 256  # positions per memoised RoPE table (ggml numerics)
+    rope_scaling: RopeScaling = NO_SCALING  # factors / linear / YaRN, set by architectures whose metadata asks
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap) before the softmax
 
     def __init__(self, args: BaseArgs, weights: Weights):
         self.args = args
@@ -183,6 +185,7 @@ class DecoderModel:
         if recorder is not None:
             recorder.begin(start, t)
         self._rounding = attention_rounding(cache.qtype) if self.numerics == "ggml" else (None, None)
+        self.select_rope(cache.n_ctx)
         x = self.embed(ids)
         if t == 1 and self.numerics == "ggml" and compiled():
             from engine.models.ggml_decode import plan_for  # noqa: PLC0415 - compiled kernels only
@@ -193,6 +196,9 @@ class DecoderModel:
                 return plan.step(x, cache, start, recorder)
         x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
         return self.head(x, all_logits)
+
+    def select_rope(self, n_ctx: int) -> None:
+        """Choose RoPE scaling that depends on the context size (Phi-3's long/short factors); nothing by default."""
 
     def embed_rows(self, tok_embd: QTensor, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """Embedding rows; with tied embeddings in ggml numerics, read from the output head's repacked copy
@@ -220,7 +226,7 @@ class DecoderModel:
 
     def attend(
         self, q: np.ndarray, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float,
-        window: int | None, masks: dict,
+        window: int | None, masks: dict, softcap: float | None = None,
     ) -> np.ndarray:
         """Attention of one layer's queries q (Hq, T, d) over the cache's keys [0, end) (written already).
 
@@ -235,26 +241,27 @@ class DecoderModel:
                 masks[window] = causal_mask(pos, end, window)
             n_kv = ggml_attention.kv_length(end, cache.n_ctx)
             rows = cache.rows(layer)
-            if stored[0].dtype == np.float16 and ggml_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
+            if softcap is None and stored[0].dtype == np.float16 and ggml_prefill.takes(q.shape[1], q.shape[2], n_kv) \
+                    and compiled():
                 with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
                     return ggml_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv)
-            out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv)
+            out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap)
             return out
         keys, values = cache.keys(layer, end), cache.values(layer, end)
         n_keys = keys.shape[1]
         round_q, round_w = self._rounding
         if round_q is not None:
             q = round_q(q)
-        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys:
+        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys and softcap is None:
             self.attention_path = "tiled"
             return attention_tiled(q, keys, values, pos, scale, window)
         self.attention_path = "plain"
         if q.shape[1] == 1 and (window is None or n_keys <= window):
-            out, _ = attention(q, keys, values, None, scale, round_w)  # one new token sees every cached key
+            out, _ = attention(q, keys, values, None, scale, round_w, softcap)  # one new token sees every cached key
             return out
         if window not in masks:
             masks[window] = causal_mask(pos, n_keys, window)
-        out, _ = attention(q, keys, values, masks[window], scale, round_w)
+        out, _ = attention(q, keys, values, masks[window], scale, round_w, softcap)
         return out
 
     # ---- the elementwise maths, as ggml computes it (ggml numerics) or the textbook way (float32)
@@ -266,7 +273,8 @@ class DecoderModel:
         return rms_norm(x, weight, self.args.norm_eps)
 
     def rope_tables(self, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin (T, rope_dim/2) of the positions: ggml's theta recurrence and libm, or exact float64 angles."""
+        """cos and sin (T, rope_dim/2) of the positions: ggml's theta recurrence and libm, or exact float64 angles
+        (`freqs` already scaled as rope.rope_freqs does; the model's rope_scaling gives the magnitude)."""
         if self.numerics == "ggml":
             pos = np.asarray(pos, np.int64)
             if pos.size and pos.min() >= 0:
@@ -275,18 +283,27 @@ class DecoderModel:
                 cos = np.concatenate([c for c, _ in blocks]) if len(blocks) > 1 else blocks[0][0]
                 sin = np.concatenate([s for _, s in blocks]) if len(blocks) > 1 else blocks[0][1]
                 return cos[pos - first], sin[pos - first]
-            return ggml_ops.rope_cache(pos, self.args.rope_dim, base)
-        return rope_angles(pos, freqs)
+            return self._ggml_rope(pos, base)
+        return rope_angles(pos, freqs, self.rope_scaling.mscale())
+
+    def _ggml_rope(self, pos: np.ndarray, base: float) -> tuple[np.ndarray, np.ndarray]:
+        """ggml_rope_cache_init for these positions with the model's scaling (ggml_rope_ext's arguments)."""
+        sc, n = self.rope_scaling, self.args.rope_dim
+        if sc is NO_SCALING:
+            return ggml_ops.rope_cache(pos, n, base)
+        ramp = sc.ramp(n, base) if sc.ext_factor != 0.0 else None
+        return ggml_ops.rope_cache(pos, n, base, sc.freq_scale, sc.factors, sc.mscale(), ramp)
 
     def _rope_block(self, base: float, block: int) -> tuple[np.ndarray, np.ndarray]:
         """ggml's RoPE cache for positions [block * ROPE_BLOCK, +ROPE_BLOCK), computed once (each position's row
-        depends on that position alone, so a row is the same whichever batch computed it)."""
+        depends on that position alone, so a row is the same whichever batch computed it); keyed by the scaling
+        too (Phi-3 switches between its long and short factors with the context size)."""
         memo = self.__dict__.setdefault("_rope_memo", {})
-        key = (float(base), block)
+        key = (float(base), block, id(self.rope_scaling))
         got = memo.get(key)
         if got is None:
             n = self.ROPE_BLOCK
-            got = memo[key] = ggml_ops.rope_cache(np.arange(block * n, (block + 1) * n), self.args.rope_dim, base)
+            got = memo[key] = self._ggml_rope(np.arange(block * n, (block + 1) * n), base)
         return got
 
     def rope_row(self, base: float, pos: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,6 +30,7 @@ from engine.kernels.activations import (
     quantize_f16,
 )
 from engine.kernels.legacy import gemm_f16, gemm_f32
+from engine.models.base import soft_cap
 from engine.models.ggml_math import fma32 as fma32_np
 from engine.models.ggml_ops import soft_max
 
@@ -198,15 +199,18 @@ def kqv(weights: F32, values: np.ndarray) -> F32:
 
 def attention(
     q: F32, keys: np.ndarray, values: np.ndarray, mask: npt.NDArray[np.bool_] | None, scale: float,
-    n_kv: int | None = None,
+    n_kv: int | None = None, softcap: float | None = None,
 ) -> tuple[F32, F32]:
     """kq -> soft_max_ext(scale, mask) -> kqv. mask (T, S) True where visible (None: all S keys visible).
+    softcap (Gemma 2): kq -> cap * tanh(kq / cap) before the softmax, as build_attn_mha does.
 
     Returns (out (Hq, T, d), weights (Hq, T, S)), the weights without the padding.
     """
     s = keys.shape[1]
     n_kv = kv_length(s) if n_kv is None else n_kv
     scores = kq(q, keys, n_kv)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
     full = np.zeros((q.shape[1], n_kv), bool)
     full[:, :s] = True if mask is None else mask
     w = soft_max(scores, scale, full)

@@ -115,6 +115,7 @@ class _Layer:
     o_buf: U8
     d_vdt: int  # the GLU output's (down reads it)
     d_buf: U8
+    biases: tuple[F32, F32, F32] | None  # q, k, v biases added after the products (ggml_add)
     window: int
     base: float
     q_scale: np.float32
@@ -151,7 +152,8 @@ class DecodePlan:
         self.o = np.zeros((1, a.n_heads * a.head_dim), np.float32)
         self.q_rot = np.zeros((a.n_heads, a.head_dim), np.float32)
         self.act = np.zeros((1, a.hidden_dim), np.float32)
-        self.ok = a.hidden_dim % 16 == 0
+        # soft-capping (Gemma 2) is not in the compiled step: those models take the NumPy path, the same numbers
+        self.ok = a.hidden_dim % 16 == 0 and model.attn_softcap is None and getattr(a, "final_softcap", None) is None
 
     @staticmethod
     def _key(model: DecoderModel) -> tuple[int]:
@@ -173,17 +175,17 @@ class DecodePlan:
             return None
         if len(h_in.vdts) > 2 or len(f_in.vdts) > 2:
             return None  # residual_norm_quant fills two activation types
-        q, k, v = _views(qkv)
-        gate, up = _views(gate_up)
+        q, k, v = _views(qkv) if not hasattr(layer, "split_qkv") else layer.split_qkv(_views(qkv))
+        gate, up = _views(gate_up) if not hasattr(layer, "split_ffn") else layer.split_ffn(_views(gate_up))
         spec = self.model.attention_spec(index)
         one, scale = np.float32(1.0), np.float32(spec.scale)
         q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
         o_vdt, d_vdt = o_in.vdts[0], d_in.vdts[0]
         return _Layer(tuple(p.run for p in qkv), q, k, v, wo, tuple(p.run for p in gate_up), gate, up, down,
-                      layer.attn_norm, layer.ffn_norm, getattr(layer, "q_norm", _EMPTY), getattr(layer, "k_norm", _EMPTY),
-                      getattr(layer, "post_attn_norm", _EMPTY), getattr(layer, "post_ffn_norm", _EMPTY),
+                      layer.attn_norm, layer.ffn_norm, _vec(layer, "q_norm"), _vec(layer, "k_norm"),
+                      _vec(layer, "post_attn_norm"), _vec(layer, "post_ffn_norm"),
                       h_in.slots(), f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt],
-                      spec.window or 0, spec.rope_base, q_scale, kq_scale)
+                      getattr(layer, "biases", None), spec.window or 0, spec.rope_base, q_scale, kq_scale)
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -205,6 +207,10 @@ class DecodePlan:
                 rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
                 for run in lay.runs:
                     run()
+                if lay.biases is not None:  # build_qkv's ggml_add of each bias, in place in the product rows
+                    lay.q += lay.biases[0]
+                    lay.k += lay.biases[1]
+                    lay.v += lay.biases[2]
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
@@ -225,6 +231,12 @@ class DecodePlan:
             rnq(x, delta, post, model.out_norm, eps, h, *self.head_in.slots())
             self.head.run()
         return self.head.out.copy()
+
+
+def _vec(layer, name: str) -> F32:
+    """A layer's optional norm weight, or the empty array the compiled step reads as 'none'."""
+    v = getattr(layer, name, None)
+    return _EMPTY if v is None else v
 
 
 def plan_for(model: DecoderModel) -> DecodePlan:

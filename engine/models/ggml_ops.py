@@ -242,13 +242,15 @@ def rope_theta_scale(base: float, n_dims: int) -> np.float32:
 
 def rope_cache(
     positions: npt.ArrayLike, n_dims: int, base: float, freq_scale: float = 1.0,
-    freq_factors: npt.ArrayLike | None = None, attn_factor: float = 1.0,
+    freq_factors: npt.ArrayLike | None = None, attn_factor: float = 1.0, ramp: npt.ArrayLike | None = None,
 ) -> tuple[F32, F32]:
-    """ggml_rope_cache_init without YaRN (ext_factor 0): (cos, sin), each (T, n_dims/2) float32.
+    """ggml_rope_cache_init and rope_yarn (ggml-cpu ops.cpp): (cos, sin), each (T, n_dims/2) float32.
 
     theta starts at float(pos) and is multiplied by theta_scale pair after pair in float (not
-    pos * theta_scale^i); each pair takes cosf/sinf(freq_scale * theta / freq_factor) * attn_factor,
-    with glibc's cosf/sinf.
+    pos * theta_scale^i); each pair takes theta / freq_factor, theta_interp = freq_scale * that, with YaRN
+    (ramp: rope_yarn_ramp * ext_factor per pair, None without) theta_interp * (1 - ramp) + theta * ramp
+    (one fused multiply-add, as GCC contracts it), then cosf/sinf(theta) * attn_factor with glibc's cosf/sinf.
+    attn_factor is the whole mscale (rope_yarn's 1 + 0.1 ln(1/freq_scale) already in it, RopeScaling.mscale).
     """
     pos = np.asarray(positions).astype(np.float32).reshape(-1)
     ts = rope_theta_scale(base, n_dims)
@@ -260,7 +262,11 @@ def rope_cache(
         t = t * ts
     if freq_factors is not None:
         theta = theta / _f32(freq_factors)[:half]
-    theta = np.float32(freq_scale) * theta
+    if ramp is not None:
+        mix = _f32(ramp)[:half]
+        theta = fma32(np.float32(freq_scale) * theta, np.float32(1.0) - mix, theta * mix)
+    else:
+        theta = np.float32(freq_scale) * theta
     c, s = cosf(theta), sinf(theta)
     if attn_factor != 1.0:
         c, s = c * np.float32(attn_factor), s * np.float32(attn_factor)

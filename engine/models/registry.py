@@ -34,7 +34,7 @@ def model_class(arch: str) -> type[DecoderModel]:
         raise ModelFormatError("general.architecture", f"is not supported (supported: {known})", arch) from None
 
 
-_SHARED = {"base", "decoder", "registry", "rope"}
+_SHARED = {"base", "decoder", "registry", "rope", "transformer"}
 
 
 def _discover() -> None:

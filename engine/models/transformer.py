@@ -1,0 +1,263 @@
+"""The pre-norm decoder most GGUF architectures are variations of, as one runner with per-architecture switches.
+
+llama.cpp writes one graph per architecture (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp, gemma2.cpp),
+and they differ in a handful of places: biases on q/k/v, per-head q/k RMSNorm, a fused attn_qkv or gate+up
+matrix, where the query scale goes, post-attention and post-FFN norms, the GLU, soft-capping, sliding windows
+on some layers, RoPE's pair layout and scaling. `Transformer.run_layers` is that graph with each of those as a
+switch, op for op in the order llama.cpp adds the ops; each architecture file sets its switches and reads its
+metadata. (gemma3.py keeps its own loop, held bit for bit to llama.cpp by the golden tests.)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.errors import ModelFormatError
+from engine.models import ggml_ops
+from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh, silu
+from engine.models.decoder import DecoderModel, Weights
+from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs, yarn_attn_factor
+from engine.tensor import FusedLinear, Linear
+
+if TYPE_CHECKING:  # the recorder is passed in; models never build one
+    from engine.observe.recorder import Recorder
+
+F32 = npt.NDArray[np.float32]
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama-model.cpp's LLAMA_ROPE_SCALING_TYPES
+
+
+@dataclass
+class TransformerArgs(BaseArgs):
+    """BaseArgs plus what the variations read: RoPE scaling, sliding windows, soft-capping, the query scale."""
+
+    rope_scaling_type: str = "linear"  # rope.scaling.type (llama.cpp's default when the key is absent)
+    rope_freq_scale: float = 1.0  # 1 / rope.scaling.factor (or rope.scale_linear)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length, else context_length
+    sliding_window: int | None = None
+    swa_pattern: int = 0  # layer i slides when i % pattern < pattern - 1 (llama_hparams::set_swa_pattern)
+    rope_base_swa: float = 0.0  # rope.freq_base_swa, else rope.freq_base
+    attn_softcap: float | None = None  # attn_logit_softcapping
+    final_softcap: float | None = None  # final_logit_softcapping
+    attn_scale: float = 0.0  # the attention scale; 1/sqrt(head_dim) unless the architecture says otherwise
+
+    def is_swa(self, layer: int) -> bool:
+        p = self.swa_pattern
+        return self.sliding_window is not None and p > 0 and layer % p < p - 1
+
+    @classmethod
+    def read(cls, md: dict[str, Any], n_vocab: int, arch: str, rope_base: float, **extra: Any) -> TransformerArgs:
+        """The common fields and RoPE scaling from `<arch>.*` metadata (llama_model::load_hparams)."""
+        m = MetadataView(md, arch)
+        common = cls.common_fields(m, n_vocab, rope_base)
+        kind = m.string("rope.scaling.type", "linear")
+        if kind not in ROPE_SCALING_TYPES:
+            raise ModelFormatError(f"{arch}.rope.scaling.type", f"is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})", kind)
+        factor = m.float("rope.scaling.factor", m.float("rope.scale_linear", 0.0))
+        if factor < 0:
+            raise ModelFormatError(f"{arch}.rope.scaling.factor", "must not be negative", factor)
+        value_length = m.optional_int("attention.value_length")
+        if value_length is not None and value_length != common["head_dim"]:
+            raise ModelFormatError(f"{arch}.attention.value_length", f"differs from key_length {common['head_dim']}: "
+                                   "not supported by GGUF Lens", value_length)
+        args = cls(**common, rope_scaling_type=kind,
+                   rope_freq_scale=1.0 if factor == 0.0 or kind == "none" else float(np.float32(1.0) / np.float32(factor)),
+                   rope_attn_factor=m.float("rope.scaling.attn_factor", 1.0),
+                   n_ctx_orig=m.int("rope.scaling.original_context_length", common["n_ctx"]), **extra)
+        args.rope_base_swa = m.float("rope.freq_base_swa", args.rope_base)
+        args.check()
+        if args.attn_scale == 0.0:
+            args.attn_scale = 1.0 / math.sqrt(args.head_dim)
+        return args
+
+    def scaling(self, factors: F32 | None) -> RopeScaling:
+        """ggml_rope_ext's scaling arguments as llama_context derives them from these hyper-parameters."""
+        yarn = self.rope_scaling_type == "yarn"
+        if not yarn and factors is None and self.rope_freq_scale == 1.0 and self.rope_attn_factor == 1.0:
+            return NO_SCALING
+        attn = yarn_attn_factor(self.rope_freq_scale, self.rope_attn_factor) if yarn else self.rope_attn_factor
+        return RopeScaling(self.rope_scaling_type, self.rope_freq_scale, factors, 1.0 if yarn else 0.0, attn,
+                           n_ctx_orig=self.n_ctx_orig)
+
+
+@dataclass
+class Layer:
+    """One block's weights; the optional ones are None where the architecture has none."""
+
+    attn_norm: F32
+    qkv_parts: list[Linear]  # [wq, wk, wv], or [wqkv] (fused, split by q_dim / kv_dim)
+    wo: Linear
+    ffn_norm: F32
+    ffn_parts: list[Linear]  # [w_gate, w_up], or [w_up] holding gate then up (Phi-3)
+    w_down: Linear
+    q_dim: int
+    kv_dim: int
+    biases: tuple[F32, F32, F32] | None = None  # q, k, v biases (ggml_add after the products)
+    q_norm: F32 | None = None  # per-head RMSNorm before RoPE (Qwen 3)
+    k_norm: F32 | None = None
+    post_attn_norm: F32 | None = None  # Gemma 2
+    post_ffn_norm: F32 | None = None
+    qkv: FusedLinear = field(init=False)
+    gate_up: FusedLinear = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.qkv = FusedLinear(self.qkv_parts)
+        self.gate_up = FusedLinear(self.ffn_parts)
+        names = ("wq", "wk", "wv") if len(self.qkv_parts) == 3 else ("wqkv",)
+        for name, lin in zip(names, self.qkv_parts):
+            setattr(self, name, lin)
+        names = ("w_gate", "w_up") if len(self.ffn_parts) == 2 else ("w_up",)
+        for name, lin in zip(names, self.ffn_parts):
+            setattr(self, name, lin)
+
+    def split_qkv(self, parts: list[F32]) -> list[F32]:
+        """q, k, v (rows, n) from the products' outputs: the parts, or views into the fused one."""
+        if len(parts) == 3:
+            return parts
+        (y,) = parts
+        a, b = self.q_dim, self.q_dim + self.kv_dim
+        return [y[..., :a], y[..., a:b], y[..., b:]]
+
+    def split_ffn(self, parts: list[F32]) -> list[F32]:
+        """gate, up: the parts, or the halves of the fused ffn_up (ggml_swiglu's first half is the gate)."""
+        if len(parts) == 2:
+            return parts
+        (y,) = parts
+        n = y.shape[-1] // 2
+        return [y[..., :n], y[..., n:]]
+
+
+class Transformer(DecoderModel):
+    """The shared graph; subclasses set the switches below, `Args`, and `load_layer` where tensors differ."""
+
+    Args: ClassVar[type[TransformerArgs]] = TransformerArgs
+    default_rope_base: ClassVar[float] = 10000.0
+    qk_norm: ClassVar[bool] = False  # attn_q_norm / attn_k_norm required
+    post_norms: ClassVar[bool] = False  # post_attention_norm / post_ffw_norm required
+    embed_scale: ClassVar[bool] = False  # the embeddings times sqrtf(dim) (Gemma)
+    always_tied: ClassVar[bool] = False  # the head is token_embd even when output.weight exists (Gemma 2)
+
+    @classmethod
+    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
+        return cls.Args.read(md, n_vocab, cls.arch_name, cls.default_rope_base)
+
+    def __init__(self, args: TransformerArgs, w: Weights):
+        super().__init__(args, w)
+        a = args
+        self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
+        self.layers = [self.load_layer(w, i, a) for i in range(a.n_layers)]
+        self.out_norm = w.vector("output_norm.weight", a.dim)
+        name = "output.weight" if w.has("output.weight") and not self.always_tied else "token_embd.weight"
+        self.output = w.linear(name, a.dim, a.n_vocab)
+        self.output.column_major = True
+        self.attn_softcap = a.attn_softcap
+        self.rope_scaling = a.scaling(self.load_rope_factors(w, a))
+        group = a.n_heads // a.n_kv_heads
+        self.specs = [
+            LayerAttentionSpec(a.attn_scale, a.sliding_window if a.is_swa(i) else None, group,
+                               a.rope_base_swa if a.is_swa(i) else a.rope_base)
+            for i in range(a.n_layers)
+        ]
+        self.spec = self.specs[0]
+        self.freqs_by_base = {s.rope_base: rope_freqs(a.rope_dim, s.rope_base, self.rope_scaling) for s in self.specs}
+        self.freqs = self.freqs_by_base.get(a.rope_base, self.freqs_by_base[self.spec.rope_base])  # the GPU plan's
+
+    def load_rope_factors(self, w: Weights, a: TransformerArgs) -> F32 | None:
+        """rope_freqs.weight (Llama 3) when the file has it: one factor per rotated pair."""
+        if w.has("rope_freqs.weight"):
+            return w.vector("rope_freqs.weight", a.rope_dim // 2)
+        return None
+
+    def load_layer(self, w: Weights, i: int, a: TransformerArgs) -> Layer:
+        """Block i's tensors under llama.cpp's names (create_tensor_qkv: a fused attn_qkv, or q/k/v with biases)."""
+        b = f"blk.{i}."
+        q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        if w.has(b + "attn_qkv.weight"):
+            qkv = [w.linear(b + "attn_qkv.weight", a.dim, q_dim + 2 * kv_dim)]
+        else:
+            qkv = [w.linear(b + "attn_q.weight", a.dim, q_dim), w.linear(b + "attn_k.weight", a.dim, kv_dim),
+                   w.linear(b + "attn_v.weight", a.dim, kv_dim)]
+        names = [b + f"attn_{x}.bias" for x in "qkv"]
+        biases = None
+        if all(w.has(n) for n in names):
+            biases = (w.vector(names[0], q_dim), w.vector(names[1], kv_dim), w.vector(names[2], kv_dim))
+        elif any(w.has(n) for n in names):
+            missing = next(n for n in names if not w.has(n))
+            raise ModelFormatError(missing, "required tensor is missing from the file (the other q/k/v biases are there)")
+        extra: dict[str, Any] = {}
+        if self.qk_norm:
+            extra["q_norm"] = w.vector(b + "attn_q_norm.weight", a.head_dim)
+            extra["k_norm"] = w.vector(b + "attn_k_norm.weight", a.head_dim)
+        if self.post_norms:
+            extra["post_attn_norm"] = w.vector(b + "post_attention_norm.weight", a.dim)
+            extra["post_ffn_norm"] = w.vector(b + "post_ffw_norm.weight", a.dim)
+        return Layer(w.vector(b + "attn_norm.weight", a.dim), qkv, w.linear(b + "attn_output.weight", q_dim, a.dim),
+                     w.vector(b + "ffn_norm.weight", a.dim), self.load_ffn(w, b, a),
+                     w.linear(b + "ffn_down.weight", a.hidden_dim, a.dim), q_dim, kv_dim, biases, **extra)
+
+    def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> list[Linear]:
+        return [w.linear(b + "ffn_gate.weight", a.dim, a.hidden_dim), w.linear(b + "ffn_up.weight", a.dim, a.hidden_dim)]
+
+    def embed(self, ids: npt.NDArray[np.int64]) -> F32:
+        x = self.embed_rows(self.tok_embd, ids)  # (T, dim)
+        return x * np.float32(math.sqrt(self.args.dim)) if self.embed_scale else x
+
+    def glu_act(self, gate: F32, up: F32) -> F32:
+        if self.glu == "geglu":
+            return ggml_ops.geglu(gate, up) if self.numerics == "ggml" else gelu_tanh(gate) * up
+        return ggml_ops.swiglu(gate, up) if self.numerics == "ggml" else silu(gate) * up
+
+    def run_layers(self, x: F32, start: int, cache: KVCache, recorder: Recorder | None, which: range) -> F32:
+        a = self.args
+        t, d = x.shape[0], a.head_dim
+        pos = np.arange(start, start + t)
+        tables = {base: self.rope_tables(pos, base, f) for base, f in self.freqs_by_base.items()}
+        masks: dict = {}
+        for i in which:
+            layer, spec = self.layers[i], self.specs[i]
+            cos, sin = tables[spec.rope_base]
+            h = self.norm(x, layer.attn_norm)
+            q, k, v = layer.split_qkv(layer.qkv(h))
+            if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
+                q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
+            q = q.reshape(t, a.n_heads, d)  # (T, Hq, d)
+            k = k.reshape(t, a.n_kv_heads, d)  # (T, Hkv, d)
+            v = v.reshape(t, a.n_kv_heads, d)
+            if layer.q_norm is not None:  # build_norm on each head before RoPE (qwen3.cpp)
+                q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
+            # Gemma 2 and Phi-3 scale the query after RoPE (ggml_scale) and attend with kq_scale 1
+            q_scale, kq_scale = (spec.scale, 1.0) if self.query_scaled else (1.0, spec.scale)
+            fast = None if t > 1 or self.attn_softcap is not None else self.decode_attention(
+                i, q[0], k[0], v[0], cache, start, cos[0], sin[0], q_scale, kq_scale, spec.window)
+            if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
+                q, o = fast
+            else:
+                q = self.rotate(q.transpose(1, 0, 2), cos, sin)  # (Hq, T, d)
+                k = self.rotate(k.transpose(1, 0, 2), cos, sin)  # (Hkv, T, d)
+                cache.put(i, start, k, v.transpose(1, 0, 2))
+                qs = q * np.float32(q_scale) if q_scale != 1.0 else q
+                o = self.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap)
+            if recorder is not None:
+                recorder.record_q(i, start, q, spec)
+            o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * d))
+            x = x + (self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o)
+            h = self.norm(x, layer.ffn_norm)
+            gate, up = layer.split_ffn(layer.gate_up(h))
+            f = layer.w_down(self.glu_act(gate, up))
+            x = x + (self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f)
+            if recorder is not None:
+                recorder.record_hidden(i, start, x)
+        return x
+
+    def head(self, x: F32, all_logits: bool) -> F32:
+        x = self.norm(x if all_logits else x[-1:], self.out_norm)
+        logits = self.output(x)
+        cap = self.args.final_softcap
+        if cap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
+            logits = np.tanh(logits * np.float32(1.0 / cap)).astype(np.float32) * np.float32(cap)
+        return logits
