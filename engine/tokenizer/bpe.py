@@ -6,17 +6,16 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import regex
+from engine.tokenizer.categories import GPT2_CUSTOM, SplitPattern, compile_pattern, split_offsets
 
 log = logging.getLogger(__name__)
 
-# Pre-tokenizer regexes, as llm_tokenizer_bpe in llama.cpp's src/llama-vocab.cpp. Each pattern in a list
-# splits the pieces left by the one before; text between matches becomes a piece of its own. llama.cpp
-# runs the GPT-2 and LLaMA-3 patterns through hand-written matchers (unicode.cpp) that behave like the
-# regex with a trailing `|\s+`, and the others through std::regex on text whose non-ASCII code points are
-# collapsed to their Unicode category; Python's `regex` module on the real text matches both (llama.cpp's
-# category tables are generated from this same module).
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Pre-tokenizer expressions, verbatim as llm_tokenizer_bpe in llama.cpp's src/llama-vocab.cpp. Each pattern in a
+# list splits the pieces left by the one before; text between matches becomes a piece of its own. They are run
+# as llama.cpp runs them (categories.py): on text collapsed to llama.cpp's own Unicode categories
+# (src/unicode-data.cpp, older than the Unicode data of Python's `re` or the `regex` module), so a code point is
+# a letter, a digit or whitespace exactly when llama.cpp says so.
+_GPT2 = GPT2_CUSTOM
 _LLAMA3 = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -45,7 +44,7 @@ _DEEPSEEK_LLM = [
     r"[\r\n]",
     r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",  # noqa: E501 (\u: code points that NFC would fold)
     r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-    r"\s+\Z",  # std::regex's `$` is end of input only
+    r"\s+$",
     r"[一-龥ࠀ-一가-퟿]+",
     r"\p{N}+",
 ]
@@ -97,8 +96,6 @@ for _name in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"):
     _PRE_TABLE[_name] = ([_GPT4O], False, False, False)
 
 _WORD_CACHE_MAX = 50_000
-# std::regex only knows ASCII whitespace, so llama.cpp hands it non-ASCII whitespace as '\v' (unicode.cpp)
-_WS_TO_VT = {c: "\x0b" for c in (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)}
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -125,7 +122,7 @@ class PreTokenizer:
     """The pre-tokenizer settings llama.cpp derives from tokenizer.ggml.pre."""
 
     name: str
-    patterns: tuple[regex.Pattern, ...]
+    patterns: tuple[SplitPattern, ...]
     clean_spaces: bool
     ignore_merges: bool
     add_bos: bool
@@ -144,28 +141,24 @@ def pre_tokenizer(name: object) -> PreTokenizer:
     if entry is None:
         log.warning("tokenizer.ggml.pre = %r is not known to GGUF Lens; using the 'default' pre-tokenizer", name)
         entry = _PRE_DEFAULT
-    exprs, clean, ignore, add_bos = entry
-    return PreTokenizer(name, tuple(regex.compile(e) for e in exprs), clean, ignore, add_bos)
+    _, clean, ignore, add_bos = entry
+    return PreTokenizer(name, _compiled(name if name in _PRE_TABLE else "default"), clean, ignore, add_bos)
 
 
-def split_words(text: str, patterns: tuple[regex.Pattern, ...]) -> list[str]:
+_COMPILED: dict[str, tuple[SplitPattern, ...]] = {}
+
+
+def _compiled(name: str) -> tuple[SplitPattern, ...]:
+    """The split patterns of a known pre-tokenizer, compiled once."""
+    patterns = _COMPILED.get(name)
+    if patterns is None:
+        patterns = _COMPILED[name] = tuple(compile_pattern(e) for e in _PRE_TABLE[name][0])
+    return patterns
+
+
+def split_words(text: str, patterns: tuple[SplitPattern, ...]) -> list[str]:
     """Split text with each pattern in turn; unmatched text between matches stays a piece (unicode_regex_split)."""
-    pieces = [text]
-    for pattern in patterns:
-        out: list[str] = []
-        for piece in pieces:
-            pos = 0
-            for m in pattern.finditer(piece.translate(_WS_TO_VT)):
-                start, end = m.span()
-                if start > pos:
-                    out.append(piece[pos:start])
-                if end > start:
-                    out.append(piece[start:end])
-                pos = end
-            if pos < len(piece):
-                out.append(piece[pos:])
-        pieces = out
-    return pieces
+    return [text[a:b] for a, b in split_offsets(text, patterns)]
 
 
 def byte_encode(word: str) -> str:
