@@ -1,0 +1,172 @@
+"""Render real chat templates with Hugging Face transformers and store what it gives, for tests/engine/chat.
+
+Run in a development venv that has transformers and jinja2 (no torch needed), not the project's .venv:
+
+    python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install transformers jinja2
+    /tmp/hfvenv/bin/python tools/make_template_fixtures.py [--add PATH ...]
+
+Templates are the `*.jinja` files in tests/fixtures/templates/ (one per model, named after it); `--add` copies
+more in first: a .jinja file, a directory of them, or a tokenizer_config.json (its chat_template, named after
+the file's parent folder). Each template is rendered through `PreTrainedTokenizerFast.apply_chat_template`
+(the code path model authors test with) for every conversation in CONVERSATIONS it uses (the tool
+conversations only where the template mentions tools, and so on), with add_generation_prompt both ways,
+bos_token "<s>" and eos_token "</s>", and the clock fixed at FIXED_NOW so that date-printing templates
+(Llama 3.x) render the same text every day. The results go to tests/fixtures/templates/expected.json:
+{template: {case: text | {"refuses": "ErrorType: message"}}}, with a case named "<conversation>/gen" or
+"<conversation>/nogen", and the conversations themselves under "conversations" so the tests read them from
+the same file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "templates"
+EXPECTED = FIXTURES / "expected.json"
+FIXED_NOW = datetime(2026, 1, 15, 10, 30, 0)
+BOS, EOS = "<s>", "</s>"
+
+SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
+USER = {"role": "user", "content": "Hi there - what's the weather like in Zürich? "}
+ASSISTANT = {"role": "assistant", "content": "It is 4 °C and cloudy."}
+USER2 = {"role": "user", "content": "And tomorrow?"}
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city, in °C.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city, e.g. Zürich"}},
+            "required": ["city"],
+        },
+    },
+}]
+TOOL_CALL = {"role": "assistant", "content": "", "tool_calls": [{
+    "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temp_c": 4}'}
+DOCUMENTS = [{"title": "Forecast", "text": "Zürich: 4 °C, cloudy; tomorrow 6 °C, sunny."}]
+# the system prompt folded into the first user turn, as engine.chat.builtin.fold_system does for templates
+# that refuse a system message
+FOLDED_USER = {"role": "user", "content": SYSTEM["content"] + "\n\n" + USER["content"]}
+REFUSES_SYSTEM = ["System role", "system role", "roles must alternate"]
+REASONED = {"role": "assistant", "content": "It is 4 °C.", "reasoning_content": "The user asked about Zürich."}
+
+# name: (messages, tools, documents, the words in a template that make the conversation worth rendering)
+CONVERSATIONS: dict[str, dict[str, Any]] = {
+    "user": {"messages": [USER]},
+    "system_user": {"messages": [SYSTEM, USER]},
+    "multi_turn": {"messages": [USER, ASSISTANT, USER2]},
+    "system_multi_turn": {"messages": [SYSTEM, USER, ASSISTANT, USER2]},
+    "tools": {"messages": [SYSTEM, USER], "tools": TOOLS, "when": ["tools"]},
+    "tool_call": {"messages": [USER, TOOL_CALL, TOOL_RESULT], "tools": TOOLS, "when": ["tool_calls"]},
+    "documents": {"messages": [USER], "documents": DOCUMENTS, "when": ["documents"]},
+    "folded_system_user": {"messages": [FOLDED_USER], "when": REFUSES_SYSTEM},
+    "folded_system_multi_turn": {"messages": [FOLDED_USER, ASSISTANT, USER2], "when": REFUSES_SYSTEM},
+    "reasoning": {"messages": [USER, REASONED, USER2], "when": ["reasoning_content", "thinking", "reasoning"]},
+}
+
+
+def conversations_for(source: str) -> list[str]:
+    """The conversations a template is rendered for: the plain ones always, the others where it uses them."""
+    return [name for name, conv in CONVERSATIONS.items()
+            if not conv.get("when") or any(word in source for word in conv["when"])]
+
+
+def add_templates(paths: list[Path]) -> None:
+    """Copy templates into the fixture folder: .jinja files, folders of them, or tokenizer_config.json files."""
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        if path.is_dir():
+            add_templates(sorted(path.glob("*.jinja")))
+        elif path.suffix == ".jinja":
+            shutil.copyfile(path, FIXTURES / path.name)
+        elif path.suffix == ".json":
+            source = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+            if isinstance(source, list):  # several named templates: the default one
+                source = next((t["template"] for t in source if t.get("name") == "default"), None)
+            if not isinstance(source, str):
+                sys.exit(f"{path}: no chat_template string")
+            (FIXTURES / f"{safe_name(path.parent.name)}.jinja").write_text(source, encoding="utf-8")
+        else:
+            sys.exit(f"{path}: not a .jinja file, a folder or a tokenizer_config.json")
+
+
+def safe_name(name: str) -> str:
+    """A file name from a model name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "template"
+
+
+def make_tokenizer() -> Any:
+    """The smallest fast tokenizer whose special tokens are just BOS and EOS: what apply_chat_template needs."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 (the development venv only)
+    from tokenizers.models import WordLevel  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab={BOS: 0, EOS: 1}, unk_token=None)),
+                                   bos_token=BOS, eos_token=EOS)
+
+
+def fix_clock() -> None:
+    """strftime_now in transformers reads datetime.now(); make it FIXED_NOW."""
+    import transformers.utils.chat_template_utils as ctu  # noqa: PLC0415
+
+    class FixedDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:
+            return FIXED_NOW
+
+    ctu.datetime = FixedDatetime  # type: ignore[misc]
+
+
+def render_case(tokenizer: Any, source: str, conv: dict[str, Any], gen: bool) -> str | dict[str, str]:
+    """transformers' text for one conversation, or {"refuses": "ErrorType: message"}."""
+    try:
+        return tokenizer.apply_chat_template(
+            json.loads(json.dumps(conv["messages"])), tools=conv.get("tools"), documents=conv.get("documents"),
+            chat_template=source, add_generation_prompt=gen, tokenize=False)
+    except Exception as e:  # noqa: BLE001 (a template's refusal is a result too)
+        return {"refuses": f"{type(e).__name__}: {e}"[:500]}
+
+
+def main() -> int:
+    """Render every fixture template for its conversations and write expected.json."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--add", type=Path, nargs="*", default=[], help=".jinja files, folders, tokenizer_config.json")
+    args = ap.parse_args()
+    add_templates(args.add)
+    import transformers  # noqa: PLC0415
+
+    fix_clock()
+    tokenizer = make_tokenizer()
+    expected: dict[str, Any] = {
+        "made_with": f"transformers {transformers.__version__}, apply_chat_template(tokenize=False)",
+        "bos_token": BOS, "eos_token": EOS, "now": FIXED_NOW.isoformat(),
+        "conversations": {k: {kk: vv for kk, vv in v.items() if kk != "when"} for k, v in CONVERSATIONS.items()},
+        "templates": {},
+    }
+    cases = refusals = 0
+    for path in sorted(FIXTURES.glob("*.jinja")):
+        source = path.read_text(encoding="utf-8")
+        results: dict[str, Any] = {}
+        for name in conversations_for(source):
+            for gen in (True, False):
+                out = render_case(tokenizer, source, CONVERSATIONS[name], gen)
+                results[f"{name}/{'gen' if gen else 'nogen'}"] = out
+                cases += 1
+                refusals += isinstance(out, dict)
+        expected["templates"][path.stem] = results
+    EXPECTED.write_text(json.dumps(expected, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    print(f"{len(expected['templates'])} templates, {cases} cases ({refusals} refused) -> {EXPECTED}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
