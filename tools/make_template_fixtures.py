@@ -14,7 +14,8 @@ bos_token "<s>" and eos_token "</s>", and the clock fixed at FIXED_NOW so that d
 (Llama 3.x) render the same text every day. The results go to tests/fixtures/templates/expected.json:
 {template: {case: text | {"refuses": "ErrorType: message"}}}, with a case named "<conversation>/gen" or
 "<conversation>/nogen", and the conversations themselves under "conversations" so the tests read them from
-the same file.
+the same file. "probes" holds small templates that each pin down one behaviour of the environment
+(the generation tag, tojson's options, namespace's refusals, the message clean-up), with transformers' answer.
 """
 from __future__ import annotations
 
@@ -71,6 +72,34 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
     "folded_system_user": {"messages": [FOLDED_USER], "when": REFUSES_SYSTEM},
     "folded_system_multi_turn": {"messages": [FOLDED_USER, ASSISTANT, USER2], "when": REFUSES_SYSTEM},
     "reasoning": {"messages": [USER, REASONED, USER2], "when": ["reasoning_content", "thinking", "reasoning"]},
+}
+
+
+HI = [{"role": "user", "content": "hi"}]
+# small templates that pin down one behaviour of transformers' environment each (issue 14, items 6, 7, 10)
+PROBES: dict[str, dict[str, Any]] = {
+    "generation_tag_scope": {"source": "{% set x = 1 %}{% generation %}{% set x = 2 %}{{ x }}{% endgeneration %}{{ x }}"},
+    "tools_documents_none": {"source": "{{ tools is none }}{{ documents is none }}"},
+    "tools_documents_given": {"source": "{{ tools | tojson }}|{{ documents | tojson }}", "tools": TOOLS,
+                              "documents": DOCUMENTS},
+    "tojson_options": {"source": "{{ 'é' | tojson }}{{ 'é' | tojson(ensure_ascii=True) }}"
+                                 "{{ {'b': 1, 'a': [1, 2]} | tojson(indent=2, sort_keys=True) }}"
+                                 "{{ [1, 2] | tojson(separators=(',', ':')) }}{{ '<&>' | tojson }}"},
+    "dict_global": {"source": "{% set d = dict(a=1) %}{{ d }}{{ dict.fromkeys(['x', 'y'], 0) }}"},
+    "namespace_underscore_init": {"source": "{% set ns = namespace(_x=1) %}{{ ns }}"},
+    "namespace_underscore_set": {"source": "{% set ns = namespace(a=1) %}{% set ns._b = 2 %}{{ ns.a }}"},
+    "none_keys_dropped": {"source": "{{ 'tool_calls' in messages[0] }}{{ messages[0].keys() | list }}",
+                          "messages": [{"role": "user", "content": "hi", "tool_calls": None}]},
+    "reasoning_aliases": {"source": "{{ messages[0].thinking }}|{{ messages[0].reasoning_content }}|"
+                                    "{{ messages[0] | list }}",
+                          "messages": [{"role": "assistant", "content": "x", "reasoning": "why"}]},
+    "trim_and_lstrip_blocks": {"source": "{% if true %}\n  a\n{% endif %}\n  {% for m in messages %}\n"
+                                         "{{ m.role }}\n{% endfor %}"},
+    "strftime_now": {"source": "{{ strftime_now('%d %b %Y %H:%M') }}"},
+    "raise_exception": {"source": "{{ raise_exception('no ' ~ messages[0].role) }}"},
+    "add_generation_prompt_default": {"source": "{{ add_generation_prompt }}", "gen": False},
+    "loopcontrols": {"source": "{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}"
+                               "{% if i == 1 %}{% continue %}{% endif %}{{ i }}{% endfor %}"},
 }
 
 
@@ -152,6 +181,11 @@ def main() -> int:
         "conversations": {k: {kk: vv for kk, vv in v.items() if kk != "when"} for k, v in CONVERSATIONS.items()},
         "templates": {},
     }
+    expected["probes"] = {}
+    for name, probe in PROBES.items():
+        conv = {"messages": probe.get("messages", HI), **{k: probe[k] for k in ("tools", "documents") if k in probe}}
+        expected["probes"][name] = {**probe, "messages": conv["messages"],
+                                    "want": render_case(tokenizer, probe["source"], conv, probe.get("gen", True))}
     cases = refusals = 0
     for path in sorted(FIXTURES.glob("*.jinja")):
         source = path.read_text(encoding="utf-8")

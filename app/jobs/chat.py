@@ -131,7 +131,8 @@ def fit_context(
         cut = starts[0]
         rest = rest[cut:]
         dropped += cut
-        ids, warning = _render(model, system + rest, req.continue_ids)
+        ids, again = _render(model, system + rest, req.continue_ids)
+        warning = warning or again  # a note the template gives once (a folded system prompt) is kept
     return ids, dropped, warning
 
 

@@ -28,7 +28,7 @@ from engine.chat.template_globals import GLOBALS, GenerationTag, LimitExceeded, 
 
 log = logging.getLogger(__name__)
 
-TIME_LIMIT_S = 2.0  # wall-clock budget for compiling plus rendering one template
+TIME_LIMIT_S = 2.0  # wall-clock budget for compiling a template, and again for each render
 OUTPUT_LIMIT = 1 << 20  # characters a template may produce (raised for long conversations, see render)
 MAX_TEMPLATE_CHARS = 1 << 20  # larger templates are not compiled
 MAX_ITEMS = 100_000  # longest range() or list a template may build

@@ -258,7 +258,8 @@ class ChatTemplate:
             with _Deadline(env) as guard:
                 if self._compiled is None:
                     self._compiled = self._compile(env)
-                env.tick()  # a timeout inside jinja's constant folding may have been swallowed
+                    env.tick()  # a timeout inside jinja's constant folding may have been swallowed
+                    env.start(self.time_limit_s, limit)  # compiling and rendering get a budget each
                 sys.settrace(guard.trace)
                 output = self._compiled.generate(context)
                 size = 0
