@@ -101,7 +101,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def _check_list_of_mappings(value: Any, what: str) -> None:
     if value is not None and (not isinstance(value, Sequence) or isinstance(value, str)
                               or not all(isinstance(x, Mapping) for x in value)):
-        raise TypeError(f"{what} must be a list of dicts (JSON schemas for tools), or None")
+        raise TypeError(f"{what} must be a list of dicts, or None")
 
 
 def _failure(e: BaseException) -> str:

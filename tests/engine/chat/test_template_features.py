@@ -51,7 +51,7 @@ def test_probe_matches_transformers(name: str) -> None:
     want = probe["want"]
     kwargs = {"tools": probe.get("tools"), "documents": probe.get("documents")}
     if isinstance(want, dict):
-        with pytest.raises(Exception) as info:  # noqa: PT011 (any refusal; the kind is checked below)
+        with pytest.raises(Exception) as info:  # any refusal; its kind is checked below
             chat.render_text(probe["messages"], add_generation_prompt=probe.get("gen", True), **kwargs)
         kind, _, message = want["refuses"].partition(": ")
         if kind == "TemplateError":  # raise_exception: the template's own message
