@@ -41,10 +41,10 @@ _DTYPES = {"uint64_t": "<u8", "uint32_t": "<u4", "uint8_t": "u1", "int8_t": "i1"
 
 def parse_table(source: str, name: str, ctype: str, size: int) -> np.ndarray:
     """The entries of `GGML_TABLE_BEGIN(ctype, name, ...) ... GGML_TABLE_END()` as a NumPy array."""
-    m = re.search(rf"GGML_TABLE_BEGIN\(\s*{ctype}\s*,\s*{name}\s*,[^)]*\)(.*?)GGML_TABLE_END\(\)", source, re.S)
+    m = re.search(rf"GGML_TABLE_BEGIN\(\s*{ctype}\s*,\s*{name}\s*,[^)]*\)(.*?)GGML_TABLE_END\(\)", source, re.DOTALL)
     if m is None:
         raise SystemExit(f"table {name} not found in the header")
-    body = re.sub(r"//[^\n]*|/\*.*?\*/", "", m.group(1), flags=re.S)
+    body = re.sub(r"//[^\n]*|/\*.*?\*/", "", m.group(1), flags=re.DOTALL)
     values = [int(tok, 0) for tok in re.findall(r"-?(?:0x[0-9a-fA-F]+|\d+)", body)]
     if len(values) != size:
         raise SystemExit(f"table {name}: {len(values)} entries, expected {size}")
@@ -55,7 +55,7 @@ def parse_table(source: str, name: str, ctype: str, size: int) -> np.ndarray:
 
 def check_against_gguf(name: str, table: np.ndarray, cls_name: str | None) -> None:
     """gguf-py's grids (float levels after init_grid) must hold the same bytes as the C table."""
-    from gguf import quants  # noqa: PLC0415 - a development dependency of this tool only
+    from gguf import quants  # a development dependency of this tool only
 
     if cls_name is None:
         if name == "kvalues_iq4nl":

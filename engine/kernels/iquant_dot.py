@@ -1,0 +1,218 @@
+"""Compiled i-quant products: gemv / gemm for IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M.
+
+  gemv_<type>(blocks, xq, out)   one activation row (its vec_dot_type bytes, Q8_K or Q8_0 for IQ4_NL) against
+                                 every weight row: out[r] = ggml_vec_dot_<type>_q8_K(row r, xq)
+  gemm_<type>(blocks, xq, out)   m activation rows (m, bytes) -> out (m, n_rows), every value the one gemv gives
+
+`blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
+bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
+8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path and IQ4_NL through
+llamafile's tinyBLAS (or its iq4_nl_8x8 repacking), whose float order differs in the last bits: these
+kernels keep vec_dot's numbers for every batch. Threads run over weight rows (prange). The drivers are spelled
+out one per type so that numba caches each on its own.
+"""
+from __future__ import annotations
+
+from .activations import njit, prange
+from .iquant_rows import (
+    row_iq1_m,
+    row_iq1_s,
+    row_iq2_s,
+    row_iq2_xs,
+    row_iq2_xxs,
+    row_iq3_s,
+    row_iq3_xxs,
+    row_iq4_nl,
+    row_iq4_xs,
+)
+
+_KERNEL = {"parallel": True, "cache": True, "error_model": "numpy"}
+_CHECK = {"cache": True, "error_model": "numpy"}
+# bytes of one weight block, weights per block, bytes of the activation block that covers them
+TYPE_SIZES = {"iq2_xxs": (66, 256, 292), "iq2_xs": (74, 256, 292), "iq2_s": (82, 256, 292), "iq3_xxs": (98, 256, 292), "iq3_s": (110, 256, 292), "iq1_s": (50, 256, 292), "iq1_m": (56, 256, 292), "iq4_xs": (136, 256, 292), "iq4_nl": (18, 32, 34)}
+
+
+@njit(**_CHECK)
+def _check(blocks, xq, out, type_size, act_size):
+    """Blocks per row; static messages (numba raises them as ValueError)."""
+    if blocks.ndim != 2 or (blocks.size and blocks.strides[1] != 1):
+        raise ValueError("weights must be a 2-D uint8 array of rows with contiguous bytes")
+    if blocks.shape[1] % type_size:
+        raise ValueError("weight row bytes are not a whole number of blocks of this type")
+    nb = blocks.shape[1] // type_size
+    if xq.shape[xq.ndim - 1] != nb * act_size or (xq.size and xq.strides[xq.ndim - 1] != 1):
+        raise ValueError("the activation rows must be contiguous vec_dot_type bytes as long as the weight rows")
+    if out.shape[out.ndim - 1] != blocks.shape[0] or (out.ndim == 2 and out.shape[0] != xq.shape[0]):
+        raise ValueError("out must hold one float32 per weight row (and per activation row)")
+    return nb
+
+
+@njit(**_KERNEL)
+def gemv_iq2_xxs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 66, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq2_xxs(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq2_xxs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 66, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq2_xxs(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq2_xs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 74, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq2_xs(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq2_xs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 74, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq2_xs(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq2_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 82, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq2_s(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq2_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 82, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq2_s(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq3_xxs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 98, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq3_xxs(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq3_xxs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 98, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq3_xxs(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq3_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq3_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 110, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq3_s(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq3_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq3_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 110, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq3_s(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq1_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq1_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 50, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq1_s(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq1_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq1_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 50, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq1_s(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq1_m(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq1_m_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 56, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq1_m(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq1_m(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq1_m_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 56, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq1_m(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq4_xs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 136, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq4_xs(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_xs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 136, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq4_xs(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq4_nl(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq): blocks (n_rows, row_bytes), xq (nb * 34,)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq4_nl(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_nl(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq[a]): xq (m, nb * 34), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq4_nl(blocks[r], 0, nb, xq[a], 0)
+    return out
