@@ -11,15 +11,17 @@ the file's parent folder). Each template is rendered through `PreTrainedTokenize
 (the code path model authors test with) for every conversation in CONVERSATIONS it uses (the tool
 conversations only where the template mentions tools, and so on), with add_generation_prompt both ways,
 bos_token "<s>" and eos_token "</s>", and the clock fixed at FIXED_NOW so that date-printing templates
-(Llama 3.x) render the same text every day. The results go to tests/fixtures/templates/expected.json:
-{template: {case: text | {"refuses": "ErrorType: message"}}}, with a case named "<conversation>/gen" or
-"<conversation>/nogen", and the conversations themselves under "conversations" so the tests read them from
-the same file. "probes" holds small templates that each pin down one behaviour of the environment
-(the generation tag, tojson's options, namespace's refusals, the message clean-up), with transformers' answer.
+(Llama 3.x) render the same text every day. The results go to tests/fixtures/templates/expected.json.gz
+(gzip-compressed JSON): {"templates": {template: {case: text | {"refuses": "ErrorType: message"}}}}, a case
+being "<conversation>/gen" or "<conversation>/nogen", with the conversations themselves under "conversations"
+so the tests read them from the same file. "probes" holds small templates that each pin down one behaviour of
+the environment (the generation tag, tojson's options, namespace's refusals, the message clean-up) with
+transformers' answer. Where each template came from: tests/fixtures/templates/SOURCES.md.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import shutil
@@ -30,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "templates"
-EXPECTED = FIXTURES / "expected.json"
+EXPECTED = FIXTURES / "expected.json.gz"  # about 1 MB of JSON, 50 KB compressed
 FIXED_NOW = datetime(2026, 1, 15, 10, 30, 0)
 BOS, EOS = "<s>", "</s>"
 
@@ -166,7 +168,7 @@ def render_case(tokenizer: Any, source: str, conv: dict[str, Any], gen: bool) ->
 
 
 def main() -> int:
-    """Render every fixture template for its conversations and write expected.json."""
+    """Render every fixture template for its conversations, and the probes, into EXPECTED."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--add", type=Path, nargs="*", default=[], help=".jinja files, folders, tokenizer_config.json")
     args = ap.parse_args()
@@ -197,7 +199,8 @@ def main() -> int:
                 cases += 1
                 refusals += isinstance(out, dict)
         expected["templates"][path.stem] = results
-    EXPECTED.write_text(json.dumps(expected, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    text = json.dumps(expected, ensure_ascii=False, separators=(",", ":")) + "\n"
+    EXPECTED.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))  # same bytes each run
     print(f"{len(expected['templates'])} templates, {cases} cases ({refusals} refused) -> {EXPECTED}")
     return 0
 

@@ -1,11 +1,12 @@
 """Issue 14 items 6-10 one by one: the generation tag, tools and documents, what is cached after a failed
 compile, the system prompt folded for templates that refuse it, and transformers' template globals.
 
-The probes in tests/fixtures/templates/expected.json carry transformers' own answer for each behaviour
+The probes in tests/fixtures/templates/expected.json.gz carry transformers' own answer for each behaviour
 (tools/make_template_fixtures.py); the rest checks what `render` does around the template.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import datetime
 from functools import cache
@@ -27,7 +28,7 @@ ASSISTANT = {"role": "assistant", "content": "Hello."}
 
 @cache
 def expected() -> dict[str, Any]:
-    return json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))
+    return json.loads(gzip.decompress((FIXTURES / "expected.json.gz").read_bytes()).decode("utf-8"))
 
 
 def fixture_template(name: str, **kw: Any) -> ChatTemplate:

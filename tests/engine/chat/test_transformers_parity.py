@@ -1,12 +1,13 @@
 """Real chat templates render exactly as Hugging Face transformers renders them (issue 14, items 6-10).
 
 tests/fixtures/templates/ holds real templates (llama.cpp's models/templates, model repos' tokenizer_config.json)
-and expected.json, what transformers' apply_chat_template gave for each conversation, made by
+and expected.json.gz, what transformers' apply_chat_template gave for each conversation, made by
 tools/make_template_fixtures.py. Ours must give the identical string, or refuse where transformers refused
 (with the same message where the template itself raised).
 """
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import datetime
 from functools import cache
@@ -27,7 +28,7 @@ TEST_TIME_LIMIT_S = 60.0
 
 @cache
 def expected() -> dict[str, Any]:
-    return json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))
+    return json.loads(gzip.decompress((FIXTURES / "expected.json.gz").read_bytes()).decode("utf-8"))
 
 
 @cache
