@@ -73,6 +73,8 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
     "documents": {"messages": [USER], "documents": DOCUMENTS, "when": ["documents"]},
     "folded_system_user": {"messages": [FOLDED_USER], "when": REFUSES_SYSTEM},
     "folded_system_multi_turn": {"messages": [FOLDED_USER, ASSISTANT, USER2], "when": REFUSES_SYSTEM},
+    "content_parts": {"messages": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": USER["content"]}]}],
+                      "when": ["is string", "is not string", "['type']", ".type"]},
     "reasoning": {"messages": [USER, REASONED, USER2], "when": ["reasoning_content", "thinking", "reasoning"]},
 }
 
