@@ -136,6 +136,8 @@ class ChatTemplate:
         self._folds_system = False  # the template refused a system message once; fold it from then on
         self._fold_noted = False
         self._lock = threading.Lock()
+        # the file's tokenizer.chat_template.tool_use, which transformers picks when the caller passes tools
+        self.tool_use: ChatTemplate | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], arch: str, tokenizer: Tokenizer | None = None) -> ChatTemplate:
@@ -154,8 +156,13 @@ class ChatTemplate:
                             type(source).__name__)
             builtin_source, _ = builtin_for(arch)
             return cls(builtin_source, is_builtin=True, arch=arch, bos_token=bos, eos_token=eos)
-        return cls(source, is_builtin=False, arch=arch, bos_token=bos, eos_token=eos,
+        chat = cls(source, is_builtin=False, arch=arch, bos_token=bos, eos_token=eos,
                    strip_bos=strip_bos, strip_eos=strip_eos)
+        tool_use = metadata.get("tokenizer.chat_template.tool_use")
+        if isinstance(tool_use, str) and tool_use.strip():
+            chat.tool_use = cls(tool_use, is_builtin=False, arch=arch, bos_token=bos, eos_token=eos,
+                                strip_bos=strip_bos, strip_eos=strip_eos)
+        return chat
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
@@ -164,7 +171,11 @@ class ChatTemplate:
 
         tools are JSON schemas ({"type": "function", "function": {...}}) and documents {"title", "text"} dicts,
         handed to templates that use them; the built-in templates ignore both. Bad arguments raise TypeError.
+        With tools, a file's separate tool-use template is used where it has one, as transformers chooses.
         """
+        if tools is not None and self.tool_use is not None:
+            return self.tool_use.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                        documents=documents)
         context = self._context(messages, add_generation_prompt, tools, documents)
         if self.is_builtin:
             return RenderResult(self._fallback(messages, add_generation_prompt), None, False)

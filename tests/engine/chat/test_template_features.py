@@ -111,6 +111,20 @@ def test_tool_use_templates_refuse_without_tools_and_render_with_them(name: str)
     assert "get_weather" in with_tools.text and "°C" in with_tools.text  # tojson keeps unicode
 
 
+def test_a_files_tool_use_template_is_chosen_when_tools_are_given() -> None:
+    """GGUF keeps named templates as tokenizer.chat_template.<name>; transformers picks 'tool_use' for tools."""
+    e = expected()
+    conv = e["conversations"]["tools"]
+    tool_use = (FIXTURES / "CohereForAI-c4ai-command-r-plus-tool_use.jinja").read_text(encoding="utf-8")
+    md = {"tokenizer.chat_template": "{{ 'plain:' }}{{ tools is none }}", "tokenizer.chat_template.tool_use": tool_use,
+          "tokenizer.ggml.tokens": ["<s>", "</s>"], "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    chat = ChatTemplate.from_metadata(md, "command-r")
+    assert chat.render([USER]).text == "plain:True"
+    with_tools = chat.render(conv["messages"], tools=conv["tools"])
+    assert not with_tools.used_fallback
+    assert with_tools.text == e["templates"]["CohereForAI-c4ai-command-r-plus-tool_use"]["tools/gen"]
+
+
 def test_documents_reach_the_template() -> None:
     e = expected()
     conv = e["conversations"]["documents"]
