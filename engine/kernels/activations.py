@@ -168,10 +168,11 @@ def _nb_lane_absmax(x, o, j):
 @njit(cache=True, forceinline=True)
 def _nb_absmax_x86(x, o):
     """amax of x[o:o+32] in quantize_row_q8_0's order: 8 lanes over 4 vectors, then the 8 -> 1 tree."""
-    m0 = _nb_max(_nb_lane_absmax(x, o, 4), _nb_lane_absmax(x, o, 0))  # _mm_max_ps(high half, low half)
-    m1 = _nb_max(_nb_lane_absmax(x, o, 5), _nb_lane_absmax(x, o, 1))
-    m2 = _nb_max(_nb_lane_absmax(x, o, 6), _nb_lane_absmax(x, o, 2))
-    m3 = _nb_max(_nb_lane_absmax(x, o, 7), _nb_lane_absmax(x, o, 3))
+    # _mm_max_ps(high half, low half); lanes as np.int64, not literals, so that one specialisation serves them all
+    m0 = _nb_max(_nb_lane_absmax(x, o, np.int64(4)), _nb_lane_absmax(x, o, np.int64(0)))
+    m1 = _nb_max(_nb_lane_absmax(x, o, np.int64(5)), _nb_lane_absmax(x, o, np.int64(1)))
+    m2 = _nb_max(_nb_lane_absmax(x, o, np.int64(6)), _nb_lane_absmax(x, o, np.int64(2)))
+    m3 = _nb_max(_nb_lane_absmax(x, o, np.int64(7)), _nb_lane_absmax(x, o, np.int64(3)))
     n0 = _nb_max(m0, m2)  # _mm_max_ps(max4, movehl(max4, max4))
     n1 = _nb_max(m1, m3)
     return _nb_max(n0, n1)  # _mm_max_ss(max4, movehdup(max4))

@@ -275,7 +275,7 @@ def _check_gemm(blocks, xq, out, type_size):
 @njit(**_KERNEL)
 def gemv_q2_k(blocks, xq, out):
     """out[r] = ggml_vec_dot_q2_k_q8_K(row r of the Q2_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, 84)
+    nb = _check_gemv(blocks, xq, out, np.int64(84))
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q2_k(blocks, u64(r) * rs, nb, xq, u64(0))
@@ -285,7 +285,7 @@ def gemv_q2_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemv_q3_k(blocks, xq, out):
     """out[r] = ggml_vec_dot_q3_k_q8_K(row r of the Q3_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, 110)
+    nb = _check_gemv(blocks, xq, out, np.int64(110))
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q3_k(blocks, u64(r) * rs, nb, xq, u64(0))
@@ -295,7 +295,7 @@ def gemv_q3_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemv_q4_k(blocks, xq, out):
     """out[r] = ggml_vec_dot_q4_k_q8_K(row r of the Q4_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, 144)
+    nb = _check_gemv(blocks, xq, out, np.int64(144))
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q4_k(blocks, u64(r) * rs, nb, xq, u64(0))
@@ -305,7 +305,7 @@ def gemv_q4_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemv_q5_k(blocks, xq, out):
     """out[r] = ggml_vec_dot_q5_k_q8_K(row r of the Q5_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, 176)
+    nb = _check_gemv(blocks, xq, out, np.int64(176))
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q5_k(blocks, u64(r) * rs, nb, xq, u64(0))
@@ -315,7 +315,7 @@ def gemv_q5_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemv_q6_k(blocks, xq, out):
     """out[r] = ggml_vec_dot_q6_k_q8_K(row r of the Q6_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, 210)
+    nb = _check_gemv(blocks, xq, out, np.int64(210))
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q6_k(blocks, u64(r) * rs, nb, xq, u64(0))
@@ -330,7 +330,7 @@ def _gemm_tasks(n_rows):
 @njit(**_KERNEL)
 def gemm_q2_k(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_q2_k_q8_K(row r of the Q2_K blocks, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check_gemm(blocks, xq, out, 84)
+    nb = _check_gemm(blocks, xq, out, np.int64(84))
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange(_gemm_tasks(n)):
@@ -344,7 +344,7 @@ def gemm_q2_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemm_q3_k(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_q3_k_q8_K(row r of the Q3_K blocks, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check_gemm(blocks, xq, out, 110)
+    nb = _check_gemm(blocks, xq, out, np.int64(110))
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange(_gemm_tasks(n)):
@@ -358,7 +358,7 @@ def gemm_q3_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemm_q4_k(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_q4_k_q8_K(row r of the Q4_K blocks, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check_gemm(blocks, xq, out, 144)
+    nb = _check_gemm(blocks, xq, out, np.int64(144))
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange(_gemm_tasks(n)):
@@ -372,7 +372,7 @@ def gemm_q4_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemm_q5_k(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_q5_k_q8_K(row r of the Q5_K blocks, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check_gemm(blocks, xq, out, 176)
+    nb = _check_gemm(blocks, xq, out, np.int64(176))
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange(_gemm_tasks(n)):
@@ -386,7 +386,7 @@ def gemm_q5_k(blocks, xq, out):
 @njit(**_KERNEL)
 def gemm_q6_k(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_q6_k_q8_K(row r of the Q6_K blocks, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check_gemm(blocks, xq, out, 210)
+    nb = _check_gemm(blocks, xq, out, np.int64(210))
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
     for task in prange(_gemm_tasks(n)):

@@ -27,6 +27,7 @@ import numpy as np
 from engine.quant.types import GGMLType
 
 from .activations import (
+    HAVE_NUMBA,
     f16_to_f32,
     fma32,
     i8_to_f32,
@@ -48,6 +49,8 @@ BLOCK_BYTES_ARR = np.array([BLOCK_BYTES.get(k, 0) for k in range(16)], dtype=np.
 _M15 = np.uint8(15)
 _U = np.uint64  # unsigned indices: numba adds no negative-index check to them
 _S4 = np.uint8(4)
+_B0, _B4 = np.int64(0), np.int64(4)
+_I = np.int64  # plane offsets passed as _I(j), not literals: a literal compiles one more specialisation per value
 
 
 @njit(cache=True, forceinline=True)
@@ -108,10 +111,14 @@ def _bit_lanes(pl, o, jh, yb, l0, l1, l2, l3, l4, l5, l6, l7):
     """Add the fifth bits of the eight lanes: lane k has bits 4k..4k+3 of qh, in byte jh + k // 2."""
     h0, h1 = pl[o + _U(jh * G)], pl[o + _U((jh + 1) * G)]
     h2, h3 = pl[o + _U((jh + 2) * G)], pl[o + _U((jh + 3) * G)]
-    return (_bit_lane(h0, 0, yb[0], yb[1], yb[2], yb[3], l0), _bit_lane(h0, 4, yb[4], yb[5], yb[6], yb[7], l1),
-            _bit_lane(h1, 0, yb[8], yb[9], yb[10], yb[11], l2), _bit_lane(h1, 4, yb[12], yb[13], yb[14], yb[15], l3),
-            _bit_lane(h2, 0, yb[16], yb[17], yb[18], yb[19], l4), _bit_lane(h2, 4, yb[20], yb[21], yb[22], yb[23], l5),
-            _bit_lane(h3, 0, yb[24], yb[25], yb[26], yb[27], l6), _bit_lane(h3, 4, yb[28], yb[29], yb[30], yb[31], l7))
+    return (_bit_lane(h0, _B0, yb[0], yb[1], yb[2], yb[3], l0),
+            _bit_lane(h0, _B4, yb[4], yb[5], yb[6], yb[7], l1),
+            _bit_lane(h1, _B0, yb[8], yb[9], yb[10], yb[11], l2),
+            _bit_lane(h1, _B4, yb[12], yb[13], yb[14], yb[15], l3),
+            _bit_lane(h2, _B0, yb[16], yb[17], yb[18], yb[19], l4),
+            _bit_lane(h2, _B4, yb[20], yb[21], yb[22], yb[23], l5),
+            _bit_lane(h3, _B0, yb[24], yb[25], yb[26], yb[27], l6),
+            _bit_lane(h3, _B4, yb[28], yb[29], yb[30], yb[31], l7))
 
 
 @njit(cache=True, forceinline=True)
@@ -158,9 +165,83 @@ def _f16(pl, o, j):
     return f16_to_f32(np.uint16(pl[o + _U(j * G)]) | (np.uint16(pl[o + _U((j + 1) * G)]) << np.uint16(8)))
 
 
+def _rows(kind, pl, base, y, dy, sy, acc):
+    """The products of one block with every row of a group, for weight type `kind`: a literal, so numba compiles
+    only that type's code (an overload below picks it), not the five types' branches."""
+    raise NotImplementedError("compiled kernels only")
+
+
+def _rows_q4_0(kind, pl, base, y, dy, sy, acc):
+    c = _offsets(y, np.float32(-8.0))
+    for r in range(_U(G)):
+        o = base + r
+        l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(2), y, c)
+        _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
+
+
+def _rows_q4_1(kind, pl, base, y, dy, sy, acc):
+    z = np.float32(0.0)
+    zeros = (z, z, z, z, z, z, z, z)
+    for r in range(_U(G)):
+        o = base + r
+        l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(4), y, zeros)
+        _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
+        _add_summs(acc, r, _f16(pl, o, _I(2)), sy)
+
+
+def _rows_q5_0(kind, pl, base, y, dy, sy, acc):
+    c = _offsets(y, np.float32(-16.0))
+    yb = _yb32(y)
+    for r in range(_U(G)):
+        o = base + r
+        l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(6), y, c)
+        l0, l1, l2, l3, l4, l5, l6, l7 = _bit_lanes(pl, o, _I(2), yb, l0, l1, l2, l3, l4, l5, l6, l7)
+        _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
+
+
+def _rows_q5_1(kind, pl, base, y, dy, sy, acc):
+    z = np.float32(0.0)
+    zeros = (z, z, z, z, z, z, z, z)
+    yb = _yb32(y)
+    for r in range(_U(G)):
+        o = base + r
+        l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(8), y, zeros)
+        l0, l1, l2, l3, l4, l5, l6, l7 = _bit_lanes(pl, o, _I(4), yb, l0, l1, l2, l3, l4, l5, l6, l7)
+        # ggml_vec_dot_q5_1_q8_1: fma(q, dx * dy, acc), the same value as fma(dx * dy, q, acc)
+        _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
+        _add_summs(acc, r, _f16(pl, o, _I(2)), sy)
+
+
+def _rows_q8_0(kind, pl, base, y, dy, sy, acc):
+    for r in range(_U(G)):
+        o = base + r
+        _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy,
+                   _int8_lane(pl, o, _I(2), y[0], y[1], y[2], y[3]),
+                   _int8_lane(pl, o, _I(6), y[4], y[5], y[6], y[7]),
+                   _int8_lane(pl, o, _I(10), y[8], y[9], y[10], y[11]),
+                   _int8_lane(pl, o, _I(14), y[12], y[13], y[14], y[15]),
+                   _int8_lane(pl, o, _I(18), y[16], y[17], y[18], y[19]),
+                   _int8_lane(pl, o, _I(22), y[20], y[21], y[22], y[23]),
+                   _int8_lane(pl, o, _I(26), y[24], y[25], y[26], y[27]),
+                   _int8_lane(pl, o, _I(30), y[28], y[29], y[30], y[31]))
+
+
+_ROWS = {Q4_0: _rows_q4_0, Q4_1: _rows_q4_1, Q5_0: _rows_q5_0, Q5_1: _rows_q5_1, Q8_0: _rows_q8_0}
+
+if HAVE_NUMBA:
+    from numba.core import types as _nbt
+    from numba.extending import overload
+
+    @overload(_rows, jit_options={"forceinline": True})
+    def _rows_of(kind, pl, base, y, dy, sy, acc):
+        if isinstance(kind, _nbt.IntegerLiteral):
+            return _ROWS.get(kind.literal_value)
+        return None
+
+
 @njit(cache=True)
 def _dot_group(kind, pl, size, yd, ys, yf, i, acc):
-    """Accumulate activation i against every block of one group's planes into acc (ACC*G,).
+    """Accumulate activation i against every block of one group's planes into acc (ACC*G,); kind a literal.
 
     pl is the group's planes flattened: byte j of block b of row r at (b * size + j) * G + r. All
     indices are unsigned constants plus r, so numba emits no negative-index fix-up and LLVM sees
@@ -168,54 +249,8 @@ def _dot_group(kind, pl, size, yd, ys, yf, i, acc):
     alias checks against every plane.
     """
     prefer_512()
-    z = np.float32(0.0)
-    zeros = (z, z, z, z, z, z, z, z)
     for b in range(pl.shape[0] // (size * G)):
-        y = _y32(yf, i, b)
-        dy = yd[i, b]
-        sy = ys[i, b]
-        base = _U(b) * _U(size * G)
-        if kind == Q4_0:
-            c = _offsets(y, np.float32(-8.0))
-            for r in range(_U(G)):
-                o = base + r
-                l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, 2, y, c)
-                _add_lanes(acc, r, _f16(pl, o, 0) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
-        elif kind == Q4_1:
-            for r in range(_U(G)):
-                o = base + r
-                l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, 4, y, zeros)
-                _add_lanes(acc, r, _f16(pl, o, 0) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
-                _add_summs(acc, r, _f16(pl, o, 2), sy)
-        elif kind == Q5_0:
-            c = _offsets(y, np.float32(-16.0))
-            yb = _yb32(y)
-            for r in range(_U(G)):
-                o = base + r
-                l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, 6, y, c)
-                l0, l1, l2, l3, l4, l5, l6, l7 = _bit_lanes(pl, o, 2, yb, l0, l1, l2, l3, l4, l5, l6, l7)
-                _add_lanes(acc, r, _f16(pl, o, 0) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
-        elif kind == Q5_1:
-            yb = _yb32(y)
-            for r in range(_U(G)):
-                o = base + r
-                l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, 8, y, zeros)
-                l0, l1, l2, l3, l4, l5, l6, l7 = _bit_lanes(pl, o, 4, yb, l0, l1, l2, l3, l4, l5, l6, l7)
-                # ggml_vec_dot_q5_1_q8_1: fma(q, dx * dy, acc), the same value as fma(dx * dy, q, acc)
-                _add_lanes(acc, r, _f16(pl, o, 0) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
-                _add_summs(acc, r, _f16(pl, o, 2), sy)
-        else:  # Q8_0
-            for r in range(_U(G)):
-                o = base + r
-                _add_lanes(acc, r, _f16(pl, o, 0) * dy,
-                           _int8_lane(pl, o, 2, y[0], y[1], y[2], y[3]),
-                           _int8_lane(pl, o, 6, y[4], y[5], y[6], y[7]),
-                           _int8_lane(pl, o, 10, y[8], y[9], y[10], y[11]),
-                           _int8_lane(pl, o, 14, y[12], y[13], y[14], y[15]),
-                           _int8_lane(pl, o, 18, y[16], y[17], y[18], y[19]),
-                           _int8_lane(pl, o, 22, y[20], y[21], y[22], y[23]),
-                           _int8_lane(pl, o, 26, y[24], y[25], y[26], y[27]),
-                           _int8_lane(pl, o, 30, y[28], y[29], y[30], y[31]))
+        _rows(kind, pl, _U(b) * _U(size * G), _y32(yf, i, b), yd[i, b], ys[i, b], acc)
 
 
 @njit(cache=True, forceinline=True)

@@ -47,7 +47,7 @@ def _reduce_steps(acc):
     """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16."""
     for lane in range(16):
         acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
-    return _reduce16(acc, 0)
+    return _reduce16(acc, np.int64(0))
 
 
 @njit(cache=True)
@@ -110,8 +110,8 @@ def _dot_bf16_row(w, y, acc):
             e = c + 2 * lane
             a = _ftz(fma32(_bf16_daz(w[e + 1]), _bf16_daz(y[e + 1]), acc[lane]))
             acc[lane] = _ftz(fma32(_bf16_daz(w[e]), _bf16_daz(y[e]), a))
-    s += np.float64(_reduce16(acc, 0))
-    s += np.float64(_reduce16(acc, 16))
+    s += np.float64(_reduce16(acc, np.int64(0)))
+    s += np.float64(_reduce16(acc, np.int64(16)))
     for e in range(body, n):
         s += np.float64(_bf16(w[e]) * _bf16(y[e]))
     return np.float32(s)

@@ -2,10 +2,10 @@
 
 Each entry runs the row groups of a weight in parallel (numba prange) and, per group, the fused
 kernel of legacy_dot once per activation (a batch re-reads the group's planes from cache). The
-type is a constant of each entry, so numba prunes the other types' code and compiles (and caches)
-only what a model uses; one entry per type also means numba and LLVM process the kernel once per
-type rather than once per caller. Arguments always have the same array types (raw blocks
-read-only, planes writable), so there is one specialisation per type:
+type is a literal of each entry, passed down as one: numba compiles (and caches) the helpers once
+per type, each with only its type's code (legacy_dot picks it by the literal), so a model compiles
+only what its types use. Arguments always have the same array types (raw blocks read-only,
+planes writable), so there is one specialisation per type:
 
   product_<t>(raw, planes, planar, n_rows, xq, out)
     raw     (n_rows, row_bytes) uint8, read-only: the GGUF blocks (a 1x1 dummy when planar)

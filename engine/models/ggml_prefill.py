@@ -52,7 +52,7 @@ if HAVE_NUMBA:
                 for c in range(0, d, LANES):
                     for lane in range(LANES):
                         acc[lane] = fma32(f16_to_f32(kc[kv, j, c + lane]), q16[c + lane], acc[lane])
-                s = reduce16(acc, 0) * scale
+                s = reduce16(acc, np.int64(0)) * scale
                 e[j] = s
                 if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s

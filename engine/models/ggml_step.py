@@ -44,15 +44,19 @@ if HAVE_NUMBA:
 
     _ONE = np.float32(1.0)
     _ZERO = np.float32(0.0)
+    # numpy scalars, not Python constants: a Python int or bool passed to a jitted helper is typed as a literal
+    # and compiles one more specialisation per value (seconds at first start, no faster code)
+    _O = np.int64(0)
+    _NO, _YES = np.bool_(False), np.bool_(True)
 
     @njit(cache=True)
     def quantize_into(vdt, x, out):
         """x (1, n) float32 as the bytes of activation type vdt in out (1, nbytes), as ggml-cpu's from_float;
         nothing for a type of -1."""
         if vdt == Q8_0_T:
-            _nb_quantize_q8(x, out, False)
+            _nb_quantize_q8(x, out, _NO)
         elif vdt == Q8_1_T:
-            _nb_quantize_q8(x, out, True)
+            _nb_quantize_q8(x, out, _YES)
         elif vdt == Q8_K_T:
             quantize_q8_k_into(x, out)
         elif vdt == F16_T:
@@ -89,13 +93,13 @@ if HAVE_NUMBA:
         if delta.shape[0]:
             if post.shape[0]:
                 tmp = np.empty(n, np.float32)
-                _norm(delta, 0, n, post, eps, tmp, 0)
+                _norm(delta, _O, n, post, eps, tmp, _O)
                 for i in range(n):
                     x[i] = x[i] + tmp[i]
             else:
                 for i in range(n):
                     x[i] = x[i] + delta[i]
-        _norm(x, 0, n, w, eps, h[0], 0)
+        _norm(x, _O, n, w, eps, h[0], _O)
         quantize_into(vdt_a, h, xq_a)
         if vdt_b >= 0:
             quantize_into(vdt_b, h, xq_b)
@@ -133,10 +137,10 @@ if HAVE_NUMBA:
         kr = np.empty(d, np.float32)
         for h in range(hkv):  # the new key (normed, rotated) and value into the cache, as fp16
             if k_norm.shape[0]:
-                _norm(k, h * d, d, k_norm, eps, tmp, 0)
-                _rope(tmp, 0, d, cos, sin, neox, kr, 0)
+                _norm(k, h * d, d, k_norm, eps, tmp, _O)
+                _rope(tmp, _O, d, cos, sin, neox, kr, _O)
             else:
-                _rope(k, h * d, d, cos, sin, neox, kr, 0)
+                _rope(k, h * d, d, cos, sin, neox, kr, _O)
             for t in range(d):
                 kc[h, pos, t] = f32_to_f16(kr[t])
                 vc[h, pos, t] = f32_to_f16(v[h * d + t])
@@ -151,10 +155,10 @@ if HAVE_NUMBA:
         for h in range(hq):
             kv = h // group
             if q_norm.shape[0]:
-                _norm(q, h * d, d, q_norm, eps, tmp, 0)
-                _rope(tmp, 0, d, cos, sin, neox, q_rot[h], 0)
+                _norm(q, h * d, d, q_norm, eps, tmp, _O)
+                _rope(tmp, _O, d, cos, sin, neox, q_rot[h], _O)
             else:
-                _rope(q, h * d, d, cos, sin, neox, q_rot[h], 0)
+                _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
             for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
                 qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
                 q16[t] = f16_to_f32(f32_to_f16(qs))
