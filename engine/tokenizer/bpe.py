@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine.tokenizer import long_words
 from engine.tokenizer.categories import GPT2_CUSTOM, SplitPattern, compile_pattern, split_offsets
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class BpeModel:
         self.ranks = ranks
         self.pre = pre
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._merger: long_words.Merger | None = None  # built on the first very long word
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw-text fragment (no special tokens inside)."""
@@ -228,6 +230,9 @@ class BpeModel:
             ids = self._cache.get(word)
             if ids is None:
                 ids = self._encode_word(byte_encode(word))
+                if len(word) >= long_words.LONG_WORD:
+                    out.extend(ids)
+                    continue
                 if len(self._cache) >= _WORD_CACHE_MAX:
                     self._cache.clear()
                 self._cache[word] = ids
@@ -239,7 +244,7 @@ class BpeModel:
         if self.pre.ignore_merges and word in vocab:
             return (vocab[word],)
         ids: list[int] = []
-        for sym in merge_word(list(word), self.ranks):
+        for sym in self._merge(word):
             tid = vocab.get(sym)
             if tid is not None:
                 ids.append(tid)
@@ -250,6 +255,14 @@ class BpeModel:
                 if tid is not None:
                     ids.append(tid)
         return tuple(ids)
+
+    def _merge(self, word: str) -> list[str]:
+        """The word's symbols after merging; a very long word merges in compiled code (the same order)."""
+        if len(word) < long_words.LONG_WORD or not long_words.available():
+            return merge_word(list(word), self.ranks)
+        if self._merger is None:
+            self._merger = long_words.Merger.for_bpe(dict(self.ranks))
+        return [word[a:b] for a, b in self._merger.merge(word)]
 
     @staticmethod
     def normal_piece(text: str) -> bytes:

@@ -141,8 +141,10 @@ def _translate(expr: str, collapsed: bool) -> str:
 
 
 def compile_pattern(expr: str) -> SplitPattern:
-    """The split pattern for one llama.cpp expression (KeyError-free: unknown categories raise ValueError)."""
+    """The split pattern for one llama.cpp expression; a category llama.cpp cannot collapse raises ValueError."""
     collapsed = any(prop in expr for prop in _PROPERTIES)
+    if not collapsed and "\\p{" in expr:
+        raise ValueError(f"pre-tokenizer pattern {expr[:40]!r} uses a category llama.cpp does not collapse")
     if collapsed:
         if not expr.isascii():
             raise ValueError("a pattern with Unicode categories must be ASCII (as llama.cpp requires)")

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping, Sequence
+
+from engine.tokenizer import long_words
 
 SPACE = "\u2581"  # '▁', SentencePiece's escaped space
 
@@ -57,12 +60,13 @@ class SpmModel:
         self.scores = scores
         self.byte_ids = byte_ids  # byte value -> id of '<0xXX>' (or of the 1-character token), None if absent
         self.unk_id = unk_id
+        self._merger: long_words.Merger | None = None  # built on the first very long fragment
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw-text fragment whose spaces are already escaped to '▁'."""
         out: list[int] = []
         vocab = self.token_to_id
-        for piece in merge_by_score(text, vocab, self.scores):
+        for piece in self._merge(text):
             tid = vocab.get(piece)
             if tid is not None:
                 out.append(tid)
@@ -75,6 +79,16 @@ class SpmModel:
                 if bid is not None:
                     out.append(bid)
         return out
+
+    def _merge(self, text: str) -> list[str]:
+        """The fragment's pieces after merging; a very long one merges in compiled code (the same order)."""
+        if len(text) < long_words.LONG_WORD or not long_words.available():
+            return merge_by_score(text, self.token_to_id, self.scores)
+        if self._merger is None:
+            if not all(math.isfinite(s) for s in self.scores):
+                return merge_by_score(text, self.token_to_id, self.scores)  # NaN scores: Python's order only
+            self._merger = long_words.Merger.for_spm(dict(self.token_to_id), list(self.scores))
+        return [text[a:b] for a, b in self._merger.merge(text)]
 
     @staticmethod
     def normal_piece(text: str) -> bytes:

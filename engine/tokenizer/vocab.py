@@ -148,9 +148,9 @@ class Tokenizer:
                 texts[i] = f"[EMPTY_{i}]"
         token_to_id: dict[str, int] = {}
         for i, t in enumerate(texts):
-            token_to_id.setdefault(t, i)
+            token_to_id[t] = i  # a duplicate string keeps its last id, as llama_vocab::impl::load
         if len(token_to_id) != n:
-            log.warning("%s has %d duplicate strings; text lookups use the first id", _K + "tokens",
+            log.warning("%s has %d duplicate strings; text lookups use the last id, as llama.cpp", _K + "tokens",
                         n - len(token_to_id))
 
         types = _numeric_array(metadata, _K + "token_type", n, ("int32",))

@@ -1,0 +1,89 @@
+"""Merging one very long word (a megabyte of 'x' or of spaces) in compiled code, with llama.cpp's exact order.
+
+Both tokenizers merge a word as llama.cpp does: a priority queue of adjacent symbol pairs, the best pair first
+(BPE: lowest merge rank; SPM: highest score of the merged token), the leftmost on ties, skipping pairs that a
+merge has outdated (llm_tokenizer_bpe_session / llm_tokenizer_spm_session in src/llama-vocab.cpp). In Python
+that costs a few microseconds per merge, so a piece of a million symbols takes seconds; llama.cpp's C++ takes a
+fraction of that. Here the same loop runs in numba on code points: a symbol is a span of the word (its start
+never moves, only its length grows), a pair is looked up by hashing the span of both symbols (a polynomial
+prefix hash of the word) in an open-addressing table of the merges (BPE: the merged string and where it
+splits) or of the vocabulary (SPM: any token), and confirmed code point by code point. A pair on the queue is
+current exactly when both symbols still have the lengths they had when it was pushed, which is llama.cpp's
+"left + right == bigram.text" test.
+
+`Merger.merge(word)` returns the final symbols as (start, end) spans; the caller maps them to ids as before.
+Only words of at least LONG_WORD code points come here, so short text never imports numba; without numba
+`available()` is False and the Python loops do all the work.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+LONG_WORD = 4096  # code points; shorter words merge in Python (no compile, no table to build)
+_MUL = np.uint64(0x100000001B3)  # the polynomial base of the span hash
+
+
+@functools.cache
+def _kernels():
+    """The compiled kernels, or None when numba is missing or fails to compile them."""
+    try:
+        from engine.tokenizer import long_words_kernels  # noqa: PLC0415 - numba is imported only for long words
+    except Exception as exc:  # noqa: BLE001 - any failure means: merge in Python
+        log.warning("compiled merging of long words is unavailable (%s); using Python", exc)
+        return None
+    return long_words_kernels
+
+
+def available() -> bool:
+    """Whether the compiled merge can run here."""
+    return _kernels() is not None
+
+
+def _codepoints(text: str) -> np.ndarray:
+    """The code points of text as uint32."""
+    return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
+
+
+class Merger:
+    """A merge table (strings with a split tag and a priority) and the compiled merge loop over it."""
+
+    def __init__(self, strings: list[str], tags: Iterable[int], priorities: Iterable[int], any_split: bool):
+        k = _kernels()
+        assert k is not None, "check available() first"
+        lengths = np.fromiter((len(s) for s in strings), dtype=np.int64, count=len(strings))
+        self.offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
+        self.flat = _codepoints("".join(strings))
+        self.tags = np.fromiter(tags, dtype=np.int64, count=len(strings))
+        self.priorities = np.fromiter(priorities, dtype=np.int64, count=len(strings))
+        self.any_split = any_split  # SPM: any split of a token merges; BPE: only the split a merge names
+        self.max_len = int(lengths.max()) if len(strings) else 0
+        self.table = k.build_table(self.flat, self.offsets, self.tags, self.any_split, _MUL)
+
+    @classmethod
+    def for_bpe(cls, ranks: dict[tuple[str, str], int]) -> Merger:
+        """From BPE merge ranks: the merged string, split where the merge splits it, lowest rank first."""
+        items = list(ranks.items())
+        return cls([a + b for (a, b), _ in items], (len(a) for (a, _), _ in items), (r for _, r in items), False)
+
+    @classmethod
+    def for_spm(cls, token_to_id: dict[str, int], scores: list[float]) -> Merger:
+        """From an SPM vocabulary: every token of two or more code points, highest score first."""
+        items = [(t, i) for t, i in token_to_id.items() if len(t) > 1]
+        order = sorted({scores[i] for _, i in items}, reverse=True)
+        rank = {s: r for r, s in enumerate(order)}
+        return cls([t for t, _ in items], (0 for _ in items), (rank[scores[i]] for _, i in items), True)
+
+    def merge(self, word: str) -> list[tuple[int, int]]:
+        """The final symbols of word as (start, end) code point spans, in order."""
+        k = _kernels()
+        cps = _codepoints(word)
+        starts, lens = k.merge_word(cps, self.table, self.flat, self.offsets, self.tags, self.priorities,
+                                    self.any_split, self.max_len, _MUL)
+        return list(zip(starts.tolist(), (starts + lens).tolist()))

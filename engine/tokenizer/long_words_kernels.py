@@ -1,0 +1,185 @@
+"""The numba kernels behind long_words: a span-hash table of merges and llama.cpp's pair-queue merge loop.
+
+Imported only when a word of LONG_WORD code points or more arrives (numba's import and its cache load are not
+free). All hashing is uint64 arithmetic that wraps; every hash hit is confirmed code point by code point, so a
+collision costs a probe, never a wrong merge. The queue is a binary heap of int64 keys, priority << 32 | left
+(the left symbol's start), with the two symbol lengths it was pushed with alongside.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_LOW32 = np.int64(0xFFFFFFFF)
+
+
+@njit(cache=True, inline="always")
+def _mix(h, tag):
+    """splitmix-style finaliser of a span hash and its split tag."""
+    x = h ^ (np.uint64(tag) * _GOLDEN)
+    x ^= x >> np.uint64(33)
+    x *= _M1
+    x ^= x >> np.uint64(33)
+    x *= _M2
+    x ^= x >> np.uint64(33)
+    return x
+
+
+@njit(cache=True)
+def build_table(flat, offsets, tags, any_split, mul):
+    """Open-addressing table (int64 entry index, -1 empty) of every string flat[offsets[e]:offsets[e + 1]]."""
+    n = offsets.shape[0] - 1
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    table = np.full(size, -1, dtype=np.int64)
+    for e in range(n):
+        h = np.uint64(0)
+        for j in range(offsets[e], offsets[e + 1]):
+            h = h * mul + np.uint64(flat[j]) + np.uint64(1)
+        tag = 0 if any_split else tags[e]
+        slot = _mix(h, tag) & mask
+        while table[slot] != -1:
+            slot = (slot + np.uint64(1)) & mask
+        table[slot] = e
+    return table
+
+
+@njit(cache=True)
+def _find(prefix, powers, cps, a, mid, b, table, flat, offsets, tags, any_split, max_len):
+    """The table entry whose string is cps[a:b] (split at mid unless any_split), or -1."""
+    length = b - a
+    if length > max_len:
+        return -1
+    h = prefix[b] - prefix[a] * powers[length]
+    tag = 0 if any_split else mid - a
+    mask = np.uint64(table.shape[0] - 1)
+    slot = _mix(h, tag) & mask
+    while True:
+        e = table[slot]
+        if e < 0:
+            return -1
+        start = offsets[e]
+        if offsets[e + 1] - start == length and (any_split or tags[e] == tag):
+            same = True
+            for j in range(length):
+                if flat[start + j] != cps[a + j]:
+                    same = False
+                    break
+            if same:
+                return e
+        slot = (slot + np.uint64(1)) & mask
+
+
+@njit(cache=True)
+def _sift_down(keys, llens, rlens, size, i):
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        if child + 1 < size and keys[child + 1] < keys[child]:
+            child += 1
+        if keys[i] <= keys[child]:
+            return
+        keys[i], keys[child] = keys[child], keys[i]
+        llens[i], llens[child] = llens[child], llens[i]
+        rlens[i], rlens[child] = rlens[child], rlens[i]
+        i = child
+
+
+@njit(cache=True)
+def _sift_up(keys, llens, rlens, i):
+    while i > 0:
+        parent = (i - 1) // 2
+        if keys[parent] <= keys[i]:
+            return
+        keys[i], keys[parent] = keys[parent], keys[i]
+        llens[i], llens[parent] = llens[parent], llens[i]
+        rlens[i], rlens[parent] = rlens[parent], rlens[i]
+        i = parent
+
+
+@njit(cache=True)
+def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, mul):
+    """llama.cpp's merge loop on one word; returns (starts, lengths) of the final symbols in order."""
+    n = cps.shape[0]
+    prefix = np.zeros(n + 1, dtype=np.uint64)
+    for i in range(n):
+        prefix[i + 1] = prefix[i] * mul + np.uint64(cps[i]) + np.uint64(1)
+    powers = np.ones(max_len + 2, dtype=np.uint64)
+    for i in range(1, max_len + 2):
+        powers[i] = powers[i - 1] * mul
+    lens = np.ones(n, dtype=np.int64)
+    nxt = np.arange(1, n + 1)
+    prv = np.arange(-1, n - 1)
+    if n > 0:
+        nxt[n - 1] = -1
+    # the first pairs (all of two one-code-point symbols) wait in one sorted array; only pairs that merges
+    # create go through the heap, so most pops cost no sifting
+    first = np.empty(max(n - 1, 0), dtype=np.int64)
+    n_first = 0
+    for i in range(n - 1):
+        e = _find(prefix, powers, cps, i, i + 1, i + 2, table, flat, offsets, tags, any_split, max_len)
+        if e >= 0:
+            first[n_first] = (priorities[e] << 32) | i
+            n_first += 1
+    first = np.sort(first[:n_first])
+    pos = 0
+    cap = 1024
+    keys = np.empty(cap, dtype=np.int64)
+    llens = np.empty(cap, dtype=np.int64)
+    rlens = np.empty(cap, dtype=np.int64)
+    size = 0
+    while size > 0 or pos < n_first:
+        if size == 0 or (pos < n_first and first[pos] < keys[0]):
+            key, ll, rl = first[pos], 1, 1
+            pos += 1
+        else:
+            key, ll, rl = keys[0], llens[0], rlens[0]
+            size -= 1
+            keys[0], llens[0], rlens[0] = keys[size], llens[size], rlens[size]
+            _sift_down(keys, llens, rlens, size, 0)
+        left = key & _LOW32
+        right = left + ll
+        if ll == 0 or rl == 0 or lens[left] != ll or right >= n or lens[right] != rl:
+            continue  # outdated: one side was merged since this pair was queued
+        lens[left] = ll + rl
+        lens[right] = 0
+        after = nxt[right]
+        nxt[left] = after
+        if after >= 0:
+            prv[after] = left
+        for a, b in ((prv[left], left), (left, after)):
+            if a < 0 or b < 0:
+                continue
+            e = _find(prefix, powers, cps, a, b, b + lens[b], table, flat, offsets, tags, any_split, max_len)
+            if e < 0:
+                continue
+            if size == keys.shape[0]:
+                keys = np.concatenate((keys, np.empty_like(keys)))
+                llens = np.concatenate((llens, np.empty_like(llens)))
+                rlens = np.concatenate((rlens, np.empty_like(rlens)))
+            keys[size] = (priorities[e] << 32) | a
+            llens[size] = lens[a]
+            rlens[size] = lens[b]
+            _sift_up(keys, llens, rlens, size)
+            size += 1
+    count = 0
+    i = 0 if n > 0 else -1
+    while i >= 0:
+        count += 1
+        i = nxt[i]
+    starts = np.empty(count, dtype=np.int64)
+    out_lens = np.empty(count, dtype=np.int64)
+    i = 0 if n > 0 else -1
+    k = 0
+    while i >= 0:
+        starts[k] = i
+        out_lens[k] = lens[i]
+        k += 1
+        i = nxt[i]
+    return starts, out_lens
