@@ -7,8 +7,8 @@ model (2 layers, 256 wide, a 1,024-token vocabulary) from a fixed seed with the 
 
     /tmp/llvenv/bin/python tools/make_arch_models.py [--work DIR] [NAME ...]
 
-quantizes copies with llama.cpp's own llama_model_quantize (F16, Q8_0, Q4_K_M), runs llama.cpp (F16 KV cache,
-one batch) on N_TOKENS fixed token ids, and stores per quantization the top-K log-probabilities at every
+quantizes copies with llama.cpp's own llama_model_quantize (F16, Q8_0, Q4_K_M), runs llama.cpp (F16 KV cache; a
+128-token prompt, then one token per step) on N_TOKENS fixed token ids, and stores per quantization the top-K log-probabilities at every
 position in tests/fixtures/arch/NAME.npz, with each quantized file's sha256 and the mean top-1 probability in
 tests/fixtures/arch/NAME.json. The suite rebuilds the files itself (our writer, then `gguf-lens quantize`'s
 code, byte-identical to llama-quantize: the sha256 says so), so only the logits are committed.
@@ -36,9 +36,12 @@ from engine.quant.types import GGMLType  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "arch"
 SEED = 1234
+OUT_SCALE = 0.3
+
 N_TOKENS = 200
 N_CTX = 1024  # the context both engines run with (Phi-3 picks its long factors above 128, see phi3 below)
 TOP_K = 64
+PREFILL = 128  # the first PREFILL tokens run as one batch, the rest one at a time (a prompt, then decode steps)
 QUANTS = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}  # llama_ftype ids (enum llama_ftype in llama.h)
 VOCAB = 1024
 U32 = np.uint32
@@ -58,7 +61,8 @@ class ArchSpec:
     rope_base: float = 10000.0
     rope_dim: int | None = None  # rope.dimension_count when it is not the head size (Phi-3's partial RoPE)
     tied: bool = True
-    logit_std: float = 6.0  # the spread of the logits, for peaked distributions
+    logit_std: float = 3.5  # the spread of the logits, for peaked distributions
+    successor: float = 1.2  # untied: each token's embedding also points the head at one successor token
     metadata: dict[str, Any] = field(default_factory=dict)
     extras: tuple[str, ...] = ()  # rope_freqs, biases, qk_norm, post_norms, fused, phi_factors
 
@@ -67,10 +71,10 @@ SPECS: dict[str, ArchSpec] = {
     # Llama 3.x: rope_freqs.weight, a large freq_base, GQA 4:1, a separate output matrix
     "llama3": ArchSpec("llama", rope_base=500000.0, tied=False, extras=("rope_freqs",)),
     "llama3_nofreqs": ArchSpec("llama", rope_base=500000.0, tied=False),  # the same file without rope_freqs
-    "llama_linear": ArchSpec("llama", n_kv_heads=2, logit_std=3.5, metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
-    "llama_yarn": ArchSpec("llama", n_kv_heads=2, logit_std=3.5, metadata={
+    "llama_linear": ArchSpec("llama", n_kv_heads=2, logit_std=1.6, metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
+    "llama_yarn": ArchSpec("llama", n_kv_heads=2, logit_std=1.6, metadata={
         "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": U32(64)}),
-    "qwen2": ArchSpec("qwen2", n_kv_heads=2, rope_base=1_000_000.0, logit_std=3.5, extras=("biases",)),
+    "qwen2": ArchSpec("qwen2", n_kv_heads=2, rope_base=1_000_000.0, logit_std=1.8, extras=("biases",)),
     "qwen3": ArchSpec("qwen3", n_kv_heads=2, head_dim=128, rope_base=1_000_000.0, tied=False, extras=("qk_norm",)),
     "gemma2": ArchSpec("gemma2", n_kv_heads=2, head_dim=128, extras=("post_norms",), logit_std=1.0, metadata={
         "attention.sliding_window": U32(32), "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
@@ -114,7 +118,7 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
     a, f32 = s.arch, GGMLType.F32
     tokens, types = _vocab(VOCAB)
     md: dict[str, Any] = {
-        "general.architecture": a, "general.name": f"random {name}",
+        "general.architecture": a, "general.name": "GGUF Lens test model",  # no arch name: llama-vocab.cpp keys token attributes on it
         f"{a}.block_count": U32(s.n_layers), f"{a}.context_length": U32(4096), f"{a}.embedding_length": U32(s.dim),
         f"{a}.feed_forward_length": U32(s.hidden), f"{a}.attention.head_count": U32(s.n_heads),
         f"{a}.attention.head_count_kv": U32(s.n_kv_heads), f"{a}.rope.freq_base": s.rope_base,
@@ -136,12 +140,18 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     emb_std = s.logit_std / math.sqrt(s.dim)  # tied: the head reads the same rows
+    emb = mat(s.dim, VOCAB, emb_std)
     ts: list[tuple[str, GGMLType, tuple[int, ...], np.ndarray]] = [
-        ("token_embd.weight", f32, (s.dim, VOCAB), mat(s.dim, VOCAB, emb_std)),
+        ("token_embd.weight", f32, (s.dim, VOCAB), emb),
         ("output_norm.weight", f32, (s.dim,), norm(s.dim)),
     ]
     if not s.tied:
-        ts.append(("output.weight", f32, (s.dim, VOCAB), mat(s.dim, VOCAB, s.logit_std / math.sqrt(s.dim))))
+        # a clear winner, as trained models have: the head row of a successor token follows the embedding of
+        # each token (a random bigram table), so what attention mixes in decides the top token by a margin
+        out = mat(s.dim, VOCAB, s.logit_std / math.sqrt(s.dim))
+        succ = rng.permutation(VOCAB)
+        out[succ] += np.float32(s.successor / math.sqrt(s.dim)) * emb / np.linalg.norm(emb, axis=1, keepdims=True) * np.float32(math.sqrt(s.dim))
+        ts.append(("output.weight", f32, (s.dim, VOCAB), out))
     if "rope_freqs" in s.extras:
         ts.append(("rope_freqs.weight", f32, (rope_dim // 2,), llama3_factors(rope_dim, s.rope_base)))
     if "phi_factors" in s.extras:
@@ -163,7 +173,7 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
         if "qk_norm" in s.extras:
             ts.append((b + "attn_q_norm.weight", f32, (s.head_dim,), norm(s.head_dim)))
             ts.append((b + "attn_k_norm.weight", f32, (s.head_dim,), norm(s.head_dim)))
-        ts.append((b + "attn_output.weight", f32, (qd, s.dim), mat(qd, s.dim)))
+        ts.append((b + "attn_output.weight", f32, (qd, s.dim), mat(qd, s.dim, OUT_SCALE / math.sqrt(qd))))
         if "post_norms" in s.extras:
             ts.append((b + "post_attention_norm.weight", f32, (s.dim,), norm(s.dim)))
             ts.append((b + "post_ffw_norm.weight", f32, (s.dim,), norm(s.dim)))
@@ -173,7 +183,7 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
         else:
             ts.append((b + "ffn_gate.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)))
             ts.append((b + "ffn_up.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)))
-        ts.append((b + "ffn_down.weight", f32, (s.hidden, s.dim), mat(s.hidden, s.dim)))
+        ts.append((b + "ffn_down.weight", f32, (s.hidden, s.dim), mat(s.hidden, s.dim, OUT_SCALE / math.sqrt(s.hidden))))
     return md, ts
 
 
@@ -200,13 +210,16 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def llama_cpp_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
-    """llama.cpp's logits at every position: F16 KV cache, one batch, no flash attention."""
+    """llama.cpp's logits at every position: F16 KV cache, no flash attention; the first PREFILL tokens in one
+    batch, then one token per step, so both the batch and the one-row kernels are in the fixture."""
     from llama_cpp import Llama  # noqa: PLC0415 - the development venv only
 
     llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
                 verbose=False, flash_attn=False)
     llm.reset()
-    llm.eval(ids)
+    llm.eval(ids[:PREFILL])
+    for tok in ids[PREFILL:]:
+        llm.eval([tok])
     out = np.array(llm.scores[: len(ids)], dtype=np.float32)
     del llm
     return out

@@ -17,10 +17,9 @@ from engine.generate import prefill
 from engine.model import load_model
 from engine.quality.requantize import quantize_file
 from tests.engine.golden import kld_topk, log_softmax
-from tools.make_arch_models import FIXTURES, N_CTX, write_arch
+from tools.make_arch_models import FIXTURES, N_CTX, PREFILL, write_arch
 
 QUANTS = ("F16", "Q8_0", "Q4_K_M")
-PREFILL = 128  # ggml numerics: a prompt of this many tokens, then one-token decode steps for the rest
 F32_BOUNDS = (0.005, 0.96)  # mean KLD, same top token: float32 numerics (the issue's bar)
 GGML_BOUNDS = (0.001, 0.96)  # ggml numerics
 
@@ -55,7 +54,7 @@ def sha256(path: Path) -> str:
 
 
 def our_logits(path: Path, ids: list[int], numerics: str) -> np.ndarray:
-    """Logits at every position: one prompt (float32), or a prompt then decode steps (ggml)."""
+    """Logits at every position: one prompt (float32), or, as llama.cpp ran them, a prompt then decode steps."""
     model = load_model(path, numerics=numerics)
     try:
         cache = model.new_cache(N_CTX)
