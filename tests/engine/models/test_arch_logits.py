@@ -1,0 +1,38 @@
+"""Every architecture and quantization against llama.cpp's logits on the same file (tools/make_arch_models.py).
+
+For each test model (llama as Llama 3 uses it, with linear and YaRN scaling; qwen2; qwen3; gemma2; phi3) in F16,
+Q8_0 and Q4_K_M: our quantizer writes llama.cpp's file byte for byte, and our logits at every position of 200
+tokens (a 128-token prompt, then decode steps) are llama.cpp's within the issue's bounds in both numerics.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.engine.models.arch_cases import F32_BOUNDS, GGML_BOUNDS, QUANTS, model_file, our_logits, reference, sha256, stats
+from tools.make_arch_models import SPECS
+
+CASES = [(name, quant) for name in SPECS for quant in QUANTS]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("arch")
+
+
+@pytest.mark.parametrize(("name", "quant"), CASES, ids=[f"{n}-{q}" for n, q in CASES])
+def test_our_quantized_file_is_llama_cpps(folder: Path, name: str, quant: str) -> None:
+    """The file the suite runs is byte-identical to the one llama.cpp quantized and ran for the fixture."""
+    assert sha256(model_file(folder, name, quant)) == reference(name, quant).sha256
+
+
+@pytest.mark.parametrize("numerics", ["float32", "ggml"])
+@pytest.mark.parametrize(("name", "quant"), CASES, ids=[f"{n}-{q}" for n, q in CASES])
+def test_logits_match_llama_cpp(folder: Path, name: str, quant: str, numerics: str) -> None:
+    ref = reference(name, quant)
+    got = stats(ref, our_logits(model_file(folder, name, quant), ref.ids, numerics))
+    kld_bound, top_bound = F32_BOUNDS if numerics == "float32" else GGML_BOUNDS
+    print(f"{name} {quant} {numerics}: {got}")
+    assert got["kld_mean"] <= kld_bound
+    assert got["same_top"] >= top_bound
