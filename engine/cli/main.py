@@ -7,12 +7,11 @@ import logging
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.cli.options import add_numerics
+from engine.cli.options import add_numerics, read_text_file
 from engine.errors import LensError, SettingError
 
 log = logging.getLogger("gguf_lens")
@@ -25,15 +24,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_text(args: argparse.Namespace) -> str:
+    """--text as given, or --text-file's bytes as UTF-8 with its line endings kept."""
     if getattr(args, "text", None) is not None:
         return args.text
-    path = Path(args.text_file)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingError(f"--text-file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SettingError(f"--text-file {path}: cannot read it as UTF-8 ({exc})") from None
+    return read_text_file(args.text_file)
 
 
 def _load(args: argparse.Namespace, warm: bool = True):
@@ -72,63 +66,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summarize(value: Any, limit: int = 8) -> Any:
-    if isinstance(value, np.ndarray):
-        head = value[:limit].tolist()
-        return head if value.size <= limit else {"type": f"{value.dtype}[{value.size}]", "head": head}
-    if isinstance(value, list):
-        return value if len(value) <= limit else {"type": f"list[{len(value)}]", "head": value[:limit]}
-    return value
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from engine.catalog import resolve_model  # noqa: PLC0415
-    from engine.gguf import open_gguf  # noqa: PLC0415
-
-    with open_gguf(resolve_model(args.model)) as g:
-        tensors = [
-            {"name": t.name, "type": t.qtype.name, "shape": list(t.shape), "bytes": t.nbytes,
-             "bpw": round(8.0 * t.nbytes / max(1, t.n_elements), 4)}
-            for t in g.tensors.values()
-        ]
-        total_b = sum(t["bytes"] for t in tensors)
-        total_n = sum(t.n_elements for t in g.tensors.values())
-        report = {
-            "path": str(g.path), "version": g.version, "alignment": g.alignment, "file_size": g.file_size,
-            "metadata": {k: _summarize(v) for k, v in g.metadata.items()},
-            "tensors": tensors, "n_params": total_n, "tensor_bytes": total_b,
-            "bpw": round(8.0 * total_b / max(1, total_n), 4), "warnings": list(g.warnings),
-        }
-    if args.json:
-        print(json.dumps(report, ensure_ascii=False, indent=1, default=str))
-        return 0
-    print(f"{report['path']}  GGUF v{report['version']}  {report['file_size']:,} bytes")
-    print(f"{len(tensors)} tensors, {total_n:,} weights, {total_b:,} bytes, {report['bpw']:.3f} bits per weight")
-    print("\nmetadata:")
-    for k, v in report["metadata"].items():
-        text = _printable(json.dumps(v, ensure_ascii=False, default=str) if not isinstance(v, str) else v)
-        print(f"  {k} = {text}")
-    print("\ntensors:")
-    for t in tensors:
-        shape = "x".join(map(str, t["shape"]))
-        print(f"  {t['name']:<36} {t['type']:<6} {shape:<14} {t['bytes']:>12,} B  {t['bpw']:.3f} bpw")
-    for w in report["warnings"]:
-        print(f"warning: {w}", file=sys.stderr)
-    return 0
-
-
-def _printable(text: str, limit: int = 120) -> str:
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    """Ids as llama_tokenize(add_special=True) gives them: BOS/EOS as the metadata says, unless --bos/--no-bos."""
     tok = _tokenizer_only(args.model)
     ids = tok.encode(_read_text(args), add_special=False, parse_special=not args.no_special)
-    if args.bos:
+    add_bos = tok.add_bos if args.bos is None else args.bos
+    if add_bos:
         if tok.bos_id is None:
             raise SettingError("--bos: this model has no BOS token")
         ids = [tok.bos_id] + ids
+    if tok.add_eos:
+        ids.append(tok.eos_id)
     print(json.dumps(ids))
     return 0
 
@@ -144,9 +92,9 @@ def cmd_logits(args: argparse.Namespace) -> int:
     model = _load(args)
     if args.tokens_file:
         try:
-            ids = json.loads(Path(args.tokens_file).read_text())
-        except (OSError, ValueError) as exc:
-            raise SettingError(f"--tokens-file {args.tokens_file}: {exc}") from None
+            ids = json.loads(read_text_file(args.tokens_file, "--tokens-file"))
+        except ValueError as exc:
+            raise SettingError(f"--tokens-file {args.tokens_file}: not JSON ({exc})") from None
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise SettingError(f"--tokens-file {args.tokens_file}: must be a JSON list of integers")
     else:
@@ -307,7 +255,7 @@ def _add_model(p: argparse.ArgumentParser, optional: bool = False) -> None:
 def _add_text(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--text")
-    g.add_argument("--text-file")
+    g.add_argument("--text-file", help="a UTF-8 text file, read byte for byte (a regular file, at most 256 MiB)")
 
 
 def _add_sampling(p: argparse.ArgumentParser, temp: float) -> None:
@@ -329,19 +277,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None)
     p.set_defaults(func=cmd_gui)
 
+    from engine.cli.inspect import cmd_inspect  # noqa: PLC0415
+
     p = sub.add_parser("fetch", help="download a catalog model into the cache; prints its path")
     p.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="catalog name or 'all'")
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("inspect", help="metadata and tensors of a GGUF file")
+    p = sub.add_parser("inspect", help="metadata and tensors of a GGUF file; warns when the model cannot run")
     _add_model(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object, with a 'problems' list")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("tokenize", help="token ids of a text as a JSON list")
+    p = sub.add_parser("tokenize", help="token ids of a text as a JSON list, as llama_tokenize(add_special=True)",
+                       description="Token ids as llama.cpp's llama_tokenize with add_special: BOS and EOS are "
+                                   "added as the model's tokenizer.ggml.add_bos_token / add_eos_token say "
+                                   "(--bos / --no-bos force BOS on or off); special-token text is parsed "
+                                   "unless --no-special. --text-file is read as UTF-8 bytes, line endings kept.")
     _add_model(p)
     _add_text(p)
-    p.add_argument("--bos", action="store_true", help="prepend the BOS token")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--bos", dest="bos", action="store_const", const=True, default=None,
+                   help="prepend the BOS token even where the metadata says not to")
+    g.add_argument("--no-bos", dest="bos", action="store_const", const=False,
+                   help="no BOS token even where the metadata adds one")
     p.add_argument("--no-special", action="store_true", help="treat special-token text as plain text")
     p.set_defaults(func=cmd_tokenize)
 

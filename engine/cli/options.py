@@ -1,7 +1,12 @@
-"""Options several gguf-lens subcommands share."""
+"""Options several gguf-lens subcommands share: --numerics, and reading --text-file as the bytes it holds."""
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+from pathlib import Path
+
+from engine.errors import SettingError
 
 
 def add_numerics(p: argparse.ArgumentParser) -> None:
@@ -9,3 +14,37 @@ def add_numerics(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numerics", default="ggml", choices=["ggml", "float32"],
                    help="ggml: compute on the GGUF blocks with 8-bit activations and an F16 KV cache, as llama.cpp "
                         "does (default); float32: dequantized weights and float32 activations (the reference)")
+
+
+TEXT_FILE_CAP = 256 * 1024 * 1024  # bytes; a text beyond this is surely a mistake (and would not fit a context)
+
+
+def read_text_file(path_text: str, flag: str = "--text-file", cap: int = TEXT_FILE_CAP) -> str:
+    """A file's text exactly as its bytes say (UTF-8, line endings kept, as llama.cpp reads a prompt file).
+
+    Refuses with a SettingError: a missing path, anything but a regular file (a FIFO, a device such as
+    /dev/urandom, a folder), a file larger than `cap` bytes, and invalid UTF-8 (naming the byte offset).
+    """
+    path = Path(path_text)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the fstat below refuses it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SettingError(f"{flag} {path}: no such file") from None
+    except OSError as exc:
+        raise SettingError(f"{flag} {path}: cannot open it ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > cap:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SettingError(f"{flag} {path}: not a regular file")
+        raise SettingError(f"{flag} {path}: {info.st_size:,} bytes, more than the {cap:,}-byte cap")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise SettingError(f"{flag} {path}: more than the {cap:,}-byte cap")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingError(f"{flag} {path}: not valid UTF-8 at byte offset {exc.start} "
+                           f"(byte 0x{data[exc.start]:02X})") from None

@@ -10,7 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from engine.cli.options import add_numerics
+from engine.cli.options import add_numerics, read_text_file
 from engine.errors import SettingError
 from engine.quant.presets import PRESETS
 from engine.quant.rules import parse_rules
@@ -97,7 +97,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from engine.quant.presets import preset_by_name  # noqa: PLC0415
 
         preset_by_name(args.type)
-    text = _read_text_file(args.text_file)
+    text = read_text_file(args.text_file)
     base = load_model(args.model, numerics=args.numerics)
     ids = base.tokenizer.encode(text, add_special=True, parse_special=False)
     if args.max_tokens:
@@ -120,15 +120,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for layer in cmp.per_layer:
         print(f"    {layer.layer:3d}  {layer.rel_l2:.5f}  {layer.cosine:.6f}")
     return 0
-
-
-def _read_text_file(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingError(f"--text-file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SettingError(f"--text-file {path}: cannot read it as UTF-8 ({exc})") from None
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

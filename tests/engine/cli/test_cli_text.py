@@ -1,0 +1,133 @@
+"""The CLI's text input and tokenize flags: --text-file byte for byte (CRLF kept, as llama.cpp), refusals with one
+line, BOS/EOS as the metadata says with --bos/--no-bos to force; inspect's warnings on a file that cannot run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli.options import read_text_file
+from engine.errors import SettingError
+from tests.conftest import GEMMA3_FILE, SMOLLM2_FILE, model_path
+from tests.engine.tokenizer import corpus
+from tests.tiny_models import make_tiny_llama
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("cli_text") / "tiny.gguf")
+
+
+def _real(short: str) -> Path:
+    path = model_path({"smollm2": SMOLLM2_FILE, "gemma3": GEMMA3_FILE}[short])
+    if path is None:
+        pytest.skip(f"{short} not found (set GGUF_LENS_MODELS_DIR)")
+    return path
+
+
+CR_TEXTS = {e["name"]: e["text"] for e in corpus.load()["entries"] if "\r" in e["text"]}
+
+
+@pytest.mark.parametrize("name", sorted(CR_TEXTS))
+@pytest.mark.parametrize("short", ["smollm2", "gemma3"])
+def test_tokenize_text_file_keeps_crlf_like_llama_cpp(short: str, name: str, tmp_path: Path) -> None:
+    """The file's bytes, tokenized by default (add_special, parse_special), equal llama_tokenize's ids."""
+    texts = CR_TEXTS
+    fx = json.loads((FIXTURES / f"tokens_{short}.json").read_text(encoding="utf-8"))
+    want = corpus.unpack(fx["entries"][name], fx["combos"].index("add_special+parse_special"))
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(texts[name].encode("utf-8"))
+    assert b"\r\n" in path.read_bytes() or b"\r" in path.read_bytes()
+    r = cli("tokenize", str(_real(short)), "--text-file", str(path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == want
+
+
+def test_read_text_file_is_byte_exact_and_refuses_bad_input(tmp_path: Path) -> None:
+    good = tmp_path / "good.txt"
+    good.write_bytes(b"a\r\nb\rc\n\xef\xbb\xbfbom")
+    assert read_text_file(str(good)) == "a\r\nb\rc\n\ufeffbom"
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\r\n\xc3\x28 then")
+    with pytest.raises(SettingError, match=r"not valid UTF-8 at byte offset 4"):
+        read_text_file(str(bad))
+    with pytest.raises(SettingError, match=r"more than the 10-byte cap"):
+        read_text_file(str(good), cap=10)
+    with pytest.raises(SettingError, match="no such file"):
+        read_text_file(str(tmp_path / "missing.txt"))
+    with pytest.raises(SettingError, match="not a regular file"):
+        read_text_file(str(tmp_path))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_text_file_refuses_devices_and_fifos_without_reading(tiny: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in ("/dev/urandom", "/dev/zero", str(fifo)):
+        r = cli("tokenize", str(tiny), "--text-file", path)
+        assert r.returncode == 2 and "not a regular file" in r.stderr, (path, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_invalid_utf8_names_the_offset_on_every_text_command(tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"hello \xff world")
+    for cmd in (["tokenize"], ["perplexity"], ["logits", "--out", str(tmp_path / "o.npy")]):
+        r = cli(cmd[0], str(tiny), "--text-file", str(bad), *cmd[1:])
+        assert r.returncode == 2 and "byte offset 6" in r.stderr, (cmd, r.stderr)
+
+
+def test_tokenize_bos_follows_the_metadata_unless_forced(tiny: Path, tmp_path: Path) -> None:
+    plain = json.loads(cli("tokenize", str(tiny), "--text", "the cat").stdout)
+    forced = json.loads(cli("tokenize", str(tiny), "--text", "the cat", "--bos").stdout)
+    assert forced == [0] + plain  # the tiny model's metadata adds no BOS
+    assert json.loads(cli("tokenize", str(tiny), "--text", "the cat", "--no-bos").stdout) == plain
+    r = cli("tokenize", str(tiny), "--text", "x", "--bos", "--no-bos")
+    assert r.returncode == 2 and "not allowed with" in r.stderr
+
+
+@pytest.mark.parametrize("short, has_bos", [("smollm2", False), ("gemma3", True)])
+def test_tokenize_real_models_add_special_like_llama_cpp(short: str, has_bos: bool) -> None:
+    fx = json.loads((FIXTURES / f"tokens_{short}.json").read_text(encoding="utf-8"))
+    assert fx["add_bos"] is has_bos
+    path = str(_real(short))
+    default = json.loads(cli("tokenize", path, "--text", "Hello world").stdout)
+    assert default == corpus.unpack(fx["entries"]["hello"], fx["combos"].index("add_special+parse_special"))
+    no_bos = json.loads(cli("tokenize", path, "--text", "Hello world", "--no-bos").stdout)
+    with_bos = json.loads(cli("tokenize", path, "--text", "Hello world", "--bos").stdout)
+    assert with_bos == [fx["bos"]] + no_bos
+    assert default == (with_bos if has_bos else no_bos)
+
+
+@pytest.mark.parametrize("overrides, field, rule", [
+    ({"llama.attention.head_count": 0}, "llama.attention.head_count = 0", "must be between 1 and"),
+    ({"llama.block_count": 100000}, "llama.block_count = 100000", "must be between 1 and"),
+    ({"general.architecture": "mamba9"}, "general.architecture = 'mamba9'", "is not supported"),
+])
+def test_inspect_lists_a_file_that_cannot_run_and_warns(tmp_path: Path, overrides: dict, field: str,
+                                                        rule: str) -> None:
+    path = make_tiny_llama(tmp_path / "bad.gguf", overrides=overrides)
+    r = cli("inspect", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "tensors:" in r.stdout and "blk.0.attn_q.weight" in r.stdout
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(field in w and rule in w and w.endswith("this model cannot run") for w in warnings), r.stderr
+    report = json.loads(cli("inspect", str(path), "--json").stdout)
+    assert any(p.startswith(field) and rule in p for p in report["problems"]), report["problems"]
+    assert report["tensors"]
+
+
+def test_inspect_of_a_runnable_file_has_no_problems(tiny: Path) -> None:
+    r = cli("inspect", str(tiny), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["problems"] == []
+    assert "cannot run" not in r.stderr
