@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from . import floats, kquants, legacy
+from . import floats, iquant_blocks, kquants, legacy
 from .types import TYPES, GGMLType
 
 U8 = npt.NDArray[np.uint8]
@@ -102,6 +102,7 @@ FORMULAS: dict[GGMLType, str] = {
     _T.Q4_K: "w = (d * sc) * q - (dmin * m)   (sc, m per 32 weights)",
     _T.Q5_K: "w = (d * sc) * q - (dmin * m)   (sc, m per 32 weights)",
     _T.Q6_K: "w = (d * sc) * (q - 32)   (sc per 16 weights)",
+    **iquant_blocks.FORMULAS,
 }
 
 
@@ -137,6 +138,8 @@ def _f16(b: U8, off: int) -> F32:
 def _quants(blocks: U8, qtype: GGMLType) -> tuple[np.ndarray, F32, F32, dict[str, np.ndarray]]:
     """(q, scale, offset) per weight of a (1, type_size) block, and decoded values per field name."""
     t, b = qtype, blocks
+    if t in iquant_blocks.FORMULAS:
+        return iquant_blocks.quants(b, t)
     if t in (_T.F32, _T.F16, _T.BF16):
         w = {_T.F32: floats.dequantize_f32, _T.F16: floats.dequantize_f16, _T.BF16: floats.dequantize_bf16}[t](b).reshape(1)
         return np.zeros(1, np.int32), np.ones(1, np.float32), w, {"value": w}  # w = 1 * 0 + value
@@ -200,6 +203,9 @@ def _quants(blocks: U8, qtype: GGMLType) -> tuple[np.ndarray, F32, F32, dict[str
     raise ValueError(f"decoding {t.name} blocks is not supported")
 
 
+FIELDS.update({t: tuple(FieldSpec(*f) for f in specs) for t, specs in iquant_blocks.fields().items()})
+
+
 def decode_block(block: npt.ArrayLike, qtype: GGMLType | int) -> DecodedBlock:
     """Take one block (type_size bytes) apart field by field; ValueError for types without a table."""
     t = GGMLType(int(qtype))
@@ -235,6 +241,8 @@ def block_scales(blocks: U8, qtype: GGMLType | int) -> dict[str, F32]:
     if len(b) == 0 or t in (_T.F32, _T.F16, _T.BF16) or t not in FIELDS:
         return {}
     with np.errstate(all="ignore"):
+        if t in iquant_blocks.FORMULAS:
+            return iquant_blocks.block_scales(b, t)
         if t in (_T.Q4_0, _T.Q5_0, _T.Q8_0):
             return {"d": _f16(b, 0)}
         if t in (_T.Q4_1, _T.Q5_1):

@@ -107,3 +107,22 @@ def test_a_gguf_with_i_quant_tensors_loads(tmp_path: Path, golden: dict[str, np.
             assert t.qtype == GGMLType[name]
             expected = golden[f"values_{name}"].view(np.float32)[: 8 * TYPES[GGMLType[name]].block_size]
             assert_same_bits(dequantize_rows(gguf.rows(t.name), t.qtype).reshape(-1), expected, name)
+
+
+@pytest.mark.parametrize("name", IQ_TYPES)
+def test_decoded_blocks_give_the_dequantized_weights(golden: dict[str, np.ndarray], name: str) -> None:
+    """decode_block's w = scale * q + offset is dequantize's result bit for bit, edge blocks included."""
+    from engine.quant.blocks import block_scales, decode_block
+
+    qtype = GGMLType[name]
+    blocks = golden[f"blocks_{name}"]
+    expected = golden[f"values_{name}"].view(np.float32).reshape(len(blocks), -1)
+    for i, raw in enumerate(blocks):
+        block = decode_block(raw, qtype)
+        assert_same_bits(block.weights, expected[i], f"{name} block {i}")
+        assert block.quants.dtype == np.int32 and not block.offsets.any()
+        with np.errstate(all="ignore"):
+            product = block.scales * block.quants.astype(np.float32)
+        assert_same_bits(product, expected[i], f"{name} block {i}: scale * q")
+        assert sum(f.spec.size for f in block.fields) == TYPES[qtype].type_size
+    assert block_scales(blocks, qtype)["d"].shape == (len(blocks),)
