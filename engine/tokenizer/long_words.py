@@ -7,9 +7,10 @@ that costs a few microseconds per merge, so a piece of a million symbols takes s
 fraction of that. Here the same loop runs in numba on code points: a symbol is a span of the word (its start
 never moves, only its length grows), a pair is looked up by hashing the span of both symbols (a polynomial
 prefix hash of the word) in an open-addressing table of the merges (BPE: the merged string and where it
-splits) or of the vocabulary (SPM: any token), and confirmed code point by code point. A pair on the queue is
-current exactly when both symbols still have the lengths they had when it was pushed, which is llama.cpp's
-"left + right == bigram.text" test.
+splits) or of the vocabulary (SPM: any token), and confirmed code point by code point. A popped pair counts
+when the pair now standing at its left symbol has the priority it was queued with: for BPE (one rank per
+merge) that is llama.cpp's "left + right == bigram.text" test; for SPM a different pair of equal score at the
+same place would be the very next pop in llama.cpp's queue, so merging it now changes nothing.
 
 `Merger.merge(word)` returns the final symbols as (start, end) spans; the caller maps them to ids as before.
 Only words of at least LONG_WORD code points come here, so short text never imports numba; without numba

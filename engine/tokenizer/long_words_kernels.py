@@ -3,7 +3,7 @@
 Imported only when a word of LONG_WORD code points or more arrives (numba's import and its cache load are not
 free). All hashing is uint64 arithmetic that wraps; every hash hit is confirmed code point by code point, so a
 collision costs a probe, never a wrong merge. The queue is a binary heap of int64 keys, priority << 32 | left
-(the left symbol's start), with the two symbol lengths it was pushed with alongside.
+(the left symbol's start); a popped pair is current when the pair now at its place has its priority.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _find(prefix, powers, cps, a, mid, b, table, flat, offsets, tags, any_split,
 
 
 @njit(cache=True)
-def _sift_down(keys, llens, rlens, size, i):
+def _sift_down(keys, size, i):
     while True:
         child = 2 * i + 1
         if child >= size:
@@ -86,20 +86,16 @@ def _sift_down(keys, llens, rlens, size, i):
         if keys[i] <= keys[child]:
             return
         keys[i], keys[child] = keys[child], keys[i]
-        llens[i], llens[child] = llens[child], llens[i]
-        rlens[i], rlens[child] = rlens[child], rlens[i]
         i = child
 
 
 @njit(cache=True)
-def _sift_up(keys, llens, rlens, i):
+def _sift_up(keys, i):
     while i > 0:
         parent = (i - 1) // 2
         if keys[parent] <= keys[i]:
             return
         keys[i], keys[parent] = keys[parent], keys[i]
-        llens[i], llens[parent] = llens[parent], llens[i]
-        rlens[i], rlens[parent] = rlens[parent], rlens[i]
         i = parent
 
 
@@ -129,25 +125,30 @@ def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, 
             n_first += 1
     first = np.sort(first[:n_first])
     pos = 0
-    cap = 1024
-    keys = np.empty(cap, dtype=np.int64)
-    llens = np.empty(cap, dtype=np.int64)
-    rlens = np.empty(cap, dtype=np.int64)
+    keys = np.empty(1024, dtype=np.int64)
     size = 0
     while size > 0 or pos < n_first:
         if size == 0 or (pos < n_first and first[pos] < keys[0]):
-            key, ll, rl = first[pos], 1, 1
+            key = first[pos]
             pos += 1
         else:
-            key, ll, rl = keys[0], llens[0], rlens[0]
+            key = keys[0]
             size -= 1
-            keys[0], llens[0], rlens[0] = keys[size], llens[size], rlens[size]
-            _sift_down(keys, llens, rlens, size, 0)
+            keys[0] = keys[size]
+            _sift_down(keys, size, 0)
         left = key & _LOW32
-        right = left + ll
-        if ll == 0 or rl == 0 or lens[left] != ll or right >= n or lens[right] != rl:
-            continue  # outdated: one side was merged since this pair was queued
-        lens[left] = ll + rl
+        if lens[left] == 0:
+            continue  # merged into its left neighbour since this pair was queued
+        right = nxt[left]
+        if right < 0:
+            continue
+        # current when the pair now at `left` has the queued priority: for BPE (one rank per merge) the same
+        # pair; for SPM a pair of equal score at the same place, which llama.cpp's queue pops next anyway
+        e = _find(prefix, powers, cps, left, right, right + lens[right], table, flat, offsets, tags, any_split,
+                  max_len)
+        if e < 0 or priorities[e] != key >> 32:
+            continue
+        lens[left] += lens[right]
         lens[right] = 0
         after = nxt[right]
         nxt[left] = after
@@ -161,12 +162,8 @@ def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, 
                 continue
             if size == keys.shape[0]:
                 keys = np.concatenate((keys, np.empty_like(keys)))
-                llens = np.concatenate((llens, np.empty_like(llens)))
-                rlens = np.concatenate((rlens, np.empty_like(rlens)))
             keys[size] = (priorities[e] << 32) | a
-            llens[size] = lens[a]
-            rlens[size] = lens[b]
-            _sift_up(keys, llens, rlens, size)
+            _sift_up(keys, size)
             size += 1
     count = 0
     i = 0 if n > 0 else -1

@@ -88,10 +88,15 @@ def test_gemma3_known_ids_and_load_time() -> None:
 # -- decoding -------------------------------------------------------------------------------------
 
 
+def _manual_entries() -> list[dict[str, Any]]:
+    """The hand-written corpus strings (the outside ones include bytes a vocabulary cannot spell)."""
+    return [e for e in corpus.load()["entries"] if e["source"] == "manual"]
+
+
 @pytest.mark.parametrize("short", list(MODELS))
 def test_decode_round_trips_corpus(short: str) -> None:
     tok = _tokenizer(short)
-    for entry in corpus.load()["entries"]:
+    for entry in _manual_entries():
         text = entry["text"]
         if short == "gemma3":
             text = text.replace("\u2581", "_")  # SPM reads a literal '▁' as a space, as llama.cpp does
@@ -103,7 +108,7 @@ def test_decode_round_trips_corpus(short: str) -> None:
 @pytest.mark.parametrize("short", list(MODELS))
 def test_stream_decoder_matches_decode_and_never_splits_characters(short: str) -> None:
     tok = _tokenizer(short)
-    for entry in corpus.load()["entries"]:
+    for entry in _manual_entries():
         ids = tok.encode(entry["text"], parse_special=True)
         dec = StreamDecoder(tok)
         parts = [dec.feed(t) for t in ids] + [dec.flush()]
