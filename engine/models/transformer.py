@@ -19,7 +19,13 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.models import ggml_ops
-from engine.models.base import BaseArgs, LayerAttentionSpec, MetadataView, gelu_tanh, silu
+from engine.models.base import (
+    BaseArgs,
+    LayerAttentionSpec,
+    MetadataView,
+    gelu_tanh,
+    silu,
+)
 from engine.models.decoder import DecoderModel, Weights
 from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs, yarn_attn_factor
 from engine.tensor import FusedLinear, Linear

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.models.arch_cases import F32_BOUNDS, GGML_BOUNDS, QUANTS, model_file, our_logits, reference, sha256, stats
+from tests.engine.models.arch_cases import (
+    F32_BOUNDS,
+    GGML_BOUNDS,
+    QUANTS,
+    model_file,
+    our_logits,
+    reference,
+    sha256,
+    stats,
+)
 from tools.make_arch_models import SPECS
 
 CASES = [(name, quant) for name in SPECS for quant in QUANTS]
