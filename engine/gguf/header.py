@@ -38,7 +38,7 @@ from engine.gguf.constants import (
     GGUFValueType,
     human_bytes,
 )
-from engine.quant.types import GGMLType, type_info
+from engine.quant.types import TYPES, GGMLType, type_info
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ class HeaderParser:
             raw_type = cur.i32(field)
             info = type_info(raw_type)
             if info is None:
-                raise ModelFormatError(field, f"uses type {raw_type} (unknown)", value=raw_type)
+                raise ModelFormatError(field, f"uses type {raw_type} (unknown); supported types: {_supported()}", value=raw_type)
             if shape[0] % info.block_size:
                 raise ModelFormatError(
                     field,
@@ -371,6 +371,11 @@ class HeaderParser:
                     field, f"data size {nbytes} bytes exceeds file size {cur.size}", value=shape
                 )
             if not info.supported:
-                raise ModelFormatError(field, f"type {info.name} is not supported by GGUF Lens")
+                raise ModelFormatError(field, f"type {info.name} is not supported by GGUF Lens (supported: {_supported()})")
             out.append((name, shape, info.qtype, offset, nbytes))
         return out
+
+
+def _supported() -> str:
+    """The tensor types GGUF Lens runs, named in refusals."""
+    return ", ".join(info.qtype.name for info in TYPES.values() if info.supported)

@@ -186,6 +186,9 @@ class Transformer(DecoderModel):
         if w.has(b + "attn_qkv.weight"):
             qkv = [w.linear(b + "attn_qkv.weight", a.dim, q_dim + 2 * kv_dim)]
         else:
+            if not w.has(b + "attn_q.weight"):
+                raise ModelFormatError(b + "attn_q.weight", f"required tensor is missing from the file (and there is no fused "
+                                       f"{b}attn_qkv.weight either)")
             qkv = [w.linear(b + "attn_q.weight", a.dim, q_dim), w.linear(b + "attn_k.weight", a.dim, kv_dim),
                    w.linear(b + "attn_v.weight", a.dim, kv_dim)]
         names = [b + f"attn_{x}.bias" for x in "qkv"]
