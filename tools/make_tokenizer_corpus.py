@@ -10,8 +10,8 @@ Sources, each entry tagged with where it came from:
 - `hostile`: strings written to break pre-tokenizers (controls, bidi overrides, lone combining marks,
   half special tokens, U+FFFD, non-characters, very long runs);
 - `generated`: megabyte-scale degenerate inputs, stored as unit x count;
-- `sweep`: every assigned code point (in llama.cpp's table or Python's unicodedata; surrogates left out, the
-  private-use planes 15-16 sampled) in a context that makes a letter, a digit, punctuation and whitespace
+- `sweep`: every assigned code point (in llama.cpp's table, Python's unicodedata or the `regex` module's newer
+  data; surrogates left out, the private-use planes 15-16 sampled) in a context that makes a letter, a digit, punctuation and whitespace
   split differently.
 Then run tools/make_tokenizer_fixtures.py to tokenize it with llama.cpp.
 """
@@ -77,14 +77,19 @@ def llama_cpp_inputs(src: Path) -> list[str]:
 
 
 def sweep_ranges() -> list[list[int]]:
-    """Assigned code points as inclusive ranges: llama.cpp's table or Python's unicodedata says so."""
+    """Assigned code points as inclusive ranges: llama.cpp's table, Python's unicodedata or the `regex` module
+    (whose Unicode data is the newest: the code points llama.cpp calls undefined but a regex calls letters)."""
+    import regex  # noqa: PLC0415 - a development dependency of this tool only
+
+    unassigned = regex.compile(r"\p{Cn}")
     cps = []
     for cp in range(0x110000):
         if 0xD800 <= cp <= 0xDFFF:
             continue
         if cp >= 0xF0000 and cp % 251:  # the private-use planes: a sample
             continue
-        if category(cp) != UNDEFINED or unicodedata.category(chr(cp)) != "Cn":
+        ch = chr(cp)
+        if category(cp) != UNDEFINED or unicodedata.category(ch) != "Cn" or unassigned.match(ch) is None:
             cps.append(cp)
     ranges: list[list[int]] = []
     for cp in cps:
@@ -93,6 +98,12 @@ def sweep_ranges() -> list[list[int]]:
         else:
             ranges.append([cp, cp])
     return ranges
+
+
+def _regex_version() -> str:
+    import regex  # noqa: PLC0415
+
+    return regex.__version__
 
 
 def main() -> int:
@@ -119,7 +130,7 @@ def main() -> int:
         "entries": entries,
         "generated": [{"name": n, "unit": u, "count": c, "prefix": p, "suffix": s} for n, u, c, p, s in GENERATED],
         "sweep": {"ranges": sweep_ranges(), "contexts": CONTEXTS, "per_entry": 32, "separator": "\n",
-                  "unicodedata": unicodedata.unidata_version},
+                  "unicodedata": unicodedata.unidata_version, "regex": _regex_version()},
     }
     CORPUS.write_text(json.dumps(corpus, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     n_sweep = sum(b - a + 1 for a, b in corpus["sweep"]["ranges"])

@@ -34,7 +34,7 @@ CONTRACTION_LETTERS = set("stmdrevl")
 
 def _block(source: str, name: str) -> str:
     """The text between `name ... = {` and the matching `};` of one table in unicode-data.cpp."""
-    m = re.search(re.escape(name) + r"\s*=\s*\{(.*?)\n\};", source, re.S)
+    m = re.search(re.escape(name) + r"\s*=\s*\{(.*?)\n\};", source, re.DOTALL)
     if m is None:
         raise SystemExit(f"table {name} not found in unicode-data.cpp")
     return m.group(1)

@@ -15,7 +15,17 @@ import pytest
 from engine.tokenizer import bpe
 from engine.tokenizer.bpe import pre_tokenizer, split_words
 from engine.tokenizer.categories import (
-    CONTROL, LETTER, MARK, NUMBER, PUNCTUATION, SEPARATOR, SYMBOL, UNDEFINED, category, collapse, compile_pattern,
+    CONTROL,
+    LETTER,
+    MARK,
+    NUMBER,
+    PUNCTUATION,
+    SEPARATOR,
+    SYMBOL,
+    UNDEFINED,
+    category,
+    collapse,
+    compile_pattern,
     is_whitespace,
 )
 from engine.tokenizer.vocab import Tokenizer

@@ -62,8 +62,8 @@ def test_compiled_spm_merge_equals_python(seed: int) -> None:
 
 def test_long_words_take_the_compiled_path_in_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the threshold lowered, a tokenizer's ids are unchanged (real SmolLM2 / Gemma 3 ids are in the corpus)."""
-    from tests.engine.tokenizer.test_tokenizer import _bpe_metadata, _spm_metadata  # noqa: PLC0415
     from engine.tokenizer.vocab import Tokenizer  # noqa: PLC0415
+    from tests.engine.tokenizer.test_tokenizer import _bpe_metadata, _spm_metadata  # noqa: PLC0415
 
     texts = ["hello world " * 50, "hhhhhhhhhhhhhhhhhhhhhhhh" * 40, "héllo" * 100]
     for metadata in (_bpe_metadata(), _spm_metadata()):
