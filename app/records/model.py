@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.records.model_info import escape_text
-from engine.observe.positions import layer_rope_layout
+from engine.observe.positions import layer_rope_layout, scaling_profile
 from engine.quant.types import type_info
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class ModelRecord:
     tensors: tuple[TensorRow, ...]
     file_bytes: int
     runnable: bool  # False when only the file could be read (no forward pass for this architecture)
+    rope_scaling: str = ""  # how the model scales RoPE (Llama 3's factors, linear, YaRN), "" for none
+    rope_ratio: tuple[float, ...] = ()  # per pair: the frequency used / base^(-2i/d) (empty: 1 for every pair)
 
     @property
     def total_bytes(self) -> int:
@@ -113,7 +115,17 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         group=max(1, a.n_heads // max(1, a.n_kv_heads)), layers=layers,
         tensors=tuple(tensor_row(info) for info in gguf.tensors.values()),
         file_bytes=int(getattr(gguf, "file_size", 0)), runnable=net is not None,
+        **_scaling(net, a),
     )
+
+
+def _scaling(net: Any, a: Any) -> dict[str, Any]:
+    """The record's RoPE scaling fields from the architecture's RopeScaling (engine.models.rope)."""
+    scaling = getattr(net, "rope_scaling", None)
+    if scaling is None:
+        return {}
+    prof = scaling_profile(scaling, a.rope_dim, a.rope_base)
+    return {"rope_scaling": prof.text, "rope_ratio": prof.ratio}
 
 
 def _net_specs(net: Any, n_layers: int) -> list[Any]:

@@ -14,6 +14,7 @@ from engine.observe.positions import (
     relative_rotation,
     rope_pair_angles,
     rope_score_vs_distance,
+    scaled_freqs,
     shift_error,
     sinusoid_freqs,
     sinusoidal_encoding,
@@ -42,6 +43,7 @@ class PositionsLens(QWidget):
         self.d_model = 512
         self.rope_dim = 64
         self.bases: tuple[float, ...] = (10000.0,)
+        self.ratio: tuple[float, ...] = ()  # the model's RoPE scaling per pair (Llama 3's factor curve), () for none
         self.n_ctx = 2048
         self.last_error = float("nan")
         self.pair_spin = QSpinBox()
@@ -92,6 +94,7 @@ class PositionsLens(QWidget):
         self.freq_plot.setLabel("bottom", "pair index i (frequency base^(-2i/d))")
         self.freq_plot.setLabel("left", "2π / θᵢ (tokens per turn)")
         self.sinusoid_curve = self.freq_plot.plot(pen=pg.mkPen(GREY, width=2, style=Qt.PenStyle.DashLine))
+        self.unscaled_curve = self.freq_plot.plot(pen=pg.mkPen(BASE_COLOURS[0], width=1, style=Qt.PenStyle.DotLine))
         self.freq_curves = [self.freq_plot.plot(pen=pg.mkPen(c, width=2), symbol="o", symbolSize=4, symbolBrush=c, symbolPen=None)
                             for c in BASE_COLOURS]
         self.ctx_line = pg.InfiniteLine(angle=0, pen=pg.mkPen((200, 0, 0), style=Qt.PenStyle.DotLine), label="context",
@@ -132,11 +135,13 @@ class PositionsLens(QWidget):
         self.d_model = model.dim
         self.rope_dim = model.rope_dim
         self.bases = (model.rope_bases or (10000.0,))[: len(BASE_COLOURS)]
+        self.ratio = model.rope_ratio
         self.n_ctx = model.n_ctx
         self.pair_spin.setRange(0, max(0, self.rope_dim // 2 - 1))
         layers = ", ".join(f"{b:,.0f} ({sum(1 for x in model.layers if x.rope_base == b)} layers)" for b in self.bases)
         self.summary.setText(f"{model.name}: d_model {model.dim}, RoPE on {model.rope_dim} of {model.head_dim} head dims "
-                             f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}")
+                             f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}"
+                             + (f"; {model.rope_scaling}" if model.rope_scaling else ""))
         self.redraw()
 
     def set_tokens(self, tokens: list[str]) -> None:
@@ -157,6 +162,10 @@ class PositionsLens(QWidget):
 
     # ---- panels
 
+    def _freqs(self, k: int) -> np.ndarray:
+        """The frequencies of base k as the model rotates by them (its RoPE scaling applied)."""
+        return scaled_freqs(self.rope_dim, self.bases[k], self.ratio)
+
     def _positions(self) -> int:
         return self.pos_spin.value()
 
@@ -171,13 +180,18 @@ class PositionsLens(QWidget):
         self.sinusoid_curve.setData(np.arange(len(w)) * (self.rope_dim / self.d_model), w)
         for k, curve in enumerate(self.freq_curves):
             if k < len(self.bases):
-                wl = wavelengths(rope_freqs(self.rope_dim, self.bases[k]))
+                wl = wavelengths(self._freqs(k))
                 curve.setData(np.arange(len(wl)), wl)
             curve.setVisible(k < len(self.bases))
+        plain = wavelengths(rope_freqs(self.rope_dim, self.bases[0]))  # dotted: before the model's scaling
+        self.unscaled_curve.setData(np.arange(len(plain)), plain)
+        self.unscaled_curve.setVisible(bool(self.ratio))
         self.ctx_line.setValue(np.log10(max(2, self.n_ctx)))
         self.ctx_line.label.setFormat(f"context {self.n_ctx:,}")
         self._draw_pair_marker()
         keys = [_key(c, f"RoPE base {b:,.0f} ({self.rope_dim // 2} pairs)") for c, b in zip(BASE_COLOURS, self.bases)]
+        if self.ratio:
+            keys.append(_key(BASE_COLOURS[0], f"base {self.bases[0]:,.0f} before the model's RoPE scaling", dashed=True))
         keys.append(_key(GREY, f"sinusoid, d_model {self.d_model}, base 10,000 (pair index rescaled to RoPE's)", dashed=True))
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(keys))
         self.freq_plot.setTitle("Wavelength of each pair (tokens per turn)")
@@ -195,14 +209,14 @@ class PositionsLens(QWidget):
             if k >= len(self.bases):
                 ring.setVisible(False)
                 continue
-            freqs = rope_freqs(self.rope_dim, self.bases[k])
+            freqs = self._freqs(k)
             ang = rope_pair_angles(positions, freqs, i)
             r = 1.0 - 0.12 * k  # one ring per base so both stay readable
             c = BASE_COLOURS[k]
             ring.setData(r * np.cos(ang), r * np.sin(ang), brush=[pg.mkBrush(*c, a) for a in fade])
             ring.setVisible(True)
             title.append(f"<span style='color:rgb{c}'>{2 * np.pi / freqs[i]:,.1f}</span>")
-        freqs = rope_freqs(self.rope_dim, self.bases[0])
+        freqs = self._freqs(0)
         for j, label in enumerate(self.labels):
             p = j
             if p >= n:
@@ -221,7 +235,7 @@ class PositionsLens(QWidget):
         dist = np.arange(far)
         for k, curve in enumerate(self.dot_curves):
             if k < len(self.bases):
-                s = rope_score_vs_distance(rope_freqs(self.rope_dim, self.bases[k]), dist)
+                s = rope_score_vs_distance(self._freqs(k), dist)
                 curve.setData(dist, s / s[0])
             curve.setVisible(k < len(self.bases))
         w = sinusoid_freqs(self.d_model)

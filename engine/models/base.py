@@ -92,6 +92,7 @@ class LayerAttentionSpec:
     window: int | None
     group: int
     rope_base: float
+    softcap: float | None = None  # Gemma 2: raw scores -> cap * tanh(score / cap) before the scale and softmax
 
 
 @dataclass

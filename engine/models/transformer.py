@@ -166,7 +166,7 @@ class Transformer(DecoderModel):
         group = a.n_heads // a.n_kv_heads
         self.specs = [
             LayerAttentionSpec(a.attn_scale, a.sliding_window if a.is_swa(i) else None, group,
-                               a.rope_base_swa if a.is_swa(i) else a.rope_base)
+                               a.rope_base_swa if a.is_swa(i) else a.rope_base, a.attn_softcap)
             for i in range(a.n_layers)
         ]
         self.spec = self.specs[0]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from engine.models.base import causal_mask
+from engine.models.base import causal_mask, soft_cap
 
 if TYPE_CHECKING:
     from engine.cache import KVCache
@@ -44,6 +44,8 @@ def attention_rows(
             scores[kv * g : (kv + 1) * g] = (q @ kt[kv]).reshape(g, len(pos), n)
     else:
         scores = np.stack([q_all[h, pos] @ kt[h // g] for h in heads])
+    if spec.softcap is not None:  # Gemma 2 caps the raw scores before the scale (build_attn_mha)
+        scores = soft_cap(scores, spec.softcap)
     scores *= np.float32(spec.scale)
     allowed = causal_mask(pos, n, spec.window)  # (R, N)
     np.putmask(scores, np.broadcast_to(~allowed, scores.shape), np.float32(-np.inf))

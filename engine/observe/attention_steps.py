@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
+from engine.models.base import soft_cap
 from engine.observe.recorder import Recorder
 
 F32 = npt.NDArray[np.float32]
@@ -75,7 +76,8 @@ def attention_cell(recorder: Recorder, cache: KVCache, layer: int, head: int, qu
     keys = cache.keys(layer, n)[kv]
     values = cache.values(layer, n)[kv]
     dots = keys @ q
-    scaled = dots * np.float32(spec.scale)
+    capped = dots if spec.softcap is None else soft_cap(dots.astype(np.float32), spec.softcap)  # Gemma 2
+    scaled = capped * np.float32(spec.scale)
     j = np.arange(n)
     visible = j <= query_index
     if spec.window is not None:

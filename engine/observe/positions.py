@@ -10,6 +10,10 @@ vector, so the score of query m and key n depends on m - n only:
     q_m . k_n = sum_i [ (q0 k0 + q1 k1) cos(d theta_i) + (q0 k1 - q1 k0) sin(d theta_i) ],  d = m - n
 (`rope_score_vs_distance`). Bases differ per layer in some models (Gemma 3: local layers 10,000 with a
 sliding window, global layers the file's freq_base); `layer_rope_layout` reads that from the metadata.
+Some models scale the frequencies (llama.cpp's ggml_rope_ext arguments, engine.models.rope.RopeScaling):
+Llama 3.x divides each pair's theta by a factor from rope_freqs.weight (1 for the fast pairs, 8 for the slow
+ones, a smooth ramp between), Phi-3 by rope_factors_long/short, linear scaling by rope.scaling.factor, YaRN
+blends the two; `scaling_profile` gives the per-pair ratio of the frequency used to the plain one.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engine.models.rope import rope_freqs
+from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -99,6 +103,40 @@ def pairs_from_head(x: npt.ArrayLike, rope_dim: int, mode: str) -> F64:
     if mode == "neox":
         return np.stack([x[:n], x[n : 2 * n]], axis=1)
     raise ValueError(f"unknown rope mode {mode!r}")
+
+
+@dataclass(frozen=True)
+class ScalingProfile:
+    """How a model scales RoPE: a one-line description and, per pair, theta used / base^(-2i/d) (empty: 1)."""
+
+    text: str
+    ratio: tuple[float, ...]
+    mscale: float = 1.0  # cos and sin are multiplied by it (YaRN, rope.scaling.attn_factor)
+
+
+def scaling_profile(scaling: RopeScaling, rope_dim: int, base: float) -> ScalingProfile:
+    """The per-pair frequency ratio and a description of a model's RoPE scaling (identity: empty ratio)."""
+    if scaling is NO_SCALING:
+        return ScalingProfile("", ())
+    ratio = rope_freqs(rope_dim, base, scaling) / rope_freqs(rope_dim, base)
+    parts = []
+    if scaling.factors is not None:
+        f = np.asarray(scaling.factors, np.float64)[: rope_dim // 2]
+        parts.append(f"frequency factors {f.min():g} to {f.max():g} (theta_i / factor_i)")
+    if scaling.kind == "yarn":
+        parts.append(f"YaRN x{1 / scaling.freq_scale:g} over an original context of {scaling.n_ctx_orig:,}")
+    elif scaling.freq_scale != 1.0:
+        parts.append(f"{scaling.kind} position scaling x{1 / scaling.freq_scale:g}")
+    m = scaling.mscale()
+    if m != 1.0:
+        parts.append(f"magnitude x{m:.4g}")
+    return ScalingProfile("RoPE scaling: " + ", ".join(parts or ["none"]), tuple(float(r) for r in ratio), m)
+
+
+def scaled_freqs(rope_dim: int, base: float, ratio: tuple[float, ...] = ()) -> F64:
+    """The frequencies a model really rotates by: base^(-2i/d) times its scaling ratio per pair (when given)."""
+    f = rope_freqs(rope_dim, base)
+    return f * np.asarray(ratio, np.float64)[: f.size] if len(ratio) == f.size else f
 
 
 @dataclass(frozen=True)

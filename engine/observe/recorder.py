@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import LayerAttentionSpec, causal_mask, softmax
+from engine.models.base import LayerAttentionSpec, causal_mask, soft_cap, softmax
 
 
 @dataclass
@@ -61,7 +61,8 @@ class Recorder:
         pos = np.atleast_1d(pos)
         q = q_all[head, pos]  # (R, d)
         k = cache.keys(layer, n)[head // spec.group]  # (N, d)
-        scores = (q @ k.T) * np.float32(spec.scale)
+        raw = q @ k.T
+        scores = (raw if spec.softcap is None else soft_cap(raw, spec.softcap)) * np.float32(spec.scale)  # Gemma 2 caps
         mask = causal_mask(pos.astype(np.int64), n, spec.window)
         return softmax(np.where(mask, scores, np.float32(-np.inf))).astype(np.float32)
 
