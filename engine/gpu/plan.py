@@ -87,6 +87,22 @@ def arch_plan(net: DecoderModel) -> ArchPlan:
     make = PLANS.get(net.arch_name)
     if make is None:
         raise SettingError(f"the GPU path does not run the {net.arch_name} architecture yet")
+    missing = _unsupported(net)
+    if missing is not None:
+        raise SettingError(f"the GPU path does not run {missing} yet ({net.arch_name})")
     if net.args.head_dim > MAX_HEAD_DIM:
         raise SettingError(f"the GPU attention kernel takes heads of up to {MAX_HEAD_DIM} dims, this model has {net.args.head_dim}")
     return make(net)
+
+
+def _unsupported(net: DecoderModel) -> str | None:
+    """What a llama-family file may have that runner.py does not compute (it would give wrong numbers, not an error)."""
+    scaling = getattr(net, "rope_scaling", None)
+    if scaling is not None and scaling.mscale() != 1.0:
+        return "RoPE magnitude scaling (YaRN, rope.scaling.attn_factor)"
+    for layer in net.layers:
+        if getattr(layer, "biases", None) is not None:
+            return "q/k/v biases"
+        if not hasattr(layer, "wq"):
+            return "a fused attn_qkv matrix"
+    return None

@@ -66,3 +66,31 @@ def test_unknown_tensor_type_names_itself_and_lists_the_supported(tmp_path: Path
     path.write_bytes(make_gguf(tensors=tensors))
     msg = _refusal(path)
     assert "99" in msg and GGMLType.Q4_K.name in msg and GGMLType.Q8_0.name in msg
+
+
+@pytest.mark.parametrize(("name", "words"), [("qwen2", "qwen2"), ("llama_yarn", "magnitude"), ("phi3", "phi3")])
+def test_gpu_path_refuses_what_its_kernels_do_not_compute(tmp_path: Path, name: str, words: str) -> None:
+    from engine.errors import SettingError  # noqa: PLC0415
+    from engine.gpu.plan import arch_plan  # noqa: PLC0415
+
+    model = load_model(_write(tmp_path, name), numerics="float32")
+    try:
+        with pytest.raises(SettingError, match=words):
+            arch_plan(model.net)
+    finally:
+        model.close()
+
+
+def test_gpu_plan_of_llama3_rotates_by_the_factored_frequencies(tmp_path: Path) -> None:
+    from engine.gpu.plan import arch_plan  # noqa: PLC0415
+    from engine.models.rope import rope_freqs  # noqa: PLC0415
+    from tools.make_arch_models import llama3_factors  # noqa: PLC0415
+
+    model = load_model(_write(tmp_path, "llama3"), numerics="float32")
+    try:
+        plan = arch_plan(model.net)
+        import numpy as np  # noqa: PLC0415
+
+        np.testing.assert_allclose(plan.layers[0].freqs, rope_freqs(64, 500000.0) / llama3_factors(64, 500000.0), rtol=1e-6)
+    finally:
+        model.close()
