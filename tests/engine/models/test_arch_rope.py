@@ -99,3 +99,24 @@ def test_phi3_picks_long_factors_past_the_original_context(folder: Path) -> None
         assert net.rope_scaling.factors[-1] == pytest.approx(6.0) and short[-1] == pytest.approx(1.5)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", ["llama3", "llama_yarn", "qwen2", "qwen3", "gemma2", "phi3"])
+def test_float32_decode_steps_equal_the_prompt_pass(folder: Path, name: str) -> None:
+    """float32 numerics: the one-token path (engine.models.decode's compiled attention where it runs) gives the
+    prompt pass's logits: biases, q/k norms, the fused matrices, partial RoPE, the scaled query, the factors."""
+    from engine.generate import prefill  # noqa: PLC0415
+
+    path = model_file(folder, name, "F16")
+    ids = reference(name, "F16").ids[:60]
+    whole = our_logits(path, ids, "float32")[:60]
+    model = load_model(path, numerics="float32")
+    try:
+        cache = model.new_cache(1024)
+        rows = [prefill(model, ids[:20], cache, all_logits=True)]
+        for tok in ids[20:]:
+            rows.append(model.net.forward([tok], cache))
+            cache.commit([tok])
+    finally:
+        model.close()
+    np.testing.assert_allclose(np.concatenate(rows), whole, rtol=2e-3, atol=2e-3)
