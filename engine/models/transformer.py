@@ -10,6 +10,7 @@ metadata. (gemma3.py keeps its own loop, held bit for bit to llama.cpp by the go
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # the recorder is passed in; models never build one
 
 F32 = npt.NDArray[np.float32]
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama-model.cpp's LLAMA_ROPE_SCALING_TYPES
+# optional tensors llama.cpp's llama / phi3 / qwen2 graphs add when a file has them, which this graph does not
+IGNORED_BIASES = re.compile(r"^(blk\.\d+\.(attn_output|ffn_gate|ffn_up|ffn_down|attn_norm|ffn_norm)\.bias|output(_norm)?\.bias)$")
 
 
 @dataclass
@@ -161,6 +164,7 @@ class Transformer(DecoderModel):
         name = "output.weight" if w.has("output.weight") and not self.always_tied else "token_embd.weight"
         self.output = w.linear(name, a.dim, a.n_vocab)
         self.output.column_major = True
+        self.refuse_ignored(w)
         self.attn_softcap = a.attn_softcap
         self.rope_scaling = a.scaling(self.load_rope_factors(w, a))
         group = a.n_heads // a.n_kv_heads
@@ -172,6 +176,13 @@ class Transformer(DecoderModel):
         self.spec = self.specs[0]
         self.freqs_by_base = {s.rope_base: rope_freqs(a.rope_dim, s.rope_base, self.rope_scaling) for s in self.specs}
         self.freqs = self.freqs_by_base.get(a.rope_base, self.freqs_by_base[self.spec.rope_base])  # the GPU plan's
+
+    def refuse_ignored(self, w: Weights) -> None:
+        """Tensors llama.cpp would add into the graph (optional biases of build_attn / build_ffn, output.bias) that
+        this one does not: refused by name, never left out silently (that would change every logit)."""
+        for name in w.unused():
+            if IGNORED_BIASES.match(name):
+                raise ModelFormatError(name, f"is not applied by GGUF Lens's {self.arch_name} graph yet; the logits would be wrong")
 
     def load_rope_factors(self, w: Weights, a: TransformerArgs) -> F32 | None:
         """rope_freqs.weight (Llama 3) when the file has it: one factor per rotated pair."""
@@ -193,7 +204,10 @@ class Transformer(DecoderModel):
                    w.linear(b + "attn_v.weight", a.dim, kv_dim)]
         names = [b + f"attn_{x}.bias" for x in "qkv"]
         biases = None
-        if all(w.has(n) for n in names):
+        if w.has(b + "attn_qkv.weight") and w.has(b + "attn_qkv.bias"):  # wqkv_b: one add on the fused row
+            fused = w.vector(b + "attn_qkv.bias", q_dim + 2 * kv_dim)
+            biases = (fused[:q_dim], fused[q_dim : q_dim + kv_dim], fused[q_dim + kv_dim :])
+        elif all(w.has(n) for n in names):
             biases = (w.vector(names[0], q_dim), w.vector(names[1], kv_dim), w.vector(names[2], kv_dim))
         elif any(w.has(n) for n in names):
             missing = next(n for n in names if not w.has(n))
