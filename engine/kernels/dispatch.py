@@ -17,13 +17,13 @@ import logging
 import os
 import pkgutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels import fallback, pages, paths
+from engine.kernels import fallback, pages, paths, precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.quant import dequantize_rows
 from engine.quant.types import TYPES, GGMLType
@@ -266,7 +266,9 @@ class BlockProduct:
         t = act.x.shape[0]
         if out is None:
             out = np.empty((t, self.n_out), np.float32)
-        if t == 1 and self.gemv is not None:
+        if precompile.is_dry():  # the first start's dry pass (engine.kernels.precompile): no product kernel runs
+            out[:] = 0.0
+        elif t == 1 and self.gemv is not None:
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
@@ -306,6 +308,8 @@ class BlockProduct:
         The caller holds KERNEL_LOCK around the calls."""
         if self.gemv is None:
             return None
+        if precompile.is_dry():
+            return lambda: None
         if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
@@ -374,20 +378,22 @@ class BlockProduct:
                 out[:, r0:r1] += delta @ self._block_mins(r0, r1).T
 
 
-def warm_up(qtypes: set[GGMLType], progress: Callable[[float], None] | None = None) -> None:
-    """Compile (or load from numba's cache) every kernel these weight types use, before the first token.
+def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callable[[float], None] | None = None,
+            ) -> None:
+    """Compile (or load from numba's cache) every kernel these weights use, before the first token: weight types
+    (as 16-row weights), or (type, rows) pairs, since the row count picks Q8_0's x16 and Q4_K's repacked paths.
 
     Arrays are read-only like the memory map, so the specialisations built here are the ones the model calls.
     """
-    reg = _load()
-    if not reg.compiled:
+    if not _load().compiled:
         return
-    todo = sorted(t for t in qtypes if t in VEC_DOT_TYPE)
+    pairs = {(w, 16) if isinstance(w, GGMLType) else (GGMLType(w[0]), int(w[1])) for w in weights}
+    todo = sorted({(t, 16 if r % 16 == 0 else 8 if r % 8 == 0 else 4) for t, r in pairs if t in VEC_DOT_TYPE})
     n = 256  # one super-block: a whole number of blocks for every type
-    for i, qtype in enumerate(todo):
+    for i, (qtype, n_rows) in enumerate(todo):
         if progress is not None:
             progress(i / max(1, len(todo)))
-        blocks = np.zeros((16, TYPES[qtype].row_bytes(n)), np.uint8)  # Q4_K's repacked and Q8_0's x16 paths too
+        blocks = np.zeros((n_rows, TYPES[qtype].row_bytes(n)), np.uint8)
         blocks.flags.writeable = False
         product = BlockProduct(qtype, blocks, n)
         for rows in (1, 2, GEMV_MAX_ROWS + 1):

@@ -11,10 +11,9 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
-from engine.kernels import pages
-from engine.kernels.dispatch import activation_values, compiled, quantize_activation, warm_up
+from engine.kernels.dispatch import activation_values, compiled, quantize_activation
 from engine.kernels.activations import KERNEL_LOCK
-from engine.models import decode, ggml_attention, ggml_ops, ggml_prefill
+from engine.models import decode, ggml_attention, ggml_ops, ggml_prefill, warmup
 from engine.models.attention_tiled import attention_tiled
 from engine.models.base import BaseArgs, LayerAttentionSpec, attention, causal_mask, rms_norm
 from engine.models.rope import NO_SCALING, RopeScaling, apply_rope, rope_angles
@@ -354,42 +353,8 @@ class DecoderModel:
 
     def warm(self, progress: Callable[[float], None] | None = None) -> None:
         """Get ready for the first token: compile the CPU kernels (ggml numerics) or build the float32 weight
-        copies, stacked for fused matrices (float32 numerics)."""
-        if self.numerics == "ggml":
-            def part(lo: float, hi: float) -> Callable[[float], None] | None:
-                return None if progress is None else (lambda f: progress(lo + (hi - lo) * f))
-
-            warm_up({lin.weight.qtype for lin in self.linears().values()}, part(0.0, 0.7))
-            if compiled():
-                # a two-token prompt and one decode step: the block products (repacked copies) are built and the
-                # prompt and decode-step kernels compiled (or loaded from numba's cache) now, not at the first
-                # real token; after them LLVM's code (libllvmlite.so, ~80 MiB resident since its import) is
-                # needed again only to compile, so its pages go back
-                pages.release_libraries()  # before the copies are made, so the peak is not libraries + copies
-                cache = self.new_cache(min(256, self.args.n_ctx))
-                prompt = np.zeros(min(2, cache.n_ctx), np.int64)
-                self.forward(prompt, cache)
-                cache.commit(prompt.tolist())
-                if progress is not None:
-                    progress(0.85)
-                if cache.length < cache.n_ctx:
-                    self.forward(np.zeros(1, np.int64), cache)
-                pages.release_libraries()
-            if progress is not None:
-                progress(1.0)
-            return
-        fused = [f for layer in getattr(self, "layers", []) for f in vars(layer).values() if isinstance(f, FusedLinear)]
-        linears = list(self.linears().values())
-        total = max(1, len(fused) + len(linears))
-        for i, f in enumerate(fused):
-            if not f._fresh():
-                f._build()
-            if progress is not None and i % 8 == 0:
-                progress(i / total)
-        for j, lin in enumerate(linears):
-            lin.dense()
-            if progress is not None and j % 8 == 0:
-                progress((len(fused) + j) / total)
+        copies, stacked for fused matrices (float32 numerics); see engine.models.warmup."""
+        warmup.warm(self, progress)
 
     def weight_bytes(self) -> int:
         return sum(info.nbytes for info in self.weights.gguf.tensors.values())

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels import precompile
 from engine.kernels.dispatch import VEC_DOT_TYPE, BlockProduct
 from engine.models import ggml_attention, ggml_ops, ggml_step
 from engine.quant.types import GGMLType
@@ -244,6 +245,7 @@ def plan_for(model: DecoderModel) -> DecodePlan:
     plan = getattr(model, "_decode_plan", None)
     if plan is None or plan.key != DecodePlan._key(model):
         plan = DecodePlan(model)
-        model._decode_plan = plan
+        if not precompile.is_dry():  # a dry pass's plan holds products that do nothing
+            model._decode_plan = plan
     return plan
 
