@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels import precompile
+from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import VEC_DOT_TYPE, BlockProduct
 from engine.models import ggml_attention, ggml_ops, ggml_step
 from engine.quant.types import GGMLType
