@@ -11,51 +11,18 @@ import numpy as np
 
 from engine.errors import ModelFormatError
 from engine.tokenizer.bpe import BpeModel, clean_spaces, parse_merges, pre_tokenizer
+from engine.tokenizer.specials import (
+    BYTE, CONTROL, EOG_TEXTS, NORMAL, TOKENIZER_KEY as _K, UNDEFINED, UNKNOWN, UNUSED, USER_DEFINED, mark_by_text,
+    mark_unused, special_ids,
+)
 from engine.tokenizer.spm import SPACE, SpmModel
 
 log = logging.getLogger(__name__)
 
-# token attributes, as llama_token_attr
-UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
-# GGUF token_type (llama_token_type: 0 undefined .. 6 byte) -> attribute
-_TYPE_TO_ATTR = np.array([UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.int64)
-
 MAX_VOCAB = 1 << 23  # well above any real vocabulary (the largest are ~260k)
 MAX_MERGES = 1 << 23
-
-_K = "tokenizer.ggml."
-# special-token role -> metadata key (the GGUF spec spells 'seperator')
-_SPECIAL_KEYS = {
-    "bos": _K + "bos_token_id", "eos": _K + "eos_token_id", "eot": _K + "eot_token_id",
-    "eom": _K + "eom_token_id", "unk": _K + "unknown_token_id", "sep": _K + "seperator_token_id",
-    "pad": _K + "padding_token_id", "mask": _K + "mask_token_id",
-    "fim_pre": _K + "fim_pre_token_id", "fim_suf": _K + "fim_suf_token_id", "fim_mid": _K + "fim_mid_token_id",
-    "fim_pad": _K + "fim_pad_token_id", "fim_rep": _K + "fim_rep_token_id", "fim_sep": _K + "fim_sep_token_id",
-}
-_DEPRECATED_KEYS = {"fim_pre": _K + "prefix_token_id", "fim_suf": _K + "suffix_token_id",
-                    "fim_mid": _K + "middle_token_id"}
-_DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}
-
-# tokens llama.cpp finds by their text (llama_vocab::impl::load); finding one marks it CONTROL
-_BY_TEXT = {
-    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-            "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
-    "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-                "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-                "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-                "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-              "<｜end▁of▁sentence｜>", "[e~[")
-_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: USER_DEFINED
+# GGUF token_type (llama_token_type: 0 undefined .. 6 byte) -> attribute
+_TYPE_TO_ATTR = np.array([UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.int64)
 _NUMBER = (int, float, np.integer, np.floating)
 _PREFIX = 8  # special tokens are first looked for by their first _PREFIX characters
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -206,11 +173,11 @@ class Tokenizer:
                 else:
                     log.warning("%s should be a bool, got %s; ignoring it", full, _describe(value))
 
-        ids = _special_ids(metadata, model_name, n)
+        ids = special_ids(metadata, model_name, n)
         if isinstance(model, SpmModel):
             model.unk_id = ids["unk"]
-        _mark_by_text(token_to_id, attrs, ids)
-        _mark_unused(texts, attrs)
+        mark_by_text(token_to_id, attrs, ids)
+        mark_unused(texts, attrs)
         for role, want in (("bos", "add_bos"), ("eos", "add_eos")):
             if flags[want] and ids[role] is None:
                 log.warning("%s is set but the model has no valid %s token; not adding it", want, role.upper())
@@ -342,7 +309,7 @@ class Tokenizer:
         """End-of-generation ids: eos, eot, eom, FIM pad/repo/sep and known end-of-turn texts (as llama.cpp)."""
         ids = self._ids
         eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep", "eos", "eot", "eom") if ids[r] is not None}
-        eog |= {self._token_to_id[t] for t in _EOG_TEXTS if t in self._token_to_id}
+        eog |= {self._token_to_id[t] for t in EOG_TEXTS if t in self._token_to_id}
         texts = {self._texts[i]: i for i in eog}
         # gpt-oss / solar-open: <|end|> is not an end of generation when these are present
         if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts) or
@@ -372,51 +339,6 @@ class StreamDecoder:
         out = self._decoder.decode(b"", final=True)
         self._decoder.reset()
         return out
-
-
-def _special_ids(metadata: Mapping[str, Any], model_name: str, n: int) -> dict[str, int | None]:
-    """Special token ids: per-model defaults, overridden by metadata; ids outside the vocabulary disabled."""
-    ids: dict[str, int | None] = {role: None for role in _SPECIAL_KEYS}
-    for role, default in _DEFAULT_IDS[model_name].items():
-        ids[role] = default if default < n else None
-    for role, key in list(_SPECIAL_KEYS.items()) + list(_DEPRECATED_KEYS.items()):
-        if key not in metadata:
-            continue
-        value = metadata[key]
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= int(value) < n:
-            ids[role] = int(value)
-        else:
-            log.warning("%s = %r is not a token id below %d; disabling %s", key, value, n, role)
-            ids[role] = None
-    return ids
-
-
-def _mark_by_text(token_to_id: Mapping[str, int], attrs: list[int], ids: dict[str, int | None]) -> None:
-    """Find EOT/EOM/FIM tokens by their text and mark end-of-generation texts CONTROL, as llama.cpp does."""
-    for role, candidates in _BY_TEXT.items():
-        if ids[role] is not None:
-            continue
-        for text in candidates:
-            tid = token_to_id.get(text)
-            if tid is not None:
-                ids[role] = tid
-                attrs[tid] |= CONTROL
-                break
-    for text in _EOG_TEXTS:
-        tid = token_to_id.get(text)
-        if tid is not None and not attrs[tid] & CONTROL:
-            attrs[tid] |= CONTROL
-    for text in _ALWAYS_RENDERED:
-        tid = token_to_id.get(text)
-        if tid is not None:
-            attrs[tid] = USER_DEFINED
-
-
-def _mark_unused(texts: list[str], attrs: list[int]) -> None:
-    """Mark control tokens whose text contains 'unused' UNUSED, as llama.cpp does."""
-    for i, a in enumerate(attrs):
-        if a & CONTROL and "unused" in texts[i]:
-            attrs[i] = a | UNUSED
 
 
 def _valid_text(text: str) -> str:
