@@ -194,6 +194,7 @@ class Transformer(DecoderModel):
         """Block i's tensors under llama.cpp's names (create_tensor_qkv: a fused attn_qkv, or q/k/v with biases)."""
         b = f"blk.{i}."
         q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        attn_norm = w.vector(b + "attn_norm.weight", a.dim)  # first, as load_arch_tensors creates them
         if w.has(b + "attn_qkv.weight"):
             qkv = [w.linear(b + "attn_qkv.weight", a.dim, q_dim + 2 * kv_dim)]
         else:
@@ -219,7 +220,7 @@ class Transformer(DecoderModel):
         if self.post_norms:
             extra["post_attn_norm"] = w.vector(b + "post_attention_norm.weight", a.dim)
             extra["post_ffn_norm"] = w.vector(b + "post_ffw_norm.weight", a.dim)
-        return Layer(w.vector(b + "attn_norm.weight", a.dim), qkv, w.linear(b + "attn_output.weight", q_dim, a.dim),
+        return Layer(attn_norm, qkv, w.linear(b + "attn_output.weight", q_dim, a.dim),
                      w.vector(b + "ffn_norm.weight", a.dim), self.load_ffn(w, b, a),
                      w.linear(b + "ffn_down.weight", a.hidden_dim, a.dim), q_dim, kv_dim, biases, **extra)
 

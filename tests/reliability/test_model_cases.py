@@ -410,11 +410,12 @@ def test_case19_wrong_tensors_rejected(server: LoaderServer, tmp_path: Path, bui
 
 def test_case19_extra_tensors_ignored_with_warning(server: LoaderServer, tmp_path: Path) -> None:
     """Case 19: tensors the architecture does not use are ignored with a warning naming them."""
-    extra = [norm("blk.0.extra_norm.weight", 8), matrix("rope_freqs.weight", (16, 2)), norm("blk.9.attn_norm.weight")]
+    # (rope_freqs.weight is no extra: llama applies it as Llama 3's frequency factors, see test_arch_rope)
+    extra = [norm("blk.0.extra_norm.weight", 8), matrix("blk.0.extra_proj.weight", (16, 2)), norm("blk.9.attn_norm.weight")]
     out = expect_loaded(server, edit(add=extra)(tmp_path / "m.gguf"), generate=2)
     [warning] = [w for w in out["warnings"] if "not used" in w]
     assert re.search(r"3 tensors not used by the llama architecture, ignored: blk\.0\.extra_norm\.weight, "
-                     r"rope_freqs\.weight, blk\.9\.attn_norm\.weight", warning), warning
+                     r"blk\.0\.extra_proj\.weight, blk\.9\.attn_norm\.weight", warning), warning
     assert out["steps"][-1][1] == "length"
 
 

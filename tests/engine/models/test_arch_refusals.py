@@ -108,3 +108,15 @@ def test_an_optional_bias_this_graph_does_not_add_is_refused(tmp_path: Path, nam
     write_gguf(path, md, ts)
     msg = _refusal(path)
     assert name in msg and "not applied" in msg
+
+
+def test_rope_freqs_of_the_wrong_length_is_named(tmp_path: Path) -> None:
+    """llama.cpp creates rope_freqs.weight as {n_rot/2}: another shape is refused with the tensor's name."""
+    import numpy as np  # noqa: PLC0415
+
+    md, ts = build("llama3")
+    ts = [t if t[0] != "rope_freqs.weight" else (t[0], t[1], (16,), np.ones(16, np.float32)) for t in ts]
+    path = tmp_path / "bad_freqs.gguf"
+    write_gguf(path, md, ts)
+    msg = _refusal(path)
+    assert "rope_freqs.weight" in msg and "shape" in msg
