@@ -56,10 +56,32 @@ def expand(corpus: dict[str, Any]) -> Iterator[tuple[str, str]]:
                 yield f"sweep{ctx_i}_{chunk[0]:06X}", text
 
 
+def subset(corpus: dict[str, Any], max_chars: int, sweep_every: int) -> list[tuple[str, str]]:
+    """The strings under max_chars characters, with only every sweep_every-th sweep chunk."""
+    out, k = [], 0
+    for name, text in expand(corpus):
+        if name.startswith("sweep"):
+            k += 1
+            if (k - 1) % sweep_every:
+                continue
+        if len(text) < max_chars:
+            out.append((name, text))
+    return out
+
+
 def digest(ids: Sequence[int]) -> str:
     """"n:hash" of an id list: its length and the first 10 hex digits of the SHA-1 of the ids as uint32 LE."""
     raw = struct.pack(f"<{len(ids)}I", *ids)
     return f"{len(ids)}:{hashlib.sha1(raw).hexdigest()[:10]}"
+
+
+def group_digest(id_lists: Sequence[Sequence[int]]) -> str:
+    """One digest for a group of id lists (each prefixed by its length)."""
+    flat: list[int] = []
+    for ids in id_lists:
+        flat.append(len(ids))
+        flat.extend(ids)
+    return digest(flat)
 
 
 def bytes_digest(data: bytes) -> str:
