@@ -15,7 +15,7 @@ from engine.observe.attention_steps import attention_cell
 from engine.observe.positions import scaled_freqs, scaling_profile
 from engine.observe.recorder import Recorder
 from engine.models.rope import rope_freqs
-from tests.engine.models.arch_cases import model_file
+from tests.engine.models.arch_cases import model_file, our_logits
 from tools.make_arch_models import llama3_factors, token_ids
 
 
@@ -85,3 +85,37 @@ def test_scaling_profile_names_yarn_and_linear(folder: Path) -> None:
         finally:
             model.close()
     assert make_model_record(load_model(model_file(folder, "qwen2", "F16"))).rope_scaling == ""
+
+
+def _prompt_then_steps(model, ids: list[int], n_prompt: int) -> np.ndarray:
+    cache = model.new_cache(1024)
+    rows = [prefill(model, ids[:n_prompt], cache, all_logits=True)]
+    for tok in ids[n_prompt:]:
+        rows.append(model.net.forward([tok], cache))
+        cache.commit([tok])
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("name", ["phi3", "qwen2", "gemma2"])
+def test_requantizing_in_memory_equals_the_requantized_file(folder: Path, name: str) -> None:
+    """The Quantization lens's in-memory requantize (fused attn_qkv / ffn_up included) gives the logits of the file
+    llama-quantize's preset would write, bit for bit, with ggml numerics and the compiled decode step where it runs."""
+    from engine.quality.requantize import Requantizer, quantize_file  # noqa: PLC0415
+
+    src = model_file(folder, name, "F16")
+    dst = folder / f"{name}.F16-to-Q4_K_M.gguf"
+    quantize_file(src, dst, "Q4_K_M")
+    ids = token_ids()[:40]
+    model = load_model(dst, numerics="ggml")
+    try:
+        want = _prompt_then_steps(model, ids, 30)
+    finally:
+        model.close()
+    model = load_model(src, numerics="ggml")
+    try:
+        rq = Requantizer(model)
+        assert rq.apply(rq.plan("Q4_K_M"))
+        got = _prompt_then_steps(model, ids, 30)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(got, want)
