@@ -244,8 +244,7 @@ class BpeModel:
         if self.pre.ignore_merges and word in vocab:
             return (vocab[word],)
         ids: list[int] = []
-        for sym in self._merge(word):
-            tid = vocab.get(sym)
+        for tid, sym in self._symbols(word):
             if tid is not None:
                 ids.append(tid)
                 continue
@@ -256,13 +255,17 @@ class BpeModel:
                     ids.append(tid)
         return tuple(ids)
 
-    def _merge(self, word: str) -> list[str]:
-        """The word's symbols after merging; a very long word merges in compiled code (the same order)."""
+    def _symbols(self, word: str) -> list[tuple[int | None, str]]:
+        """(token id or None, text) of the word's symbols after merging; a very long word merges in compiled
+        code, in the same order, and brings its ids from there."""
+        vocab = self.token_to_id
         if len(word) < long_words.LONG_WORD or not long_words.available():
-            return merge_word(list(word), self.ranks)
+            return [(vocab.get(sym), sym) for sym in merge_word(list(word), self.ranks)]
         if self._merger is None:
-            self._merger = long_words.Merger.for_bpe(dict(self.ranks))
-        return [word[a:b] for a, b in self._merger.merge(word)]
+            self._merger = long_words.Merger.for_bpe(dict(self.ranks), vocab)
+        ids, strings = self._merger.merge_ids(word, vocab)
+        rest = iter(strings)
+        return [(tid, "") if tid is not None else (None, next(rest)) for tid in ids]
 
     @staticmethod
     def normal_piece(text: str) -> bytes:

@@ -12,7 +12,8 @@ when the pair now standing at its left symbol has the priority it was queued wit
 merge) that is llama.cpp's "left + right == bigram.text" test; for SPM a different pair of equal score at the
 same place would be the very next pop in llama.cpp's queue, so merging it now changes nothing.
 
-`Merger.merge(word)` returns the final symbols as (start, end) spans; the caller maps them to ids as before.
+`Merger.merge(word)` returns the final symbols as (start, end) spans; `merge_ids` their token ids straight
+from the table (None for a symbol that is no token: the caller's byte fallback takes those).
 Only words of at least LONG_WORD code points come here, so short text never imports numba; without numba
 `available()` is False and the Python loops do all the work.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -54,7 +55,8 @@ def _codepoints(text: str) -> np.ndarray:
 class Merger:
     """A merge table (strings with a split tag and a priority) and the compiled merge loop over it."""
 
-    def __init__(self, strings: list[str], tags: Iterable[int], priorities: Iterable[int], any_split: bool):
+    def __init__(self, strings: list[str], tags: Iterable[int], priorities: Iterable[int], any_split: bool,
+                 token_ids: Iterable[int]):
         k = _kernels()
         assert k is not None, "check available() first"
         lengths = np.fromiter((len(s) for s in strings), dtype=np.int64, count=len(strings))
@@ -63,15 +65,18 @@ class Merger:
         self.flat = _codepoints("".join(strings))
         self.tags = np.fromiter(tags, dtype=np.int64, count=len(strings))
         self.priorities = np.fromiter(priorities, dtype=np.int64, count=len(strings))
+        self.token_ids = np.fromiter(token_ids, dtype=np.int64, count=len(strings))  # -1: not a token
         self.any_split = any_split  # SPM: any split of a token merges; BPE: only the split a merge names
         self.max_len = int(lengths.max()) if len(strings) else 0
         self.table = k.build_table(self.flat, self.offsets, self.tags, self.any_split, _MUL)
 
     @classmethod
-    def for_bpe(cls, ranks: dict[tuple[str, str], int]) -> Merger:
+    def for_bpe(cls, ranks: dict[tuple[str, str], int], token_to_id: dict[str, int]) -> Merger:
         """From BPE merge ranks: the merged string, split where the merge splits it, lowest rank first."""
         items = list(ranks.items())
-        return cls([a + b for (a, b), _ in items], (len(a) for (a, _), _ in items), (r for _, r in items), False)
+        merged = [a + b for (a, b), _ in items]
+        return cls(merged, (len(a) for (a, _), _ in items), (r for _, r in items), False,
+                   (token_to_id.get(m, -1) for m in merged))
 
     @classmethod
     def for_spm(cls, token_to_id: dict[str, int], scores: list[float]) -> Merger:
@@ -79,12 +84,36 @@ class Merger:
         items = [(t, i) for t, i in token_to_id.items() if len(t) > 1]
         order = sorted({scores[i] for _, i in items}, reverse=True)
         rank = {s: r for r, s in enumerate(order)}
-        return cls([t for t, _ in items], (0 for _ in items), (rank[scores[i]] for _, i in items), True)
+        return cls([t for t, _ in items], (0 for _ in items), (rank[scores[i]] for _, i in items), True,
+                   (i for _, i in items))
 
     def merge(self, word: str) -> list[tuple[int, int]]:
         """The final symbols of word as (start, end) code point spans, in order."""
-        k = _kernels()
-        cps = _codepoints(word)
-        starts, lens = k.merge_word(cps, self.table, self.flat, self.offsets, self.tags, self.priorities,
-                                    self.any_split, self.max_len, _MUL)
+        starts, lens, _ = self._run(_codepoints(word))
         return list(zip(starts.tolist(), (starts + lens).tolist()))
+
+    def merge_ids(self, word: str, single: Mapping[str, int]) -> tuple[list[int | None], list[str]]:
+        """The final symbols' token ids (None where the symbol is not a token) and their strings.
+
+        A merged symbol's id comes from the table; a lone code point's from `single` (the vocabulary).
+        """
+        cps = _codepoints(word)
+        starts, lens, entries = self._run(cps)
+        ids = np.where(entries >= 0, self.token_ids[np.maximum(entries, 0)], -1)
+        lone = entries < 0
+        if lone.any():
+            lone_cps = cps[starts[lone]]
+            uniq, inverse = np.unique(lone_cps, return_inverse=True)
+            table = np.array([single.get(chr(c), -1) for c in uniq.tolist()], dtype=np.int64)
+            ids[lone] = table[inverse]
+        strings = []
+        out: list[int | None] = ids.tolist()
+        for k in np.nonzero(ids < 0)[0].tolist():  # rare: the caller falls back to bytes for these
+            out[k] = None
+            strings.append(word[starts[k]:starts[k] + lens[k]])
+        return out, strings
+
+    def _run(self, cps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = _kernels()
+        return k.merge_word(cps, self.table, self.flat, self.offsets, self.tags, self.priorities, self.any_split,
+                            self.max_len, _MUL)

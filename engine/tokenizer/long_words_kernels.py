@@ -101,7 +101,7 @@ def _sift_up(keys, i):
 
 @njit(cache=True)
 def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, mul):
-    """llama.cpp's merge loop on one word; returns (starts, lengths) of the final symbols in order."""
+    """llama.cpp's merge loop on one word; returns (starts, lengths, table entries or -1) of the final symbols."""
     n = cps.shape[0]
     prefix = np.zeros(n + 1, dtype=np.uint64)
     for i in range(n):
@@ -110,6 +110,7 @@ def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, 
     for i in range(1, max_len + 2):
         powers[i] = powers[i - 1] * mul
     lens = np.ones(n, dtype=np.int64)
+    last = np.full(n, -1, dtype=np.int64)  # the table entry a merged symbol's string is (-1: one code point)
     nxt = np.arange(1, n + 1)
     prv = np.arange(-1, n - 1)
     if n > 0:
@@ -150,6 +151,7 @@ def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, 
             continue
         lens[left] += lens[right]
         lens[right] = 0
+        last[left] = e
         after = nxt[right]
         nxt[left] = after
         if after >= 0:
@@ -172,11 +174,13 @@ def merge_word(cps, table, flat, offsets, tags, priorities, any_split, max_len, 
         i = nxt[i]
     starts = np.empty(count, dtype=np.int64)
     out_lens = np.empty(count, dtype=np.int64)
+    entries = np.empty(count, dtype=np.int64)
     i = 0 if n > 0 else -1
     k = 0
     while i >= 0:
         starts[k] = i
         out_lens[k] = lens[i]
+        entries[k] = last[i]
         k += 1
         i = nxt[i]
-    return starts, out_lens
+    return starts, out_lens, entries

@@ -65,9 +65,7 @@ class SpmModel:
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw-text fragment whose spaces are already escaped to '▁'."""
         out: list[int] = []
-        vocab = self.token_to_id
-        for piece in self._merge(text):
-            tid = vocab.get(piece)
+        for tid, piece in self._pieces(text):
             if tid is not None:
                 out.append(tid)
                 continue
@@ -80,15 +78,21 @@ class SpmModel:
                     out.append(bid)
         return out
 
-    def _merge(self, text: str) -> list[str]:
-        """The fragment's pieces after merging; a very long one merges in compiled code (the same order)."""
-        if len(text) < long_words.LONG_WORD or not long_words.available():
-            return merge_by_score(text, self.token_to_id, self.scores)
-        if self._merger is None:
-            if not all(math.isfinite(s) for s in self.scores):
-                return merge_by_score(text, self.token_to_id, self.scores)  # NaN scores: Python's order only
-            self._merger = long_words.Merger.for_spm(dict(self.token_to_id), list(self.scores))
-        return [text[a:b] for a, b in self._merger.merge(text)]
+    def _pieces(self, text: str) -> list[tuple[int | None, str]]:
+        """(token id or None, text) of the fragment's pieces after merging; a very long one merges in compiled
+        code, in the same order, and brings its ids from there."""
+        vocab = self.token_to_id
+        compiled = len(text) >= long_words.LONG_WORD and long_words.available()
+        if compiled and self._merger is None:
+            if all(math.isfinite(s) for s in self.scores):
+                self._merger = long_words.Merger.for_spm(dict(vocab), list(self.scores))
+            else:
+                compiled = False  # NaN scores: only the Python loop's order is defined
+        if not compiled or self._merger is None:
+            return [(vocab.get(p), p) for p in merge_by_score(text, vocab, self.scores)]
+        ids, strings = self._merger.merge_ids(text, vocab)
+        rest = iter(strings)
+        return [(tid, "") if tid is not None else (None, next(rest)) for tid in ids]
 
     @staticmethod
     def normal_piece(text: str) -> bytes:

@@ -39,11 +39,15 @@ def test_compiled_bpe_merge_equals_python(seed: int) -> None:
     rng = random.Random(seed)
     alphabet = "abcĠ" if seed % 2 else "ab"
     ranks = _random_bpe(rng, alphabet, 60)
-    merger = long_words.Merger.for_bpe(ranks)
+    vocab = {t: i for i, t in enumerate(dict.fromkeys([*alphabet[1:], *(a + b for a, b in ranks)]))}
+    merger = long_words.Merger.for_bpe(ranks, vocab)
     for word in _words(rng, alphabet):
         want = merge_word(list(word), ranks)
         got = [word[a:b] for a, b in merger.merge(word)]
         assert got == want, word[:60]
+        ids, rest = merger.merge_ids(word, vocab)
+        assert ids == [vocab.get(s) for s in want]  # the first letter is no token: byte fallback material
+        assert rest == [s for s in want if s not in vocab]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -58,6 +62,7 @@ def test_compiled_spm_merge_equals_python(seed: int) -> None:
         want = merge_by_score(word, token_to_id, scores)
         got = [word[a:b] for a, b in merger.merge(word)]
         assert got == want, word[:60]
+        assert merger.merge_ids(word, token_to_id)[0] == [token_to_id.get(s) for s in want]
 
 
 def test_long_words_take_the_compiled_path_in_the_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
