@@ -1,0 +1,93 @@
+"""SmolLM2 requantized by llama.cpp to IQ4_NL, IQ4_XS and IQ3_S: our logits against llama.cpp's on the same files.
+
+The files (~90 MB each) are made by tools/make_iquant_golden.py with llama.cpp's quantizer, which GGUF Lens does
+not have for these types, into /tmp/gguf-lens-iquants (or $GGUF_LENS_IQUANT_DIR); the committed fixture is
+llama.cpp's top-32 log-probabilities at the first 128 prose tokens (tests/fixtures/golden_iquants.*). Where the
+files are absent (CI) these tests skip; the bit-exact dequantization and kernel tests run everywhere.
+
+Two references per file:
+- llama.cpp as it runs by default (one 128-token batch: IQ4_NL repacked to iq4_nl_8x8, the other i-quants
+  through its tiled path): their float order differs from vec_dot's in the last bits, and on this small model such
+  differences cascade through the 8-bit activation rounding: llama.cpp's own variants (repacked or not, batched or
+  token by token) differ from each other by a KLD of about 0.003 and a top token in 1 to 2 of 32 positions. So
+  these files cannot meet the issue's bar for real models (KLD 0.005, 96% same top) even between llama.cpp runs;
+  the bounds here are that noise floor, measured (ggml: KLD <= 0.005, 93% same top; float32 KLD <= 0.008, 92%);
+- llama.cpp token by token with repacking off, where every product is vec_dot: with ggml numerics, decoding token
+  by token as llama.cpp does, the logits are llama.cpp's bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.generate import prefill
+from engine.model import load_model
+from tests.engine.golden import FIXTURES, kld_topk, log_softmax
+
+IQ_DIR = Path(os.environ.get("GGUF_LENS_IQUANT_DIR", "/tmp/gguf-lens-iquants"))
+META = json.loads((FIXTURES / "golden_iquants.json").read_text())
+TYPES = list(META["files"])
+# numerics -> (KLD mean bound, same-top bound) against llama.cpp's default run
+BOUNDS = {"ggml": (0.005, 0.93), "float32": (0.008, 0.92)}
+VEC_DOT_POSITIONS = META["vec_dot_positions"]  # token by token is slower: the first positions only
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "golden_iquants.npz") as f:
+        return dict(f)
+
+
+def requantized(type_name: str) -> Path:
+    path = IQ_DIR / META["files"][type_name]["file"]
+    if not path.is_file():
+        pytest.skip(f"{path} missing: made by tools/make_iquant_golden.py with llama.cpp")
+    return path
+
+
+def run(path: Path, ids: list[int], numerics: str, chunk_size: int) -> tuple[np.ndarray, dict[str, int]]:
+    """Our logits (one row per token) and how many tensors of each ggml type the file holds."""
+    model = load_model(path, numerics=numerics)
+    try:
+        counts: dict[str, int] = {}
+        for t in model.gguf.tensors.values():
+            counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        return prefill(model, ids, model.new_cache(1024), all_logits=True, chunk_size=chunk_size), counts
+    finally:
+        model.close()
+
+
+def stats(golden: dict[str, np.ndarray], key: str, logits: np.ndarray) -> tuple[np.ndarray, float]:
+    """KLD per position (llama.cpp's top-K, the rest in one bucket) and the same-top-token rate."""
+    n = len(logits)
+    top_ids, top_logp = golden[f"{key}_top_ids"][:n], golden[f"{key}_top_logp"][:n]
+    lp = log_softmax(logits)
+    return kld_topk(top_ids, top_logp, lp), float((lp.argmax(-1) == top_ids[:, 0]).mean())
+
+
+@pytest.mark.parametrize("numerics", list(BOUNDS))
+@pytest.mark.parametrize("type_name", TYPES)
+def test_logits_match_llamacpp_on_the_requantized_file(golden, type_name: str, numerics: str) -> None:
+    logits, counts = run(requantized(type_name), golden["ids"].tolist(), numerics, chunk_size=128)
+    assert counts.get(type_name, 0) > 0  # the file really holds the type under test
+    kl, same_top = stats(golden, type_name, logits)
+    print(f"{type_name} {numerics}: KLD mean {kl.mean():.3g} max {kl.max():.3g}, same top {same_top:.4f}")
+    kld_bound, top_bound = BOUNDS[numerics]
+    assert kl.mean() <= kld_bound
+    assert same_top >= top_bound
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_token_by_token_equals_llamacpp_vec_dot(golden, type_name: str) -> None:
+    """Decoding one token at a time with ggml numerics is llama.cpp's run without repacking, bit for bit."""
+    ids = golden["ids"].tolist()[:VEC_DOT_POSITIONS]
+    logits, _ = run(requantized(type_name), ids, "ggml", chunk_size=1)
+    kl, same_top = stats(golden, f"{type_name}_vecdot", logits)
+    ref = golden[f"{type_name}_vecdot_top_logp"][: len(ids)]
+    ours = np.take_along_axis(log_softmax(logits), golden[f"{type_name}_vecdot_top_ids"][: len(ids)], axis=-1)
+    assert same_top == 1.0 and kl.max() <= 1e-6
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=2e-6)  # the golden log-probs are stored as float32
