@@ -243,6 +243,10 @@ class BlockProduct:
             self.planar = self.weight is not blocks
         # batches of legacy quants: the integer kernel of legacy_gemm on the GGUF blocks (raw_parts, stacked by rows)
         self.batch = paths.legacy_batch() if reg.compiled and int(qtype) in paths.LEGACY_INT else None
+        # the kernels' type id: Q4_0 with rows in eights takes llama.cpp's repacked q4_0_8x8 numbers (legacy_dot)
+        self.kind = paths.legacy_kind(qtype, blocks.shape[0]) if reg.compiled else int(qtype)
+        if self.kind != int(qtype):
+            self.gemv, self.path = paths.legacy_gemv(self.kind), "q4_0_x8"
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
@@ -276,14 +280,14 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype)
             if len(self.raw_parts) == 1:
                 with KERNEL_LOCK:
-                    self.batch(int(self.qtype), self.raw_parts[0], xq, out)
+                    self.batch(self.kind, self.raw_parts[0], xq, out)
             else:  # stacked parts: each one's rows, then into its columns
                 row = 0
                 for part in self.raw_parts:
                     n = part.shape[0]
                     part_out = np.empty((t, n), np.float32)
                     with KERNEL_LOCK:
-                        self.batch(int(self.qtype), part, xq, part_out)
+                        self.batch(self.kind, part, xq, part_out)
                     out[:, row : row + n] = part_out
                     row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
@@ -315,7 +319,7 @@ class BlockProduct:
             return lambda: gemv(w, x1, o1)
         from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - compiled kernels only
 
-        return bind_gemv(self.qtype, self.weight, xq, out)
+        return bind_gemv(self.kind, self.weight, xq, out)
 
     def dequantize_tile(self, r0: int, r1: int, scratch: F32) -> F32:
         """Rows [r0, r1) of W as float32 in `scratch` (compiled when available, else NumPy)."""

@@ -70,7 +70,7 @@ def _sources(blocks: Weight) -> tuple[np.ndarray, np.ndarray, bool]:
     return _read_only(blocks), _DUMMY_PLANES, False
 
 
-def _product(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> None:
+def _product(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> None:
     """out (m, n_rows) = vec_dot of every row with every activation row of xq (m, bytes)."""
     if not HAVE_NUMBA:
         out[:] = dot_ref(qtype, _raw(blocks), xq)
@@ -88,7 +88,7 @@ def _product(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> None:
         out[:] = target
 
 
-def bind_gemv(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> Callable[[], None]:
+def bind_gemv(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> Callable[[], None]:
     """The gemv of `blocks` with one activation buffer xq (1, bytes) and out (1, n_rows) fixed: a call without
     arguments runs it on whatever xq holds then (a decode step fills the same buffers token after token).
     Compiled kernels only; the caller holds KERNEL_LOCK."""
@@ -101,6 +101,15 @@ def bind_gemv(qtype: GGMLType, blocks: Weight, xq: U8, out: F32) -> Callable[[],
     raw, planes, planar = _sources(blocks)
     fn, n = legacy_products.PRODUCTS[int(qtype)], blocks.shape[0]
     return lambda: fn(raw, planes, planar, n, xq, out)
+
+
+def kind_gemv(kind: int) -> Callable[[Weight, U8, F32], None]:
+    """The one-row product for a kernel type id of legacy_products.PRODUCTS (legacy_dot.Q4_0_X8 too)."""
+
+    def gemv(blocks: Weight, xq: U8, out: F32) -> None:
+        _product(kind, blocks, xq.reshape(1, -1), out.reshape(1, -1))
+
+    return gemv
 
 
 def _gemv(qtype: GGMLType) -> Callable[[Weight, U8, F32], None]:

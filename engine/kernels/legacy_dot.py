@@ -43,6 +43,7 @@ G = ROW_GROUP
 ACC = 9  # per row: the eight ggml lanes and the m * s sum
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                                                   GGMLType.Q5_1, GGMLType.Q8_0))
+Q4_0_X8 = 100  # Q4_0 weights llama.cpp repacks (rows in eights): the q4_0_8x8 numbers, see _rows_q4_0_x8
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34}
 ACT_BYTES = {Q4_0: 34, Q4_1: 36, Q5_0: 34, Q5_1: 36, Q8_0: 34}  # block_q8_0 / block_q8_1
 BLOCK_BYTES_ARR = np.array([BLOCK_BYTES.get(k, 0) for k in range(16)], dtype=np.int64)  # by type id, for numba
@@ -226,7 +227,19 @@ def _rows_q8_0(kind, pl, base, y, dy, sy, acc):
                    _int8_lane(pl, o, _I(30), y[28], y[29], y[30], y[31]))
 
 
-_ROWS = {Q4_0: _rows_q4_0, Q4_1: _rows_q4_1, Q5_0: _rows_q5_0, Q5_1: _rows_q5_1, Q8_0: _rows_q8_0}
+def _rows_q4_0_x8(kind, pl, base, y, dy, sy, acc):
+    """Q4_0 as llama.cpp's repacked q4_0_8x8 kernels: the block's lanes summed (exact: integers below 2^24), one
+    fma per row into lane 0 (the other lanes stay +0, so _finish's sum is lane 0 itself)."""
+    c = _offsets(y, np.float32(-8.0))
+    for r in range(_U(G)):
+        o = base + r
+        l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(2), y, c)
+        isum = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+        acc[r] = fma32(_f16(pl, o, _I(0)) * dy, isum, acc[r])
+
+
+_ROWS = {Q4_0: _rows_q4_0, Q4_0_X8: _rows_q4_0_x8, Q4_1: _rows_q4_1, Q5_0: _rows_q5_0, Q5_1: _rows_q5_1,
+         Q8_0: _rows_q8_0}
 
 if HAVE_NUMBA:
     from numba.core import types as _nbt

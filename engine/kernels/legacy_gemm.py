@@ -6,7 +6,8 @@ activation rows, and there integer products win: per (row, block) the 32 weights
 <32 x i8> (bytes_from_nibbles_32, the fifth bits of Q5_x, the -8 / -16 offsets of Q4_0 / Q5_0) and, per
 activation, multiplied with its 32 quants by vpmaddubsw / vpmaddwd (ggml's mul_sum_us8_pairs_float and, with
 _mm256_sign_epi8 first, mul_sum_i8_pairs_float) into eight int32 lanes, each the sum of four neighbouring
-products. Then ggml_vec_dot_<type>_q8_<0|1>'s float steps, which is all that decides the bits:
+products. Then ggml_vec_dot_<type>_q8_<0|1>'s float steps, which is all that decides the bits (kind Q4_0_X8:
+the q4_0_8x8 path's instead, one fma per block of the eight lanes' exact sum, see legacy_dot._rows_q4_0_x8):
 
   acc = fma(fp16(d_w) * fp16(d_x), float(lanes), acc)    (<8 x float>, block after block)
   summs = fma(fp16(m_w), fp16(s_x), summs)               (Q4_1, Q5_1)
@@ -28,6 +29,7 @@ from numba.extending import intrinsic
 from engine.quant.types import GGMLType
 
 from .activations import f16_to_f32
+from .legacy_dot import Q4_0_X8
 from .kquant_dot import _fma, _hsum8, _splat
 from .simd import (
     F32,
@@ -59,6 +61,8 @@ _SPEC = {
     int(GGMLType.Q5_1): (24, 8, 4, 0, True, 36),
     int(GGMLType.Q8_0): (34, 2, -1, 0, False, 34),
 }
+# Q4_0 with llama.cpp's q4_0_8x8 numbers (legacy_dot._rows_q4_0_x8): per block one exact integer, one fma per row
+_SPEC[Q4_0_X8] = _SPEC[int(GGMLType.Q4_0)]
 KINDS = tuple(_SPEC)
 
 
@@ -97,6 +101,21 @@ def _lanes(ops: Ops, b, w, signed: bool, x):
     return ops.madd(ops.maddubs(ax, sx), splat_const(I16, 1, 16))
 
 
+def _block_sums(b, pairs) -> ir.Value:
+    """Q4_0_X8: <TILE x i32> of each activation's block sum, from TILE / 2 <16 x i32> vectors that hold two
+    activations' eight lanes each: three rounds of adding even and odd lanes of two vectors (exact integers)."""
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    level = pairs
+    while len(level) > 1:
+        level = [b.add(_shuffle2(b, u, v, even), _shuffle2(b, u, v, odd)) for u, v in zip(level[::2], level[1::2])]
+    return level[0]
+
+
+def _shuffle2(b, u, v, idx: list[int]) -> ir.Value:
+    """Lanes idx of the concatenation of u and v."""
+    return b.shuffle_vector(u, v, const_vec(I32, idx))
+
+
 def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd0, d_stride) -> None:
     """One weight row against m <= TILE activation rows (px0 + a * x_stride), each block decoded once.
 
@@ -106,11 +125,16 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
     short tile) with each activation's accumulators in their own stack slot, which LLVM keeps in registers. With
     AVX512-VNNI two activations share one 512-bit vpdpbusd (the same integers, each lane its own activation's)."""
     size, _, _, _, has_m, act = _SPEC[kind]
+    whole = kind == Q4_0_X8
     ops = Ops(context, b)
     ops.vnni = has_vnni(context)
     f16x = vec(F32, TILE)
     accs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None)) for _ in range(TILE)]
     summs = cgutils.alloca_once_value(b, ir.Constant(f16x, None))
+    # Q4_0_X8: per block the activations' eight lanes, two activations a slot, summed for all at once, then
+    # acc = fma(float(isum), d, acc) for all at once
+    pairs = [cgutils.alloca_once_value(b, ir.Constant(vec(I32, 16), None)) for _ in range(TILE // 2)]
+    waccs = cgutils.alloca_once_value(b, ir.Constant(f16x, None))
     live = [b.icmp_signed(">", m, ir.Constant(I64, a)) for a in range(TILE)]
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, size))])
@@ -128,8 +152,12 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
         def one(a):  # activation a alone: <8 x i32> lanes, one fma into its accumulators
             px = b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)])
             q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
-            d = b.extract_element(dvec, ir.Constant(I32, a))
-            b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
+            if whole:
+                half = b.gep(b.bitcast(pairs[a // 2], vec(I32, 8).as_pointer()), [ir.Constant(I32, a % 2)])
+                b.store(q, half)
+            else:
+                d = b.extract_element(dvec, ir.Constant(I32, a))
+                b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
 
         if not ops.vnni:
             for a in range(TILE):
@@ -155,17 +183,29 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
                             x64 = b.select(neg64, b.sub(zero64, x64), b.select(nil64, zero64, x64))
                         q = call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", i32x16,
                                            [ir.Constant(i32x16, None), b.bitcast(ax64, i32x16), b.bitcast(x64, i32x16)])
-                        dp = b.shuffle_vector(dvec, dvec, const_vec(I32, [a] * 8 + [a + 1] * 8))
-                        acc = b.shuffle_vector(b.load(accs[a]), b.load(accs[a + 1]), const_vec(I32, list(range(16))))
-                        acc = call_intrinsic(b, "llvm.fma.v16f32", vec(F32, 16), [dp, b.sitofp(q, vec(F32, 16)), acc])
-                        b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8)))), accs[a])
-                        b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8, 16)))), accs[a + 1])
+                        if whole:
+                            b.store(q, pairs[a // 2])
+                        else:
+                            dp = b.shuffle_vector(dvec, dvec, const_vec(I32, [a] * 8 + [a + 1] * 8))
+                            acc = _shuffle2(b, b.load(accs[a]), b.load(accs[a + 1]), list(range(16)))
+                            acc = call_intrinsic(b, "llvm.fma.v16f32", vec(F32, 16),
+                                                 [dp, b.sitofp(q, vec(F32, 16)), acc])
+                            b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8)))), accs[a])
+                            b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8, 16)))), accs[a + 1])
                     with single, b.if_then(live[a], likely=True):
                         one(a)
+        if whole:  # ggml_gemm_q4_0_8x8_q8_0: acc = fma(float(isum), fp16(d_w) * fp16(d_x), acc)
+            isum = _block_sums(b, [b.load(p) for p in pairs])
+            fma = call_intrinsic(b, f"llvm.fma.v{TILE}f32", f16x, [b.sitofp(isum, f16x), dvec, b.load(waccs)])
+            b.store(fma, waccs)
     s_all = b.load(summs)
+    wacc = b.load(waccs) if whole else None
     for a in range(TILE):
         with b.if_then(live[a], likely=True):
-            total = _hsum8(b, b.load(accs[a]))
+            if whole:
+                total = b.extract_element(wacc, ir.Constant(I32, a))
+            else:
+                total = _hsum8(b, b.load(accs[a]))
             if has_m:
                 total = b.fadd(total, b.extract_element(s_all, ir.Constant(I32, a)))
             dst = b.gep(po, [b.mul(ir.Constant(I64, a), o_stride)])
@@ -190,12 +230,12 @@ def _tile_intrinsic(kind: int):
 
         return types.void(w, wo, nb, x, xo, xs, m, out, oo, os, sc, so, ss), codegen
 
-    typer.__name__ = f"row_tile_{GGMLType(kind).name.lower()}"
+    typer.__name__ = "row_tile_q4_0_x8" if kind == Q4_0_X8 else f"row_tile_{GGMLType(kind).name.lower()}"
     return intrinsic(typer)
 
 
-_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0 = (_tile_intrinsic(k) for k in KINDS)
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = KINDS
+_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0, _tile_q4_0_x8 = (_tile_intrinsic(k) for k in KINDS)
+_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
 
 
 @njit(cache=True, error_model="numpy")
@@ -216,7 +256,7 @@ def _scales(xq, nb, act):
 @njit(cache=True, parallel=True, error_model="numpy")
 def gemm_int(kind, blocks, xq, out):
     """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (the type id as `kind`)."""
-    size = 18 if kind == _Q4_0 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
+    size = 18 if kind == _Q4_0 or kind == _Q4_0_X8 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
     act = 36 if kind == _Q4_1 or kind == _Q5_1 else 34
     nb = blocks.shape[1] // size
     sc = _scales(xq, nb, act)
@@ -236,6 +276,8 @@ def gemm_int(kind, blocks, xq, out):
                     _tile_q5_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
                 elif kind == _Q5_1:
                     _tile_q5_1(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                else:
+                elif kind == _Q8_0:
                     _tile_q8_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
+                else:
+                    _tile_q4_0_x8(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
     return out

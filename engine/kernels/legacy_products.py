@@ -26,6 +26,7 @@ from .legacy_dot import (
     Q5_0,
     Q5_1,
     Q8_0,
+    Q4_0_X8,
     G,
     _dot_group,
     _finish,
@@ -104,4 +105,13 @@ def product_q8_0(raw, planes, planar, n_rows, xq, out):
         _group(Q8_0, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
-PRODUCTS = {Q4_0: product_q4_0, Q4_1: product_q4_1, Q5_0: product_q5_0, Q5_1: product_q5_1, Q8_0: product_q8_0}
+@njit(cache=True, parallel=True)
+def product_q4_0_x8(raw, planes, planar, n_rows, xq, out):
+    """Q4_0 x Q8_0 as ggml_gemv_q4_0_8x8_q8_0 (a weight llama.cpp repacks): one fma per block and row."""
+    nb, size, ng, yd, ys, yf = _setup(Q4_0, raw, planes, planar, xq)
+    for g in prange(ng):
+        _group(Q4_0_X8, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+
+
+PRODUCTS = {Q4_0: product_q4_0, Q4_1: product_q4_1, Q5_0: product_q5_0, Q5_1: product_q5_1, Q8_0: product_q8_0,
+            Q4_0_X8: product_q4_0_x8}

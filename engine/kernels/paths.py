@@ -1,8 +1,9 @@
 """Which of ggml-cpu's kernels a weight takes, where that is not plain vec_dot, and the compiled kernels for them.
 
-llama.cpp's CPU backend repacks Q4_K weights with rows in eights (q4_K_8x8 gemv/gemm), sends k-quant batches of
-8+ rows of plain weights through its tiled path, and otherwise runs vec_dot (llamafile's tinyBLAS for Q8_0 /
-Q4_0 / Q5_0 batches gives the same bits). The engine follows it: `q4_k_8x8` and `tiled_gemm` here. Two more
+llama.cpp's CPU backend repacks Q4_K and Q4_0 weights with rows in eights (q4_K_8x8 and q4_0_8x8 gemv/gemm),
+sends k-quant batches of 8+ rows of plain weights through its tiled path, and otherwise runs vec_dot (llamafile's
+tinyBLAS for Q8_0 / Q4_0 / Q5_0 batches gives the same bits). The engine follows it: `q4_k_8x8`, `legacy_kind`
+(Q4_0's q4_0_8x8 numbers in the legacy kernels) and `tiled_gemm` here. Two more
 kernels compute vec_dot's numbers faster: `legacy_batch` (integer prompt tiles on the GGUF blocks) and
 `q8_0_x16` (one-row Q8_0 products across sixteen repacked rows, with AVX512-VNNI). Each module loads on first use.
 """
@@ -55,6 +56,21 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
     weight = kquant_repack.repack_q4_k_8x8(blocks)
     pages.release(blocks)
     return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
+
+
+def legacy_kind(qtype: GGMLType, n_rows: int) -> int:
+    """The legacy kernels' type id for a weight: Q4_0_X8 for Q4_0 rows in eights (llama.cpp repacks those as
+    q4_0_8x8 and multiplies every batch with one fma per block and row), else the type itself."""
+    from engine.kernels.legacy_dot import Q4_0_X8  # noqa: PLC0415 - compiled kernels only
+
+    return Q4_0_X8 if qtype == _T.Q4_0 and n_rows % 8 == 0 else int(qtype)
+
+
+def legacy_gemv(kind: int) -> Callable:
+    """The one-row product of the legacy kernels for a type id (legacy_kind)."""
+    from engine.kernels.legacy import kind_gemv  # noqa: PLC0415 - compiled kernels only
+
+    return kind_gemv(kind)
 
 
 def tiled_gemm(qtype: GGMLType) -> Callable:
