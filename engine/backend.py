@@ -113,13 +113,13 @@ def _try_cupy() -> tuple[ModuleType | None, str]:
     try:
         import cupy  # noqa: PLC0415 - the only cupy import in the project
     except Exception as exc:  # ImportError, or a broken CUDA install raising anything
-        return None, f"CuPy is not installed ({type(exc).__name__}); running on the CPU with NumPy"
+        return None, f"CuPy is not installed ({type(exc).__name__}); running on the CPU"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        return None, f"no usable CUDA device ({exc}); running on the CPU with NumPy"
+        return None, f"no usable CUDA device ({exc}); running on the CPU"
     if n < 1:
-        return None, "no CUDA device found; running on the CPU with NumPy"
+        return None, "no CUDA device found; running on the CPU"
     return cupy, ""
 
 

@@ -37,11 +37,11 @@ def to_device(
         raise SettingError(f"--gpu-layers {gpu_layers}: must be 0 or more")
     want = n if gpu_layers is None else min(gpu_layers, n)
     if want == 0:
-        return net, _cpu("--gpu-layers 0: every layer runs on the CPU with NumPy")
+        return net, _cpu("--gpu-layers 0: every layer runs on the CPU")
     try:
         plan = arch_plan(net)
     except SettingError as exc:
-        why = f"{exc}; running on the CPU with NumPy"
+        why = f"{exc}; running on the CPU"
         notes.append(why)
         return net, _cpu(why)
     mem = backend.device_memory()
@@ -51,7 +51,7 @@ def to_device(
     if fit < want:
         why = f"not enough GPU memory for {want} layers: {est.message(want)}"
         if fit == 0:
-            notes.append(f"{why}; running on the CPU with NumPy")
+            notes.append(f"{why}; running on the CPU")
             return net, _cpu(notes[-1])
         notes.append(f"{why}; putting {fit} layers on the GPU, the rest on the CPU")
         want = fit
@@ -59,7 +59,7 @@ def to_device(
         try:
             return GpuNet(net, backend, want), backend
         except SettingError as exc:  # a tensor type or shape the kernels do not take
-            why = f"{exc}; running on the CPU with NumPy"
+            why = f"{exc}; running on the CPU"
             notes.append(why)
             return net, _cpu(why)
         except Exception as exc:  # noqa: BLE001 - sorted below; anything that is not a CUDA fault is raised
@@ -72,9 +72,9 @@ def to_device(
                 notes.append(f"out of GPU memory loading {want} layers; trying {fewer}")
                 want = fewer
                 continue
-            why = f"the GPU could not take the model ({type(exc).__name__}: {exc}); running on the CPU with NumPy"
+            why = f"the GPU could not take the model ({type(exc).__name__}: {exc}); running on the CPU"
             notes.append(why)
             return net, _cpu(why)
-    why = "out of GPU memory for even one layer; running on the CPU with NumPy"
+    why = "out of GPU memory for even one layer; running on the CPU"
     notes.append(why)
     return net, _cpu(why)

@@ -404,7 +404,7 @@ class GpuNet:
             self.backend.free_cached_memory()
             raise MemoryError(f"the GPU ({self.device.name}) ran out of memory at token {cache.length}") from exc
         self._fall_back(f"the GPU ({self.device.name}) failed ({type(exc).__name__}: {exc}); "
-                        "continuing on the CPU with NumPy")
+                        "continuing on the CPU")
 
     def _fall_back(self, note: str) -> None:
         from engine.backend import NUMPY  # noqa: PLC0415

@@ -39,7 +39,7 @@ def test_next_load_uses_the_choice_and_auto_says_why_it_runs_on_the_cpu(qtbot: A
     assert w.engine.session.backend == "auto"
     model = w.engine.session.model
     assert model.backend.name == "numpy"
-    assert any("running on the CPU with NumPy" in note for note in model.warnings)
+    assert any("running on the CPU" in note for note in model.warnings)
     w.state.settings = dataclasses.replace(w.state.settings, extra={**w.state.settings.extra, "backend": "numpy"})
     assert w.engine.session.backend == "numpy"
     close(w)

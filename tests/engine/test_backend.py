@@ -40,7 +40,7 @@ def test_unknown_backend_name_is_a_setting_error() -> None:
 def test_auto_without_cupy_falls_back_with_one_plain_note(no_cupy: None) -> None:
     b = get_backend("auto")
     assert b.name == "numpy" and b.xp is np
-    assert b.note.startswith("CuPy is not installed") and "running on the CPU with NumPy" in b.note
+    assert b.note.startswith("CuPy is not installed") and "running on the CPU" in b.note
     assert "\n" not in b.note
 
 
