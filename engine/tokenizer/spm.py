@@ -61,6 +61,7 @@ class SpmModel:
         self.byte_ids = byte_ids  # byte value -> id of '<0xXX>' (or of the 1-character token), None if absent
         self.unk_id = unk_id
         self._merger: long_words.Merger | None = None  # built on the first very long fragment
+        self._can_compile = True
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw-text fragment whose spaces are already escaped to '▁'."""
@@ -82,13 +83,12 @@ class SpmModel:
         """(token id or None, text) of the fragment's pieces after merging; a very long one merges in compiled
         code, in the same order, and brings its ids from there."""
         vocab = self.token_to_id
-        compiled = len(text) >= long_words.LONG_WORD and long_words.available()
-        if compiled and self._merger is None:
-            if all(math.isfinite(s) for s in self.scores):
+        if len(text) >= long_words.LONG_WORD and self._merger is None and self._can_compile:
+            # NaN scores: only the Python loop's order is defined
+            self._can_compile = long_words.available() and all(math.isfinite(s) for s in self.scores)
+            if self._can_compile:
                 self._merger = long_words.Merger.for_spm(dict(vocab), list(self.scores))
-            else:
-                compiled = False  # NaN scores: only the Python loop's order is defined
-        if not compiled or self._merger is None:
+        if len(text) < long_words.LONG_WORD or self._merger is None:
             return [(vocab.get(p), p) for p in merge_by_score(text, vocab, self.scores)]
         ids, strings = self._merger.merge_ids(text, vocab)
         rest = iter(strings)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from engine.tokenizer import long_words
@@ -77,3 +78,18 @@ def test_long_words_take_the_compiled_path_in_the_tokenizer(monkeypatch: pytest.
         got = [Tokenizer.from_metadata(metadata).encode(t) for t in texts]
         monkeypatch.setattr(long_words, "LONG_WORD", 4096)
         assert got == want
+
+
+def test_nan_scores_keep_long_fragments_in_python() -> None:
+    """With a NaN score only the Python loop's order is defined; a long fragment must still tokenize."""
+    from tests.engine.tokenizer.test_tokenizer import _spm_metadata  # noqa: PLC0415
+    from engine.tokenizer.vocab import Tokenizer  # noqa: PLC0415
+
+    md = _spm_metadata()
+    scores = md["tokenizer.ggml.scores"].copy()
+    scores[-1] = np.nan
+    md["tokenizer.ggml.scores"] = scores
+    tok = Tokenizer.from_metadata(md)
+    text = "he hé " * 2000
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and tok._model._merger is None
