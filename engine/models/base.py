@@ -45,7 +45,7 @@ def softmax(x: F32, axis: int = -1) -> F32:
 
 def soft_cap(x: F32, cap: float) -> F32:
     """cap * tanh(x / cap) as llama.cpp builds it: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap."""
-    return np.tanh(x * np.float32(1.0 / cap)).astype(np.float32) * np.float32(cap)
+    return np.tanh(x * (np.float32(1.0) / np.float32(cap))).astype(np.float32) * np.float32(cap)
 
 
 def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = None) -> npt.NDArray[np.bool_]:

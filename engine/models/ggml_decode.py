@@ -23,6 +23,7 @@ from engine.kernels import precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import VEC_DOT_TYPE, BlockProduct
 from engine.models import ggml_attention, ggml_ops, ggml_step
+from engine.models.base import soft_cap
 from engine.quant.types import GGMLType
 from engine.tensor import Linear
 
@@ -153,8 +154,9 @@ class DecodePlan:
         self.o = np.zeros((1, a.n_heads * a.head_dim), np.float32)
         self.q_rot = np.zeros((a.n_heads, a.head_dim), np.float32)
         self.act = np.zeros((1, a.hidden_dim), np.float32)
-        # soft-capping (Gemma 2) is not in the compiled step: those models take the NumPy path, the same numbers
-        self.ok = a.hidden_dim % 16 == 0 and model.attn_softcap is None and getattr(a, "final_softcap", None) is None
+        self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
+        self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
+        self.ok = a.hidden_dim % 16 == 0
 
     @staticmethod
     def _key(model: DecoderModel) -> tuple[int]:
@@ -215,7 +217,7 @@ class DecodePlan:
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, q_rot, o, lay.o_vdt, lay.o_buf)
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, q_rot, o, lay.o_vdt, lay.o_buf)
                 if recorder is not None:
                     recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                 lay.wo.run()
@@ -231,7 +233,10 @@ class DecodePlan:
                     recorder.record_hidden(i, pos, hidden[None, :])
             rnq(x, delta, post, model.out_norm, eps, h, *self.head_in.slots())
             self.head.run()
-        return self.head.out.copy()
+        logits = self.head.out.copy()
+        if self.final_softcap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
+            logits = soft_cap(logits, self.final_softcap)
+        return logits
 
 
 def _vec(layer, name: str) -> F32:

@@ -9,7 +9,7 @@ bit for bit (tests hold them to each other and to llama.cpp's tensors):
   residual_norm_quant   x += delta (or += RMSNorm(delta) * post), h = RMSNorm(x) * w, h quantized for the next
                         product(s): the join of two blocks, and the final norm before the output head
   attend                per-head q/k norms (Gemma), RoPE, the K/V write into the fp16 cache, K*q as
-                        ggml_vec_dot_f16, soft_max_ext with ggml_v_expf, V*w as ggml_vec_dot_f16, and the
+                        ggml_vec_dot_f16, Gemma 2's soft-cap, soft_max_ext with ggml_v_expf, V*w as ggml_vec_dot_f16, and the
                         output quantized for the attention output product
   glu_quant             SwiGLU or GeGLU of the gate and up rows, quantized for the down product
 
@@ -118,16 +118,18 @@ if HAVE_NUMBA:
             dst[do + b] = fma32(x0, s, x1 * c)
 
     @njit(cache=True)
-    def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale,
+    def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
                q_rot, o, vdt, xq):
         """Attention of the token at `pos` for one layer.
 
         q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
         kc / vc the layer's cache rows (Hkv, capacity, d) as fp16 bits, written at `pos`; n_kv llama.cpp's padded
         key count; window 0 or the sliding window; cos / sin (n_rot / 2,) of this position. q is scaled by q_scale
-        after RoPE (Gemma), the scores by kq_scale in softmax. q_rot (Hq, d) gets the rotated, unscaled queries,
-        o (1, Hq*d) the output, xq its bytes as vdt.
+        after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
+        cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale). q_rot (Hq, d)
+        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt.
         """
+        inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
         hkv, _, d = kc.shape
         hq = q.shape[0] // d
         group = hq // hkv
@@ -164,7 +166,10 @@ if HAVE_NUMBA:
                 q16[t] = f16_to_f32(f32_to_f16(qs))
             top = -np.inf
             for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
-                s = _dot_f16_row(kc[kv, j], q16, acc) * kq_scale
+                s = _dot_f16_row(kc[kv, j], q16, acc)
+                if softcap > _ZERO:
+                    s = np.float32(np.tanh(s * inv_cap)) * softcap
+                s = s * kq_scale
                 scores[j] = s
                 if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s

@@ -26,6 +26,7 @@ from engine.models.base import (
     MetadataView,
     gelu_tanh,
     silu,
+    soft_cap,
 )
 from engine.models.decoder import DecoderModel, Weights
 from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs, yarn_attn_factor
@@ -283,5 +284,5 @@ class Transformer(DecoderModel):
         logits = self.output(x)
         cap = self.args.final_softcap
         if cap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
-            logits = np.tanh(logits * np.float32(1.0 / cap)).astype(np.float32) * np.float32(cap)
+            logits = soft_cap(logits, cap)
         return logits

@@ -76,10 +76,10 @@ def test_yarn_blends_interpolated_and_extrapolated_frequencies() -> None:
 
 @pytest.mark.skipif(not compiled(), reason="the compiled decode step needs numba")
 @pytest.mark.parametrize(("name", "takes"), [("llama3", True), ("llama_yarn", True), ("qwen2", True), ("qwen3", True),
-                                            ("phi3", True), ("gemma2", False)])
+                                            ("phi3", True), ("gemma2", True)])
 def test_which_architectures_take_the_compiled_decode_step(folder: Path, name: str, takes: bool) -> None:
-    """Biases, q/k norms, fused matrices, partial RoPE and frequency factors run in the compiled step; Gemma 2's
-    soft-capping does not (its decode steps take the NumPy path with the same numbers, see test_arch_logits)."""
+    """Biases, q/k norms, fused matrices, partial RoPE, frequency factors and Gemma 2's soft-capping all run in the
+    compiled step (test_arch_logits holds its numbers to llama.cpp's decode steps)."""
     from engine.models.ggml_decode import plan_for  # noqa: PLC0415
 
     model = load_model(model_file(folder, name, "Q8_0"), numerics="ggml")
