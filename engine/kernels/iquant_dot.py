@@ -3,6 +3,7 @@
   gemv_<type>(blocks, xq, out)   one activation row (its vec_dot_type bytes, Q8_K or Q8_0 for IQ4_NL) against
                                  every weight row: out[r] = ggml_vec_dot_<type>_q8_K(row r, xq)
   gemm_<type>(blocks, xq, out)   m activation rows (m, bytes) -> out (m, n_rows), every value the one gemv gives
+                                 (each weight row decoded once for all m, iquant_tiles.py; IQ1_S / IQ1_M per pair)
 
 `blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
 bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
@@ -25,6 +26,7 @@ from .iquant_rows import (
     row_iq4_nl,
     row_iq4_xs,
 )
+from .iquant_tiles import gemm_decoded
 
 _KERNEL = {"parallel": True, "cache": True, "error_model": "numpy"}
 _CHECK = {"cache": True, "error_model": "numpy"}
@@ -56,14 +58,11 @@ def gemv_iq2_xxs(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq2_xxs(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 66, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq2_xxs(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 66, 292)
+    return gemm_decoded(0, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -75,14 +74,11 @@ def gemv_iq2_xs(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq2_xs(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 74, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq2_xs(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 74, 292)
+    return gemm_decoded(1, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -94,14 +90,11 @@ def gemv_iq2_s(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq2_s(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq2_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 82, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq2_s(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 82, 292)
+    return gemm_decoded(2, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -113,14 +106,11 @@ def gemv_iq3_xxs(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq3_xxs(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 98, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq3_xxs(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 98, 292)
+    return gemm_decoded(3, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -132,14 +122,11 @@ def gemv_iq3_s(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq3_s(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq3_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 110, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq3_s(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 110, 292)
+    return gemm_decoded(4, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -189,14 +176,11 @@ def gemv_iq4_xs(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq4_xs(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 136, 292)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq4_xs(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 136, 292)
+    return gemm_decoded(5, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
 
 
 @njit(**_KERNEL)
@@ -208,11 +192,8 @@ def gemv_iq4_nl(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq4_nl(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq[a]): xq (m, nb * 34), out (m, n_rows)."""
-    nb = _check(blocks, xq, out, 18, 34)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = row_iq4_nl(blocks[r], 0, nb, xq[a], 0)
-    return out
+    _check(blocks, xq, out, 18, 34)
+    return gemm_decoded(6, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
