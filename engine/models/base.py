@@ -203,9 +203,6 @@ class MetadataView:
             raise ModelFormatError(full, f"must be a string, got {type(v).__name__}", v)
         return v
 
-    def has(self, key: str) -> bool:
-        return self._get(key, None)[1] is not None
-
     def reject_experts(self) -> None:
         """Mixture-of-experts variants need router tensors this engine does not run: refuse them by name."""
         n = self.optional_int("expert_count")
