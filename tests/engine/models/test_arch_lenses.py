@@ -119,3 +119,14 @@ def test_requantizing_in_memory_equals_the_requantized_file(folder: Path, name: 
     finally:
         model.close()
     np.testing.assert_array_equal(got, want)
+
+
+def test_model_record_layers_carry_gemma2_windows_and_gqa(folder: Path) -> None:
+    """What the Attention lens draws: Gemma 2's sliding window on even layers, full attention on odd ones."""
+    model = load_model(model_file(folder, "gemma2", "F16"), numerics="float32")
+    try:
+        record = make_model_record(model)
+        assert [layer.window for layer in record.layers] == [32, None]
+        assert record.group == 2 and record.rope_mode == "neox"
+    finally:
+        model.close()
