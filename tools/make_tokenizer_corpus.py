@@ -7,6 +7,7 @@ Sources, each entry tagged with where it came from:
 - `llama.cpp`: every test string of llama.cpp's models/ggml-vocab-*.gguf.inp (its own tokenizer tests), deduplicated;
 - `tiktoken`: the input strings of openai/tiktoken's tests/test_encoding.py (repeated digits, the regex edge cases,
   the roundtrip strings, special-token texts, the "catastrophically repetitive" inputs);
+- `hf-tokenizers`: the input strings of huggingface/tokenizers' Python binding tests;
 - `hostile`: strings written to break pre-tokenizers (controls, bidi overrides, lone combining marks,
   half special tokens, U+FFFD, non-characters, very long runs);
 - `generated`: megabyte-scale degenerate inputs, stored as unit x count;
@@ -38,6 +39,10 @@ TIKTOKEN = [
     "<|endoftext|> hello <|fim_prefix|>", "<|endoftext|> hello <|fim_prefix|> there <|fim_middle|>",
     "hello", "hello ", "hello  ", " hello", " hello ", " hello  ", "请考试我的软件！12345", "👍", "\ufffd",
     "Café 😊 — 你好，世界", "two words", " two words", " two words ", "two words ", "’",
+]
+HF_TOKENIZERS = [  # the input strings of huggingface/tokenizers' bindings/python/tests (test_tokenizer, test_pre_tokenizers)
+    "my name is john", "My name is John", "My name is Georges", "Hey friend!     How are you?!?", "Hey there!",
+    "HeyThere!?-ThisIsLife", "my name", "pair",
 ]
 HOSTILE = [
     "\u202eevil\u202c text", "\u2066isolate\u2069", "\u0301\u0301\u0301 lone marks", "a\u0300\u0301\u0302\u0303",
@@ -123,6 +128,7 @@ def main() -> int:
 
     add("llama.cpp", llama_cpp_inputs(args.llama_cpp))
     add("tiktoken", TIKTOKEN)
+    add("hf-tokenizers", HF_TOKENIZERS)
     add("hostile", HOSTILE)
     corpus = {
         "description": "Tokenizer test corpus; tokenized with llama.cpp by tools/make_tokenizer_fixtures.py; "

@@ -1,7 +1,7 @@
 """Both real vocabularies against llama.cpp on the whole outside corpus: ids in all four modes, and detokenization.
 
 The corpus (tests/fixtures/tokenizer_corpus.json, made by tools/make_tokenizer_corpus.py) holds llama.cpp's own
-tokenizer test inputs, tiktoken's test strings, hostile strings, megabyte-scale degenerate inputs and a sweep of
+tokenizer test inputs, tiktoken's and HF tokenizers' test strings, hostile strings, megabyte-scale degenerate inputs and a sweep of
 every assigned code point in a context; the expected ids and llama_detokenize bytes come from llama.cpp
 through tools/make_tokenizer_fixtures.py (tests/fixtures/tokens_<model>.json).
 """
@@ -55,7 +55,7 @@ def _fixture(short: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def _sections() -> dict[str, str]:
-    """Entry name -> its corpus section (manual, llama.cpp, tiktoken, hostile, generated), for the summary."""
+    """Entry name -> its corpus section (manual, llama.cpp, tiktoken, hf-tokenizers, hostile, generated)."""
     data = corpus.load()
     return {**{e["name"]: e["source"] for e in data["entries"]}, **{g["name"]: "generated" for g in data["generated"]}}
 
@@ -69,6 +69,7 @@ def test_corpus_is_large_and_from_outside_sources() -> None:
     data = corpus.load()
     sources = Counter(e["source"] for e in data["entries"])
     assert sources["llama.cpp"] >= 30 and sources["tiktoken"] >= 20 and sources["hostile"] >= 30
+    assert sources["hf-tokenizers"] >= 5
     assert len(_items()) >= 5000
     assert sum(b - a + 1 for a, b in data["sweep"]["ranges"]) > 150_000
 
