@@ -38,7 +38,9 @@ if TYPE_CHECKING:  # the recorder is passed in; models never build one
 F32 = npt.NDArray[np.float32]
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama-model.cpp's LLAMA_ROPE_SCALING_TYPES
 # optional tensors llama.cpp's llama / phi3 / qwen2 graphs add when a file has them, which this graph does not
-IGNORED_BIASES = re.compile(r"^(blk\.\d+\.(attn_output|ffn_gate|ffn_up|ffn_down|attn_norm|ffn_norm)\.bias|output(_norm)?\.bias)$")
+# (and long/short RoPE factors outside Phi-3: llama's longrope variant picks them by context, not done here)
+NOT_APPLIED = re.compile(r"^(blk\.\d+\.(attn_output|ffn_gate|ffn_up|ffn_down|attn_norm|ffn_norm)\.bias|output(_norm)?\.bias"
+                            r"|rope_factors_(long|short)\.weight)$")
 
 
 @dataclass
@@ -182,7 +184,7 @@ class Transformer(DecoderModel):
         """Tensors llama.cpp would add into the graph (optional biases of build_attn / build_ffn, output.bias) that
         this one does not: refused by name, never left out silently (that would change every logit)."""
         for name in w.unused():
-            if IGNORED_BIASES.match(name):
+            if NOT_APPLIED.match(name):
                 raise ModelFormatError(name, f"is not applied by GGUF Lens's {self.arch_name} graph yet; the logits would be wrong")
 
     def load_rope_factors(self, w: Weights, a: TransformerArgs) -> F32 | None:

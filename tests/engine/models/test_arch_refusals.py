@@ -96,13 +96,13 @@ def test_gpu_plan_of_llama3_rotates_by_the_factored_frequencies(tmp_path: Path) 
         model.close()
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_output.bias", "blk.1.ffn_down.bias", "output.bias"])
+@pytest.mark.parametrize("name", ["blk.0.attn_output.bias", "blk.1.ffn_down.bias", "output.bias", "rope_factors_long.weight"])
 def test_an_optional_bias_this_graph_does_not_add_is_refused(tmp_path: Path, name: str) -> None:
     """llama.cpp adds these when a file has them; leaving them out would change every logit, so they are refused."""
     import numpy as np  # noqa: PLC0415
 
     md, ts = build("llama3")
-    n = 256 if not name.startswith("output") else 1024
+    n = {"output.bias": 1024, "rope_factors_long.weight": 32}.get(name, 256)
     ts.append((name, GGMLType.F32, (n,), np.zeros(n, np.float32)))
     path = tmp_path / "biased.gguf"
     write_gguf(path, md, ts)
