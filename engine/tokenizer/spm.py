@@ -20,29 +20,34 @@ def merge_by_score(text: str, token_to_id: Mapping[str, int], scores: Sequence[f
     nxt[-1] = -1
     prv = list(range(-1, n - 1))
     heap: list[tuple[float, int, int, str]] = []
-
-    def push(left: int, right: int) -> None:
-        merged = sym[left] + sym[right]
-        tid = token_to_id.get(merged)
-        if tid is not None:
-            heapq.heappush(heap, (-scores[tid], left, right, merged))
-
+    get, push, pop = token_to_id.get, heapq.heappush, heapq.heappop  # locals: this loop is the hot path
     for i in range(n - 1):
-        push(i, i + 1)
+        merged = sym[i] + sym[i + 1]
+        tid = get(merged)
+        if tid is not None:
+            push(heap, (-scores[tid], i, i + 1, merged))
     while heap:
-        _, left, right, merged = heapq.heappop(heap)
+        _, left, right, merged = pop(heap)
         lt, rt = sym[left], sym[right]
         if not lt or not rt or lt + rt != merged:
             continue  # one side was merged since this pair was queued
         sym[left] = merged
         sym[right] = ""
-        nxt[left] = nxt[right]
-        if nxt[right] >= 0:
-            prv[nxt[right]] = left
-        if prv[left] >= 0:
-            push(prv[left], left)
-        if nxt[left] >= 0:
-            push(left, nxt[left])
+        after = nxt[right]
+        nxt[left] = after
+        if after >= 0:
+            prv[after] = left
+        before = prv[left]
+        if before >= 0:
+            pair = sym[before] + merged
+            tid = get(pair)
+            if tid is not None:
+                push(heap, (-scores[tid], before, left, pair))
+        if after >= 0:
+            pair = merged + sym[after]
+            tid = get(pair)
+            if tid is not None:
+                push(heap, (-scores[tid], left, after, pair))
     return [s for s in sym if s]
 
 
