@@ -26,8 +26,61 @@ def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
 
 
 if HAVE_NUMBA:
-    from engine.kernels.activations import f16_to_f32, f32_to_f16, fma32, njit, prange
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from engine.kernels.activations import f16_to_f32, f32_to_f16, njit, prange
+    from engine.kernels.simd import F32, I16, I64, byte_ptr, call_intrinsic, load, shuffle, vec
     from engine.models.ggml_kernels import reduce16, reduce16_columns, v_expf1
+
+    # numba leaves a 16-lane loop scalar (LLVM unrolls it first), so the two products are explicit vector code
+    _F16X = vec(F32, LANES)
+
+    def _fp16_lanes(b, p, i):
+        """16 fp16 values at element 16 * i of the uint16 data at p, as <16 x float> (vcvtph2ps)."""
+        raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * LANES))]), vec(I16, LANES))
+        return b.fpext(b.bitcast(raw, vec(ir.HalfType(), LANES)), _F16X)
+
+    @intrinsic
+    def _kq16(typingctx, k, ko, q, d):
+        """One score in tinyBLAS order: acc = fma(fp16 k[c ...], q[c ...], acc) sixteen lanes at a time down the d
+        values of the key at byte ko of k, then reduce16's sum of the lanes (_mm512_reduce_add_ps)."""
+        def codegen(context, b, signature, args):
+            k_, ko_, q_, d_ = args
+            pk = byte_ptr(context, b, signature.args[0], k_, ko_)
+            pq = byte_ptr(context, b, signature.args[2], q_, ir.Constant(I64, 0))
+            acc = cgutils.alloca_once_value(b, ir.Constant(_F16X, None))
+            with cgutils.for_range(b, b.sdiv(d_, ir.Constant(I64, LANES))) as loop:
+                qv = load(b, b.gep(pq, [b.mul(loop.index, ir.Constant(I64, 4 * LANES))]), _F16X)
+                kv = _fp16_lanes(b, pk, loop.index)
+                b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [kv, qv, b.load(acc)]), acc)
+            a = b.load(acc)
+            t = b.fadd(shuffle(b, a, range(8)), shuffle(b, a, range(8, 16)))
+            u = b.fadd(shuffle(b, t, range(4)), shuffle(b, t, range(4, 8)))
+            lane = [b.extract_element(u, ir.Constant(ir.IntType(32), n)) for n in range(4)]
+            return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
+
+        return types.float32(k, ko, q, d), codegen
+
+    @intrinsic
+    def _vw16(typingctx, v, vo, w, acc, ao, d):
+        """acc[c] = fma(fp16 v[c], w, acc[c]) for the d values of the value at byte vo of v and the accumulator
+        row at byte ao of acc, sixteen at a time (V*w's lanes)."""
+        def codegen(context, b, signature, args):
+            v_, vo_, w_, acc_, ao_, d_ = args
+            pv = byte_ptr(context, b, signature.args[0], v_, vo_)
+            pa = byte_ptr(context, b, signature.args[3], acc_, ao_)
+            wv = b.insert_element(ir.Constant(_F16X, None), w_, ir.Constant(ir.IntType(32), 0))
+            wv = shuffle(b, wv, [0] * LANES)
+            with cgutils.for_range(b, b.sdiv(d_, ir.Constant(I64, LANES))) as loop:
+                pc = b.bitcast(b.gep(pa, [b.mul(loop.index, ir.Constant(I64, 4 * LANES))]), _F16X.as_pointer())
+                vv = _fp16_lanes(b, pv, loop.index)
+                b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [vv, wv, b.load(pc, align=4)]), pc, align=4)
+            return context.get_dummy_value()
+
+        return types.void(v, vo, w, acc, ao, d), codegen
 
     @njit(cache=True, parallel=True)
     def _attend_f16(q, kc, vc, n_keys, mask, scale, n_kv, out):
@@ -42,17 +95,12 @@ if HAVE_NUMBA:
             for c in range(d):  # the fp16 work buffer of K*q
                 q16[c] = f16_to_f32(f32_to_f16(q[h, i, c]))
             e = np.zeros(n_kv, np.float32)
-            acc = np.empty(LANES, np.float32)
             top = -np.inf
             for j in range(n_keys):
                 if not mask[i, j]:
                     e[j] = -np.inf
                     continue
-                acc[:] = 0.0
-                for c in range(0, d, LANES):
-                    for lane in range(LANES):
-                        acc[lane] = fma32(f16_to_f32(kc[kv, j, c + lane]), q16[c + lane], acc[lane])
-                s = reduce16(acc, np.int64(0)) * scale
+                s = _kq16(kc, kv * kc.strides[0] + j * kc.strides[1], q16, d) * scale
                 e[j] = s
                 if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s
@@ -69,10 +117,7 @@ if HAVE_NUMBA:
                 e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
             lanes = np.zeros((LANES, d), np.float32)
             for j in range(min(n_keys, n_eff)):
-                lane = j % LANES
-                w = e[j]
-                for c in range(d):
-                    lanes[lane, c] = fma32(f16_to_f32(vc[kv, j, c]), w, lanes[lane, c])
+                _vw16(vc, kv * vc.strides[0] + j * vc.strides[1], e[j], lanes, (j % LANES) * d * 4, d)
             reduce16_columns(lanes, out[h, i])  # _mm512_reduce_add_ps of each output's 16 lanes
 
 
@@ -82,6 +127,8 @@ def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask
     as fp16 bits (Hkv, >= n_keys, d) uint16; mask (T, >= n_keys) True where visible; n_kv llama.cpp's padded
     key count (the softmax row length). Only where `takes` holds; the caller holds KERNEL_LOCK."""
     out = np.empty(q.shape, np.float32)
+    if k_bits.strides[2] != 2 or v_bits.strides[2] != 2:  # the kernel reads each row's d values as one run
+        k_bits, v_bits = np.ascontiguousarray(k_bits), np.ascontiguousarray(v_bits)
     _attend_f16(np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
                 np.float32(scale), n_kv, out)
     return out
