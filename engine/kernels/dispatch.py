@@ -250,6 +250,9 @@ class BlockProduct:
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
+        if reg.compiled and qtype == _T.IQ4_NL and blocks.shape[0] % 8 == 0:
+            self.gemv, self.gemm = paths.iq4_nl_x8()  # llama.cpp repacks these rows: its iq4_nl_8x8 numbers
+            self.path = "iq4_nl_x8"
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
         row_floats = max(1, n_in)

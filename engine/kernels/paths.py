@@ -73,6 +73,14 @@ def legacy_gemv(kind: int) -> Callable:
     return kind_gemv(kind)
 
 
+def iq4_nl_x8() -> tuple[Callable, Callable]:
+    """(gemv, gemm) with llama.cpp's iq4_nl_8x8 numbers, for IQ4_NL rows in eights (its CPU_REPACK buffer repacks
+    them; engine.kernels.iquant_dot computes the same on the GGUF blocks)."""
+    from engine.kernels import iquant_dot  # noqa: PLC0415 - compiled kernels only
+
+    return iquant_dot.gemv_iq4_nl_x8, iquant_dot.gemm_iq4_nl_x8
+
+
 def tiled_gemm(qtype: GGMLType) -> Callable:
     """The tiled k-quant gemm of a Q3_K / Q4_K / Q5_K / Q6_K weight (batches of TILED_MIN_ROWS rows or more)."""
     from engine.kernels import kquant_tiled  # noqa: PLC0415 - compiled kernels only

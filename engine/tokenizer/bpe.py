@@ -243,8 +243,19 @@ class BpeModel:
         vocab = self.token_to_id
         if self.pre.ignore_merges and word in vocab:
             return (vocab[word],)
+        if len(word) >= long_words.LONG_WORD and long_words.available():
+            # a very long word merges in compiled code, in the same order, and brings its ids from there
+            if self._merger is None:
+                self._merger = long_words.Merger.for_bpe(dict(self.ranks), vocab)
+            found, rest = self._merger.merge_ids(word, vocab)
+            if not rest:
+                return tuple(found)  # type: ignore[arg-type]
+            strings = iter(rest)
+            symbols = [(tid, "") if tid is not None else (None, next(strings)) for tid in found]
+        else:
+            symbols = [(vocab.get(sym), sym) for sym in merge_word(list(word), self.ranks)]
         ids: list[int] = []
-        for tid, sym in self._symbols(word):
+        for tid, sym in symbols:
             if tid is not None:
                 ids.append(tid)
                 continue
@@ -254,18 +265,6 @@ class BpeModel:
                 if tid is not None:
                     ids.append(tid)
         return tuple(ids)
-
-    def _symbols(self, word: str) -> list[tuple[int | None, str]]:
-        """(token id or None, text) of the word's symbols after merging; a very long word merges in compiled
-        code, in the same order, and brings its ids from there."""
-        vocab = self.token_to_id
-        if len(word) < long_words.LONG_WORD or not long_words.available():
-            return [(vocab.get(sym), sym) for sym in merge_word(list(word), self.ranks)]
-        if self._merger is None:
-            self._merger = long_words.Merger.for_bpe(dict(self.ranks), vocab)
-        ids, strings = self._merger.merge_ids(word, vocab)
-        rest = iter(strings)
-        return [(tid, "") if tid is not None else (None, next(rest)) for tid in ids]
 
     @staticmethod
     def normal_piece(text: str) -> bytes:

@@ -70,8 +70,11 @@ class SpmModel:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw-text fragment whose spaces are already escaped to '▁'."""
+        pieces = self._pieces(text)
+        if isinstance(pieces, list) and pieces and isinstance(pieces[0], int):
+            return pieces  # type: ignore[return-value]  # every piece a token: the compiled merge's ids
         out: list[int] = []
-        for tid, piece in self._pieces(text):
+        for tid, piece in pieces:
             if tid is not None:
                 out.append(tid)
                 continue
@@ -84,9 +87,9 @@ class SpmModel:
                     out.append(bid)
         return out
 
-    def _pieces(self, text: str) -> list[tuple[int | None, str]]:
+    def _pieces(self, text: str) -> list[tuple[int | None, str]] | list[int]:
         """(token id or None, text) of the fragment's pieces after merging; a very long one merges in compiled
-        code, in the same order, and brings its ids from there."""
+        code, in the same order, and brings its ids from there (just the ids when every piece is a token)."""
         vocab = self.token_to_id
         if len(text) >= long_words.LONG_WORD and self._merger is None and self._can_compile:
             # NaN scores: only the Python loop's order is defined
@@ -96,6 +99,8 @@ class SpmModel:
         if len(text) < long_words.LONG_WORD or self._merger is None:
             return [(vocab.get(p), p) for p in merge_by_score(text, vocab, self.scores)]
         ids, strings = self._merger.merge_ids(text, vocab)
+        if not strings:
+            return ids  # type: ignore[return-value]
         rest = iter(strings)
         return [(tid, "") if tid is not None else (None, next(rest)) for tid in ids]
 
