@@ -10,10 +10,12 @@ tests/engine/kernels/test_iquant_kernels.py.
     (8 quantized by llama.cpp, 8 random, 4 edge) with 9 activation rows quantized by ggml-cpu's from_float
     (Q8_K, Q8_0 for IQ4_NL), and llama.cpp's MUL_MAT on the CPU backend for 1, 4 and 9 activation rows (below
     8 rows MUL_MAT is vec_dot's; from 8 the IQ types take the tiled path, and IQ4_NL batches of 2+ rows
-    llamafile's tinyBLAS: the meta records how many of those values differ from vec_dot's).
+    llamafile's tinyBLAS: the meta records how many of those values differ from vec_dot's); and for IQ4_NL
+    the first 16 rows in the CPU_REPACK buffer (iq4_nl_8x8, what llama.cpp runs for rows in eights).
 
 Writes tests/fixtures/quant/iquants.npz (blocks_<T>, values_<T> as float32 bits) and
-tests/fixtures/kernels/iquant_dot.npz (x, xq_<VDT>, w_<T>, dot_<T> (9, 20), mul_mat_<T>_<m>, meta JSON).
+tests/fixtures/kernels/iquant_dot.npz (x, xq_<VDT>, w_<T>, dot_<T> (9, 20), mul_mat_<T>_<m>,
+mul_mat_repack_IQ4_NL_<m> (m, 16), meta JSON).
 
 Run with a Python that has llama-cpp-python (built from source, README.md) and gguf:
   /tmp/llvenv/bin/python tools/make_iquant_fixtures.py
@@ -175,6 +177,8 @@ def dot_fixtures(lib, rng: np.random.Generator) -> dict[str, np.ndarray]:
             if m == 1 or (m < 8 and name != "IQ4_NL"):  # IQ4_NL batches go through tinyBLAS
                 assert differs[f"{name}_{m}"] == 0, (name, m)
             arrays[f"mul_mat_{name}_{m}"] = y
+            if name == "IQ4_NL":  # rows in eights: the CPU_REPACK buffer's iq4_nl_8x8 gemv / gemm
+                arrays[f"mul_mat_repack_{name}_{m}"] = mul_mat(lib, qtype, w[:16], x[:m], repack=True, threads=1)
     arrays["meta"] = np.array(json.dumps({
         "source": lib.source, "features": lib.features, "rows": list(ROWS), "gguf": _gguf_version(),
         "product": "ggml-cpu vec_dot; MUL_MAT with src0 in ggml_backend_cpu_buffer_type",

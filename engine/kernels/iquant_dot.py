@@ -9,13 +9,20 @@
 bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
 8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path and IQ4_NL through
 llamafile's tinyBLAS (or its iq4_nl_8x8 repacking), whose float order differs in the last bits: these
-kernels keep vec_dot's numbers for every batch. Threads run over weight rows (prange). The drivers are spelled
+kernels keep vec_dot's numbers for every batch, except for IQ4_NL rows in eights: llama.cpp repacks those
+(block_iq4_nlx8) and multiplies them with ggml_gemv / gemm_iq4_nl_8x8_q8_0 for every batch, one fma per block
+of the exact integer sum, which `gemv_iq4_nl_x8` / `gemm_iq4_nl_x8` reproduce. Threads run over weight rows (prange). The drivers are spelled
 out one per type so that numba caches each on its own.
 """
 from __future__ import annotations
 
-from .activations import njit, prange
+import numpy as np
+
+from .activations import fma32, njit, prange
 from .iquant_rows import (
+    Q80,
+    _f16,
+    _lanes_iq4_nl,
     row_iq1_m,
     row_iq1_s,
     row_iq2_s,
@@ -197,3 +204,36 @@ def gemm_iq4_nl(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq[a]): xq (m, nb * 34), out (m, n_rows)."""
     _check(blocks, xq, out, 18, 34)
     return gemm_decoded(6, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+# ---- IQ4_NL as llama.cpp's repacked iq4_nl_8x8 path multiplies it (gemv_q4_b32_8x8_q8_0_lut_avx in
+# ggml-cpu/arch/x86/repack.cpp): per block acc = fma(float(sumi), d_w * d_x, acc), sumi the block's exact sum
+
+
+@njit(cache=True, forceinline=True, error_model="numpy")
+def _row_iq4_nl_x8(w, nb, x):
+    acc = np.float32(0.0)
+    for ib in range(nb):
+        p = _lanes_iq4_nl(w, 18 * ib, x, Q80 * ib)
+        sumi = p[0] + p[1] + p[2] + p[3] + p[4] + p[5] + p[6] + p[7]
+        acc = fma32(np.float32(sumi), _f16(w, 18 * ib) * _f16(x, Q80 * ib), acc)
+    return acc
+
+
+@njit(**_KERNEL)
+def gemv_iq4_nl_x8(blocks, xq, out):
+    """out[r] = ggml_gemv_iq4_nl_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    for r in prange(blocks.shape[0]):
+        out[r] = _row_iq4_nl_x8(blocks[r], nb, xq)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_nl_x8(blocks, xq, out):
+    """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = _row_iq4_nl_x8(blocks[r], nb, xq[a])
+    return out

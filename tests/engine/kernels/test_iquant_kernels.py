@@ -123,3 +123,23 @@ def test_bad_arguments_are_refused(golden: dict[str, np.ndarray]) -> None:
         iquant_dot.gemv_iq4_xs(w, xq[0, :-292], np.empty(len(w), np.float32))
     with pytest.raises(ValueError, match="one float32 per weight row"):
         iquant_dot.gemm_iq4_xs(w, xq, np.empty((len(xq), 3), np.float32))
+
+
+def test_iq4_nl_rows_in_eights_take_llamacpp_repacked_numbers(golden: dict[str, np.ndarray]) -> None:
+    """IQ4_NL rows in eights: llama.cpp repacks them (iq4_nl_8x8), one fma per block and row; so does BlockProduct."""
+    x, xq, w, dot = case(golden, "IQ4_NL")
+    w16 = w[:16]
+    product = dispatch.BlockProduct(GGMLType.IQ4_NL, w16, x.shape[1])
+    assert product.path == "iq4_nl_x8"
+    for m in (1, 4, 9):
+        expected = golden[f"mul_mat_repack_IQ4_NL_{m}"]
+        assert_bits_equal(product(x[:m]), expected, f"IQ4_NL repacked, {m} rows")
+        assert_bits_equal(iquant_dot.gemm_iq4_nl_x8(w16, xq[:m], np.empty((m, 16), np.float32)), expected, f"gemm {m}")
+    assert_bits_equal(iquant_dot.gemv_iq4_nl_x8(w16, xq[0], np.empty(16, np.float32)), golden["mul_mat_repack_IQ4_NL_1"][0],
+                      "gemv")
+    assert not np.array_equal(golden["mul_mat_repack_IQ4_NL_9"], dot[:9, :16])  # not vec_dot's order
+    out = np.zeros((1, 16), np.float32)
+    run = product.bind(np.ascontiguousarray(xq[3:4]), out)
+    with dispatch.KERNEL_LOCK:
+        run()
+    assert_bits_equal(out[0], golden["mul_mat_repack_IQ4_NL_4"][3], "bound gemv")
