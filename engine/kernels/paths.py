@@ -73,6 +73,18 @@ def legacy_gemv(kind: int) -> Callable:
     return kind_gemv(kind)
 
 
+def tinyblas_gemm() -> Callable[[np.ndarray, np.ndarray, F32], None]:
+    """llamafile's tinyBLAS order for F16 x F16 and F32 x F32 batches (engine.kernels.tinyblas)."""
+    from engine.kernels.tinyblas import gemm  # noqa: PLC0415 - compiled kernels only
+
+    return gemm
+
+
+def tinyblas_takes(n_rows: int, n: int) -> bool:
+    """Whether llama.cpp takes tinyBLAS for a float batch: two rows or more, rows in sixteens."""
+    return n_rows >= 2 and n % 16 == 0
+
+
 def iq4_nl_x8() -> tuple[Callable, Callable]:
     """(gemv, gemm) with llama.cpp's iq4_nl_8x8 numbers, for IQ4_NL rows in eights (its CPU_REPACK buffer repacks
     them; engine.kernels.iquant_dot computes the same on the GGUF blocks)."""

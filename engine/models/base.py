@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import ModelFormatError
+from engine.kernels.activations import HAVE_NUMBA
 
 F32 = npt.NDArray[np.float32]
 
@@ -44,8 +45,16 @@ def softmax(x: F32, axis: int = -1) -> F32:
 
 
 def soft_cap(x: F32, cap: float) -> F32:
-    """cap * tanh(x / cap) as llama.cpp builds it: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap."""
-    return np.tanh(x * (np.float32(1.0) / np.float32(cap))).astype(np.float32) * np.float32(cap)
+    """cap * tanh(x / cap) as llama.cpp builds it: ggml_scale by 1/cap, ggml_tanh (tanhf), ggml_scale by cap."""
+    y = np.ascontiguousarray(np.asarray(x, np.float32) * (np.float32(1.0) / np.float32(cap)))
+    if HAVE_NUMBA:
+        from engine.models.ggml_kernels import tanhf_flat  # noqa: PLC0415 - compiled kernels only
+
+        t = np.empty_like(y)
+        tanhf_flat(y.reshape(-1), t.reshape(-1))
+    else:  # NumPy's float32 tanh: within an ulp of tanhf
+        t = np.tanh(y)
+    return t * np.float32(cap)
 
 
 def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = None) -> npt.NDArray[np.bool_]:

@@ -240,10 +240,9 @@ class DecoderModel:
                 masks[window] = causal_mask(pos, end, window)
             n_kv = ggml_attention.kv_length(end, cache.n_ctx)
             rows = cache.rows(layer)
-            if softcap is None and stored[0].dtype == np.float16 and ggml_prefill.takes(q.shape[1], q.shape[2], n_kv) \
-                    and compiled():
+            if stored[0].dtype == np.float16 and ggml_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
                 with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
-                    return ggml_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv)
+                    return ggml_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv, softcap)
             out, _ = ggml_attention.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap)
             return out
         keys, values = cache.keys(layer, end), cache.values(layer, end)

@@ -44,6 +44,14 @@ def v_expf1(x):
     return np.float32(np.float64(j) * _POW2[int(n) + 192])  # exact in double, rounded once (as VSCALEFPS)
 
 
+@njit(cache=True)
+def tanhf_flat(x, out):
+    """out = tanhf(x) elementwise on float32 (1-D): the C library's tanhf, which ggml_vec_tanh_f32 calls
+    (NumPy's own float32 tanh differs from it in the last bit for about a third of the values)."""
+    for i in range(x.shape[0]):
+        out[i] = np.tanh(x[i])
+
+
 @njit(cache=True, forceinline=True)
 def reduce16(a, o):
     """_mm512_reduce_add_ps of a[o:o + 16] in GCC's order: halves added, 8 -> 4 -> 2 -> 1."""

@@ -71,3 +71,17 @@ def test_compiled_prompt_attention_on_the_real_models(fname: str) -> None:
         assert np.array_equal(slow.view(np.uint32), fast.view(np.uint32))
     finally:
         model.close()
+
+
+def test_compiled_prompt_attention_caps_gemma2_scores_as_the_numpy_path(tmp_path: Path) -> None:
+    """Gemma 2's attention soft-cap (cap * tanhf(kq / cap)) inside the compiled call: the same bits."""
+    from tests.engine.models.arch_cases import model_file  # noqa: PLC0415 - the architecture test models
+
+    model = load_model(model_file(tmp_path, "gemma2", "Q8_0"))
+    try:
+        assert model.net.attn_softcap
+        ids = list(range(5, 45))  # past its sliding window of 32
+        slow, fast = _chunks(model, ids, [40], False), _chunks(model, ids, [40], True)
+        assert np.array_equal(slow.view(np.uint32), fast.view(np.uint32))
+    finally:
+        model.close()
