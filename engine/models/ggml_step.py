@@ -40,6 +40,7 @@ if HAVE_NUMBA:
     )
     from engine.kernels.legacy_floats import _dot_f16_row
     from engine.kernels.q8k import quantize_q8_k_into
+    from engine.kernels.tinyblas import axpy16
     from engine.models.ggml_kernels import reduce16, reduce16_columns, v_expf1
 
     _ONE = np.float32(1.0)
@@ -188,8 +189,11 @@ if HAVE_NUMBA:
             for j in range(lo, min(n_used, body64)):  # V^T rows dotted with the weights: lane j % 64, one fma each
                 lane = j % 64
                 wj = w16[j]
-                for t in range(d):
-                    lanes[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, lanes[lane, t])
+                if d % 16 == 0:  # the same fmas as 512-bit vector code (numba leaves this loop scalar)
+                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], wj, lanes, lane * lanes.strides[0], d)
+                else:
+                    for t in range(d):
+                        lanes[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, lanes[lane, t])
             for i in range(16):  # GGML_F32x16_REDUCE of the four accumulators, every output at once
                 for t in range(d):
                     red[i, t] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
