@@ -5,15 +5,15 @@ this tool makes them with llama.cpp (llama_model_quantize, --allow-requantize fr
 no importance matrix) into a folder outside the repository, and commits only llama.cpp's answer on them:
 the top-K log-probabilities at the first POSITIONS tokens of tests/fixtures/prose.txt (F16 KV cache, the
 default), for tests/engine/test_iquant_golden.py, which skips while the requantized files are absent. Each file
-runs twice: as llama.cpp runs it by default (one batch; IQ4_NL weights repacked to iq4_nl_8x8, the other
-i-quants through the tiled path from 8 rows), and token by token with repacking off (use_extra_bufts = false),
-where every product is ggml's vec_dot, the kernel GGUF Lens follows for every i-quant.
+runs twice, as llama.cpp runs it by default (IQ4_NL weights with rows in eights repacked to iq4_nl_8x8): in one
+batch (the other i-quants then take the tiled path from 8 rows) and one token per decode (vec_dot, or the
+repacked gemv), the first TOKEN_POSITIONS tokens.
 
 SmolLM2's width 576 is not a multiple of 256, so llama.cpp gives every tensor whose rows are 576 long a
 fallback type (IQ4_XS and IQ3_S -> IQ4_NL, tensor_type_fallback in llama-quant.cpp) and picks its own
 types for the embedding; the tensor types of each file are recorded in the JSON.
 
-Writes tests/fixtures/golden_iquants.npz (<T>_top_ids, <T>_top_logp, <T>_vecdot_top_ids, <T>_vecdot_top_logp,
+Writes tests/fixtures/golden_iquants.npz (<T>_top_ids, <T>_top_logp, <T>_tokens_top_ids, <T>_tokens_top_logp,
 ids) and golden_iquants.json.
 
   /tmp/llvenv/bin/python tools/make_iquant_golden.py --models-dir ~/.cache/gguf-lens/models [--out-dir DIR]
@@ -41,7 +41,7 @@ OUT_DIR = Path("/tmp/gguf-lens-iquants")  # tests/engine/test_iquant_golden.py l
 FTYPES = {"IQ4_NL": 25, "IQ4_XS": 30, "IQ3_S": 26}  # LLAMA_FTYPE_MOSTLY_* in llama.h
 POSITIONS = 128
 TOP_K = 32
-VEC_DOT_POSITIONS = 32  # token by token: the first 32 positions
+TOKEN_POSITIONS = 32  # token by token: the first 32 positions
 
 
 def requantized_name(type_name: str) -> str:
@@ -61,29 +61,17 @@ def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
         raise SystemExit(f"llama_model_quantize failed ({rc}) for {dst.name}")
 
 
-def run(path: Path, text: str, *, vec_dot_only: bool, threads: int) -> tuple[list[int], np.ndarray]:
-    """llama.cpp's logits: make_golden.run, or token by token without the repacking buffer (vec_dot_only)."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as low_level  # Llama() takes its default model params from this module
-
-    if not vec_dot_only:
+def run(path: Path, text: str, *, one_token: bool, threads: int) -> tuple[list[int], np.ndarray]:
+    """llama.cpp's logits: make_golden.run (one batch), or one token per decode (n_batch = 1)."""
+    if not one_token:
         return make_golden.run(path, text, True, GGML_TYPE_F16, threads)
-    default = low_level.llama_model_default_params
+    from llama_cpp import Llama
 
-    def no_repack() -> low_level.llama_model_params:
-        params = default()
-        params.use_extra_bufts = False  # no CPU_REPACK buffer: IQ4_NL stays in its GGUF blocks
-        return params
-
-    low_level.llama_model_default_params = no_repack
-    try:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_batch=1, n_ubatch=1, logits_all=True,
-                              n_threads=threads, verbose=False, type_k=GGML_TYPE_F16, type_v=GGML_TYPE_F16)
-    finally:
-        low_level.llama_model_default_params = default
-    ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:VEC_DOT_POSITIONS]
+    llm = Llama(model_path=str(path), n_ctx=1024, n_batch=1, n_ubatch=1, logits_all=True, n_threads=threads,
+                verbose=False, type_k=GGML_TYPE_F16, type_v=GGML_TYPE_F16)
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:TOKEN_POSITIONS]
     llm.reset()
-    llm.eval(ids)  # n_batch = 1: one token per decode, one activation row per product
+    llm.eval(ids)  # one activation row per product: vec_dot, or the repacked gemv for IQ4_NL rows in eights
     return ids, np.array(llm.scores[: len(ids)], dtype=np.float32)
 
 
@@ -119,20 +107,20 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     text = (FIXTURES / "prose.txt").read_text(encoding="utf-8")
     out: dict[str, np.ndarray] = {}
-    summary: dict[str, object] = {"source": SOURCE, "positions": POSITIONS, "vec_dot_positions": VEC_DOT_POSITIONS,
+    summary: dict[str, object] = {"source": SOURCE, "positions": POSITIONS, "token_positions": TOKEN_POSITIONS,
                                   "top_k": TOP_K, "kv_cache": "f16",
                                   "script": "tools/make_iquant_golden.py", "files": {}}
     for type_name, ftype in FTYPES.items():
         dst = args.out_dir / requantized_name(type_name)
         if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
             quantize(src, dst, ftype, args.threads)
-        ids, logits = run(dst, text, vec_dot_only=False, threads=args.threads)
+        ids, logits = run(dst, text, one_token=False, threads=args.threads)
         ids, logits = ids[:POSITIONS], logits[:POSITIONS]
         out["ids"] = np.asarray(ids, np.int32)
         out[f"{type_name}_top_ids"], out[f"{type_name}_top_logp"] = top_k(logits)
-        ids1, logits1 = run(dst, text, vec_dot_only=True, threads=args.threads)
-        assert ids1 == ids[:VEC_DOT_POSITIONS], "the two runs tokenized the prose differently"
-        out[f"{type_name}_vecdot_top_ids"], out[f"{type_name}_vecdot_top_logp"] = top_k(logits1)
+        ids1, logits1 = run(dst, text, one_token=True, threads=args.threads)
+        assert ids1 == ids[:TOKEN_POSITIONS], "the two runs tokenized the prose differently"
+        out[f"{type_name}_tokens_top_ids"], out[f"{type_name}_tokens_top_logp"] = top_k(logits1)
         logp = log_softmax(logits)
         nll = -logp[np.arange(len(ids) - 1), np.asarray(ids[1:])]
         summary["files"][type_name] = {"file": dst.name, "bytes": dst.stat().st_size,
