@@ -7,10 +7,11 @@ that costs a few microseconds per merge, so a piece of a million symbols takes s
 fraction of that. Here the same loop runs in numba on code points: a symbol is a span of the word (its start
 never moves, only its length grows), a pair is looked up by hashing the span of both symbols (a polynomial
 prefix hash of the word) in an open-addressing table of the merges (BPE: the merged string and where it
-splits) or of the vocabulary (SPM: any token), and confirmed code point by code point. A popped pair counts
-when the pair now standing at its left symbol has the priority it was queued with: for BPE (one rank per
-merge) that is llama.cpp's "left + right == bigram.text" test; for SPM a different pair of equal score at the
-same place would be the very next pop in llama.cpp's queue, so merging it now changes nothing.
+splits) or of the vocabulary (SPM: any token), and confirmed code point by code point; a small memo of recent
+lookups spares the big table's cache misses on repetitive words. A popped pair counts when the pair now at its
+left symbol has the priority it was queued with (BPE, one rank per merge: llama.cpp's "left + right ==
+bigram.text"), or for SPM when the two symbols there still add up to its length (llama.cpp's own SPM test,
+"left.n + right.n != bigram.size"; any split of one span is the same token).
 
 `Merger.merge(word)` returns the final symbols as (start, end) spans; `merge_ids` their token ids straight
 from the table (None for a symbol that is no token: the caller's byte fallback takes those).
