@@ -1,9 +1,10 @@
 """Which of ggml-cpu's kernels a weight takes, where that is not plain vec_dot, and the compiled kernels for them.
 
-llama.cpp's CPU backend repacks Q4_K and Q4_0 weights with rows in eights (q4_K_8x8 and q4_0_8x8 gemv/gemm),
+llama.cpp's CPU backend repacks Q4_K, Q4_0 and IQ4_NL weights with rows in eights (q4_K_8x8, q4_0_8x8 and
+iq4_nl_8x8 gemv/gemm),
 sends k-quant batches of 8+ rows of plain weights through its tiled path, and otherwise runs vec_dot (llamafile's
 tinyBLAS for Q8_0 / Q4_0 / Q5_0 batches gives the same bits). The engine follows it: `q4_k_8x8`, `legacy_kind`
-(Q4_0's q4_0_8x8 numbers in the legacy kernels) and `tiled_gemm` here. Two more
+(Q4_0's q4_0_8x8 numbers in the legacy kernels), `iq4_nl_x8` and `tiled_gemm` here. Two more
 kernels compute vec_dot's numbers faster: `legacy_batch` (integer prompt tiles on the GGUF blocks) and
 `q8_0_x16` (one-row Q8_0 products across sixteen repacked rows, with AVX512-VNNI). Each module loads on first use.
 """
