@@ -229,11 +229,8 @@ def gemv_iq4_nl_x8(blocks, xq, out):
     return out
 
 
-@njit(**_KERNEL)
+@njit(**_CHECK)
 def gemm_iq4_nl_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row)."""
-    nb = _check(blocks, xq, out, 18, 34)
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = _row_iq4_nl_x8(blocks[r], nb, xq[a])
-    return out
+    _check(blocks, xq, out, 18, 34)
+    return gemm_decoded(7, blocks, xq, out)  # each row decoded once (iquant_tiles.py)

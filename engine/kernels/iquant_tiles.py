@@ -170,14 +170,26 @@ def _dot_q80(wq, dw, nb, x):
     return sumf
 
 
-# kind -> (block bytes, weights per block, the constant of the final sum)
+@njit(**_H)
+def _dot_q80_x8(wq, dw, nb, x):
+    """One decoded IQ4_NL row against one Q8_0 row as llama.cpp's repacked iq4_nl_8x8 kernels: one fma per block."""
+    acc = np.float32(0.0)
+    for ib in range(nb):
+        p = _lanes32(wq, 32 * ib, 1, 1, x, Q80 * ib + 2)
+        sumi = p[0] + p[1] + p[2] + p[3] + p[4] + p[5] + p[6] + p[7]
+        acc = fma32(np.float32(sumi), dw[ib] * _f16(x, Q80 * ib), acc)
+    return acc
+
+
+# kind -> (block bytes, weights per block, the constant of the final sum); 7 is IQ4_NL with the iq4_nl_8x8 order
 _SIZES = ((66, 256, 0.125), (74, 256, 0.125), (82, 256, 0.125), (98, 256, 0.25), (110, 256, 1.0), (136, 256, 1.0),
-          (18, 32, 1.0))
+          (18, 32, 1.0), (18, 32, 1.0))
 
 
 @njit(**_KERNEL)
 def gemm_decoded(kind, blocks, xq, out):
-    """out[a, r] = vec_dot(row r, xq[a]) for i-quant `kind` (0 IQ2_XXS .. 6 IQ4_NL), each row decoded once."""
+    """out[a, r] = vec_dot(row r, xq[a]) for i-quant `kind` (0 IQ2_XXS .. 6 IQ4_NL, 7 IQ4_NL as iq4_nl_8x8), each
+    row decoded once."""
     type_size, block, scale = _SIZES[kind]
     nb = blocks.shape[1] // type_size
     n = nb * block
@@ -191,7 +203,9 @@ def gemm_decoded(kind, blocks, xq, out):
             for i in range(nb):
                 dw[i] = _decode(kind, w, type_size * i, wq, s16, block * i, (block // 16) * i)
             for a in range(m):
-                if kind == 6:
+                if kind == 7:
+                    out[a, r] = _dot_q80_x8(wq, dw, nb, xq[a])
+                elif kind == 6:
                     out[a, r] = _dot_q80(wq, dw, nb, xq[a])
                 else:
                     out[a, r] = _dot_q8k(wq, s16, dw, nb, xq[a], np.float32(scale))
