@@ -71,18 +71,22 @@ if HAVE_NUMBA:
         sig = _nbt.float32(_nbt.float32, _nbt.float32, _nbt.float32)
         return sig, lambda context, builder, signature, args: builder.fma(*args)
 
+    from engine.kernels.simd import float_to_half, half_to_float
+
     @_intrinsic
     def f16_to_f32(typingctx, h):
-        """fp16 bits (uint16) to float32, exact (vcvtph2ps), as GGML_CPU_FP16_TO_FP32."""
+        """fp16 bits (uint16) to float32, exact (vcvtph2ps; integer arithmetic without F16C), as
+        GGML_CPU_FP16_TO_FP32."""
         def codegen(context, builder, signature, args):
-            return builder.fpext(builder.bitcast(args[0], _ir.HalfType()), _ir.FloatType())
+            return half_to_float(context, builder, args[0])
         return _nbt.float32(_nbt.uint16), codegen
 
     @_intrinsic
     def f32_to_f16(typingctx, x):
-        """float32 to fp16 bits, round to nearest even (vcvtps2ph), as GGML_CPU_FP32_TO_FP16."""
+        """float32 to fp16 bits, round to nearest even (vcvtps2ph; integer arithmetic without F16C, where LLVM
+        would call a helper numba's JIT lacks), as GGML_CPU_FP32_TO_FP16."""
         def codegen(context, builder, signature, args):
-            return builder.bitcast(builder.fptrunc(args[0], _ir.HalfType()), _ir.IntType(16))
+            return float_to_half(context, builder, args[0])
         return _nbt.uint16(_nbt.float32), codegen
 
     @_intrinsic

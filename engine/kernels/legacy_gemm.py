@@ -129,7 +129,12 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
     ops = Ops(context, b)
     ops.vnni = has_vnni(context)
     f16x = vec(F32, TILE)
-    accs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None)) for _ in range(TILE)]
+    # each activation's eight float lanes, two activations a slot (the 512-bit vpdpbusd pairs them)
+    paccs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 16), None)) for _ in range(TILE // 2)]
+
+    def acc_of(a):  # a pointer to activation a's <8 x float> in its pair's slot
+        return b.gep(b.bitcast(paccs[a // 2], vec(F32, 8).as_pointer()), [ir.Constant(I32, a % 2)])
+
     summs = cgutils.alloca_once_value(b, ir.Constant(f16x, None))
     # Q4_0_X8: per block the activations' eight lanes, two activations a slot, summed for all at once, then
     # acc = fma(float(isum), d, acc) for all at once
@@ -157,7 +162,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
                 b.store(q, half)
             else:
                 d = b.extract_element(dvec, ir.Constant(I32, a))
-                b.store(_fma(b, d, q, b.load(accs[a])), accs[a])
+                b.store(_fma(b, d, q, b.load(acc_of(a))), acc_of(a))
 
         if not ops.vnni:
             for a in range(TILE):
@@ -187,11 +192,9 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
                             b.store(q, pairs[a // 2])
                         else:
                             dp = b.shuffle_vector(dvec, dvec, const_vec(I32, [a] * 8 + [a + 1] * 8))
-                            acc = _shuffle2(b, b.load(accs[a]), b.load(accs[a + 1]), list(range(16)))
                             acc = call_intrinsic(b, "llvm.fma.v16f32", vec(F32, 16),
-                                                 [dp, b.sitofp(q, vec(F32, 16)), acc])
-                            b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8)))), accs[a])
-                            b.store(b.shuffle_vector(acc, acc, const_vec(I32, list(range(8, 16)))), accs[a + 1])
+                                                 [dp, b.sitofp(q, vec(F32, 16)), b.load(paccs[a // 2])])
+                            b.store(acc, paccs[a // 2])
                     with single, b.if_then(live[a], likely=True):
                         one(a)
         if whole:  # ggml_gemm_q4_0_8x8_q8_0: acc = fma(float(isum), fp16(d_w) * fp16(d_x), acc)
@@ -205,7 +208,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
             if whole:
                 total = b.extract_element(wacc, ir.Constant(I32, a))
             else:
-                total = _hsum8(b, b.load(accs[a]))
+                total = _hsum8(b, b.load(acc_of(a)))
             if has_m:
                 total = b.fadd(total, b.extract_element(s_all, ir.Constant(I32, a)))
             dst = b.gep(po, [b.mul(ir.Constant(I64, a), o_stride)])

@@ -144,6 +144,29 @@ class Ops:
 # ---- scalars
 
 
+def float_to_half(context, builder, x: ir.Value) -> ir.Value:
+    """float32 -> fp16 bits (i16), round to nearest even: vcvtps2ph with F16C, integer arithmetic otherwise
+    (LLVM would call __truncsfhf2 there, which numba's JIT does not link). NaN keeps vcvtps2ph's quieted
+    payload, overflow gives infinity."""
+    if has_feature(context, "f16c"):
+        return builder.bitcast(builder.fptrunc(x, ir.HalfType()), I16)
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    bits = builder.bitcast(x, I32)
+    sign = builder.and_(builder.lshr(bits, c(16)), c(0x8000))
+    mag = builder.and_(bits, c(0x7FFFFFFF))
+    nan = builder.or_(c(0x7E00), builder.and_(builder.lshr(mag, c(13)), c(0x3FF)))
+    big = builder.select(builder.icmp_unsigned(">", mag, c(0x7F800000)), nan, c(0x7C00))
+    # subnormal or zero: adding 0.5 lines the fp16 subnormal's bits up in the float's mantissa, rounded by the add
+    half = builder.bitcast(c(0x3F000000), F32)
+    sub = builder.sub(builder.bitcast(builder.fadd(builder.bitcast(mag, F32), half), I32), c(0x3F000000))
+    # normal: rebias the exponent, round the 13 dropped bits to nearest even (a carry may reach infinity)
+    odd = builder.and_(builder.lshr(mag, c(13)), c(1))
+    normal = builder.lshr(builder.add(builder.add(mag, c(((15 - 127) << 23) + 0xFFF)), odd), c(13))
+    out = builder.select(builder.icmp_unsigned("<", mag, c(113 << 23)), sub, normal)
+    out = builder.select(builder.icmp_unsigned(">=", mag, c((127 + 16) << 23)), big, out)
+    return builder.trunc(builder.or_(out, sign), I16)
+
+
 def half_to_float(context, builder, bits: ir.Value) -> ir.Value:
     """fp16 bits (i16) -> float32, exactly: vcvtph2ps with F16C, integer arithmetic otherwise."""
     if has_feature(context, "f16c"):
@@ -156,6 +179,9 @@ def half_to_float(context, builder, bits: ir.Value) -> ir.Value:
     normal = builder.or_(builder.shl(builder.add(exp, ir.Constant(I32, 112)), ir.Constant(I32, 23)),
                          builder.shl(man, ir.Constant(I32, 13)))
     special = builder.or_(ir.Constant(I32, 0x7F800000), builder.shl(man, ir.Constant(I32, 13)))
+    quiet = builder.select(builder.icmp_unsigned("!=", man, ir.Constant(I32, 0)), ir.Constant(I32, 0x400000),
+                           ir.Constant(I32, 0))
+    special = builder.or_(special, quiet)  # vcvtph2ps quiets a signalling NaN
     sub = builder.bitcast(builder.fmul(builder.uitofp(man, F32), ir.Constant(F32, 2.0**-24)), I32)
     is_sub = builder.icmp_unsigned("==", exp, ir.Constant(I32, 0))
     is_special = builder.icmp_unsigned("==", exp, ir.Constant(I32, 31))
