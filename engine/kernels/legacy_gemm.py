@@ -7,7 +7,7 @@ activation rows, and there integer products win: per (row, block) the 32 weights
 activation, multiplied with its 32 quants by vpmaddubsw / vpmaddwd (ggml's mul_sum_us8_pairs_float and, with
 _mm256_sign_epi8 first, mul_sum_i8_pairs_float) into eight int32 lanes, each the sum of four neighbouring
 products. Then ggml_vec_dot_<type>_q8_<0|1>'s float steps, which is all that decides the bits (kind Q4_0_X8:
-the q4_0_8x8 path's instead, one fma per block of the eight lanes' exact sum, see legacy_dot._rows_q4_0_x8):
+the q4_0_8x8 path's instead, one fma per block of the eight lanes' exact sum, see legacy_dot._dot_group):
 
   acc = fma(fp16(d_w) * fp16(d_x), float(lanes), acc)    (<8 x float>, block after block)
   summs = fma(fp16(m_w), fp16(s_x), summs)               (Q4_1, Q5_1)
@@ -61,7 +61,7 @@ _SPEC = {
     int(GGMLType.Q5_1): (24, 8, 4, 0, True, 36),
     int(GGMLType.Q8_0): (34, 2, -1, 0, False, 34),
 }
-# Q4_0 with llama.cpp's q4_0_8x8 numbers (legacy_dot._rows_q4_0_x8): per block one exact integer, one fma per row
+# Q4_0 with llama.cpp's q4_0_8x8 numbers (legacy_dot._dot_group): per block one exact integer, one fma per row
 _SPEC[Q4_0_X8] = _SPEC[int(GGMLType.Q4_0)]
 KINDS = tuple(_SPEC)
 

@@ -2,10 +2,10 @@
 
 Each entry runs the row groups of a weight in parallel (numba prange) and, per group, the fused
 kernel of legacy_dot once per activation (a batch re-reads the group's planes from cache). The
-type is a literal of each entry, passed down as one: numba compiles (and caches) the helpers once
-per type, each with only its type's code (legacy_dot picks it by the literal), so a model compiles
-only what its types use. Arguments always have the same array types (raw blocks read-only,
-planes writable), so there is one specialisation per type:
+shared helpers take the type as an np.int64 argument, not a literal (a literal would compile them
+once more per type, seconds at first start each), so they compile once and serve every type.
+Arguments always have the same array types (raw blocks read-only, planes writable), so there is
+one specialisation per entry:
 
   product_<t>(raw, planes, planar, n_rows, xq, out)
     raw     (n_rows, row_bytes) uint8, read-only: the GGUF blocks (a 1x1 dummy when planar)
@@ -68,49 +68,49 @@ def _group(kind, raw, planes, planar, g, n_rows, nb, size, yd, ys, yf, out):
 @njit(cache=True, parallel=True)
 def product_q4_0(raw, planes, planar, n_rows, xq, out):
     """Q4_0 x Q8_0: ggml_vec_dot_q4_0_q8_0 of every row and activation."""
-    nb, size, ng, yd, ys, yf = _setup(Q4_0, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q4_0), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q4_0, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q4_0), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 @njit(cache=True, parallel=True)
 def product_q4_1(raw, planes, planar, n_rows, xq, out):
     """Q4_1 x Q8_1: ggml_vec_dot_q4_1_q8_1 of every row and activation."""
-    nb, size, ng, yd, ys, yf = _setup(Q4_1, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q4_1), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q4_1, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q4_1), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 @njit(cache=True, parallel=True)
 def product_q5_0(raw, planes, planar, n_rows, xq, out):
     """Q5_0 x Q8_0: ggml_vec_dot_q5_0_q8_0 of every row and activation."""
-    nb, size, ng, yd, ys, yf = _setup(Q5_0, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q5_0), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q5_0, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q5_0), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 @njit(cache=True, parallel=True)
 def product_q5_1(raw, planes, planar, n_rows, xq, out):
     """Q5_1 x Q8_1: ggml_vec_dot_q5_1_q8_1 of every row and activation."""
-    nb, size, ng, yd, ys, yf = _setup(Q5_1, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q5_1), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q5_1, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q5_1), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 @njit(cache=True, parallel=True)
 def product_q8_0(raw, planes, planar, n_rows, xq, out):
     """Q8_0 x Q8_0: ggml_vec_dot_q8_0_q8_0 of every row and activation."""
-    nb, size, ng, yd, ys, yf = _setup(Q8_0, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q8_0), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q8_0, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q8_0), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 @njit(cache=True, parallel=True)
 def product_q4_0_x8(raw, planes, planar, n_rows, xq, out):
     """Q4_0 x Q8_0 as ggml_gemv_q4_0_8x8_q8_0 (a weight llama.cpp repacks): one fma per block and row."""
-    nb, size, ng, yd, ys, yf = _setup(Q4_0, raw, planes, planar, xq)
+    nb, size, ng, yd, ys, yf = _setup(np.int64(Q4_0), raw, planes, planar, xq)
     for g in prange(ng):
-        _group(Q4_0_X8, raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
+        _group(np.int64(Q4_0_X8), raw, planes, planar, np.int64(g), n_rows, nb, size, yd, ys, yf, out)
 
 
 PRODUCTS = {Q4_0: product_q4_0, Q4_1: product_q4_1, Q5_0: product_q5_0, Q5_1: product_q5_1, Q8_0: product_q8_0,
