@@ -312,7 +312,7 @@ class BlockProduct:
                 with KERNEL_LOCK:
                     gemm(self.weight, xq[r0:r1], out[r0:r1])
         else:
-            self._tiled(act, out)
+            fallback.tiled_product(self, act, out)
         return out
 
     def bind(self, xq: U8, out: F32) -> Callable[[], None] | None:
@@ -339,17 +339,6 @@ class BlockProduct:
         else:
             tile[:] = dequantize_rows(self.blocks[r0:r1], self.qtype)
         return tile
-
-    def _block_mins(self, r0: int, r1: int) -> F32:
-        """The fp16 min m of every Q4_1/Q5_1 block of rows [r0, r1) (bytes 2..3 of a block), (rows, nb) float32."""
-        if self.blocks is not None and not self.planar:
-            b = self.blocks[r0:r1].reshape(r1 - r0, -1, TYPES[self.qtype].type_size)
-            m = np.ascontiguousarray(b[..., 2:4])
-        else:  # byte planes (ng, nb, type_size, group): the m bytes of every row, in row order
-            planes = self.weight.planes
-            ng, nb, _, group = planes.shape
-            m = np.ascontiguousarray(planes[:, :, 2:4, :].transpose(0, 3, 1, 2)).reshape(ng * group, nb, 2)[r0:r1]
-        return m.view(np.float16)[..., 0].astype(np.float32)
 
     @classmethod
     def fused(cls, qtype: GGMLType, parts: list[U8], n_in: int) -> BlockProduct:
@@ -378,17 +367,6 @@ class BlockProduct:
     def can_fuse(qtype: GGMLType) -> bool:
         ks = _load().kernels.get(qtype)
         return ks is not None and ks.repack is not None and ks.gemv is not None
-
-    def _tiled(self, act: Activation, out: F32) -> None:
-        xv = act.values_for(self.qtype)
-        scratch = fallback.scratch(self.tile_rows * self.n_in).reshape(self.tile_rows, self.n_in)
-        delta = fallback.q8_1_sum_rounding(act.bytes_for(self.qtype)) if self.qtype in (_T.Q4_1, _T.Q5_1) else None
-        for r0 in range(0, self.n_out, self.tile_rows):
-            r1 = min(self.n_out, r0 + self.tile_rows)
-            tile = self.dequantize_tile(r0, r1, scratch)
-            np.matmul(xv, tile.T, out=out[:, r0:r1])
-            if delta is not None:
-                out[:, r0:r1] += delta @ self._block_mins(r0, r1).T
 
 
 def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callable[[float], None] | None = None,
