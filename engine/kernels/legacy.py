@@ -83,7 +83,7 @@ def _product(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> None:
         dot(_read_only(blocks).view(view), xq.view(view), target)
     else:
         raw, planes, planar = _sources(blocks)
-        legacy_products.PRODUCTS[int(qtype)](raw, planes, planar, blocks.shape[0], xq, target)
+        legacy_products.product(int(qtype), raw, planes, planar, blocks.shape[0], xq, target)
     if target is not out:
         out[:] = target
 
@@ -99,12 +99,12 @@ def bind_gemv(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> Callab
         w, y = _read_only(blocks).view(view), xq.view(view)
         return lambda: dot(w, y, out)
     raw, planes, planar = _sources(blocks)
-    fn, n = legacy_products.PRODUCTS[int(qtype)], blocks.shape[0]
-    return lambda: fn(raw, planes, planar, n, xq, out)
+    fn, kind, n = legacy_products.product, int(qtype), blocks.shape[0]
+    return lambda: fn(kind, raw, planes, planar, n, xq, out)
 
 
 def kind_gemv(kind: int) -> Callable[[Weight, U8, F32], None]:
-    """The one-row product for a kernel type id of legacy_products.PRODUCTS (legacy_dot.Q4_0_X8 too)."""
+    """The one-row product for a kernel type id of legacy_products.product (legacy_dot.Q4_0_X8 too)."""
 
     def gemv(blocks: Weight, xq: U8, out: F32) -> None:
         _product(kind, blocks, xq.reshape(1, -1), out.reshape(1, -1))
@@ -113,9 +113,7 @@ def kind_gemv(kind: int) -> Callable[[Weight, U8, F32], None]:
 
 
 def _gemv(qtype: GGMLType) -> Callable[[Weight, U8, F32], None]:
-    def gemv(blocks: Weight, xq: U8, out: F32) -> None:
-        _product(qtype, blocks, xq.reshape(1, -1), out.reshape(1, -1))
-
+    gemv = kind_gemv(qtype)
     gemv.__name__ = f"gemv_{qtype.name.lower()}"
     gemv.__doc__ = f"out (n_rows,) = ggml_vec_dot of each {qtype.name} row with one activation xq (bytes,)."
     return gemv

@@ -28,12 +28,6 @@ LANES = 16
 _F16X = vec(F32, LANES)
 
 
-def takes(n_rows: int, n: int) -> bool:
-    """Whether llama.cpp multiplies a float weight with this batch through tinyBLAS: two rows or more, and a row
-    length in sixteens (its KN)."""
-    return n_rows >= 2 and n % LANES == 0
-
-
 def _lanes(b, p, i, half: bool):
     """Element 16 * i of the data at p as <16 x float>: fp16 bits (vcvtph2ps) or float32."""
     if half:

@@ -96,7 +96,7 @@ ids = np.array([5, 60, 61, 9, 70], np.int64)
 logits = model.forward(ids, cache)
 cache.commit(ids.tolist())
 step = model.forward(np.array([11], np.int64), cache)
-here = {f.py_func.__name__: sum(f.stats.cache_misses.values()) for f in (legacy_products.product_q8_0, q8_0_x16.gemv_q8_0_x16)}
+here = {f.py_func.__name__: sum(f.stats.cache_misses.values()) for f in (legacy_products.product, q8_0_x16.gemv_q8_0_x16)}
 print(json.dumps({"notes": notes, "compiled_here": here, "logits": np.asarray(logits)[-1].tolist(),
                   "step": np.asarray(step)[-1].tolist()}))
 """
@@ -113,7 +113,7 @@ def test_cold_start_splits_the_compile_and_gives_the_same_numbers(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert any("compiled in a second process" in n for n in child["notes"]), child["notes"]
-    assert child["compiled_here"] == {"product_q8_0": 0, "gemv_q8_0_x16": 0}  # loaded from the helper's cache
+    assert child["compiled_here"] == {"product": 0, "gemv_q8_0_x16": 0}  # loaded from the helper's cache
     model = load_model(path)  # this process: the usual (warm) cache
     cache = model.new_cache(64)
     ids = np.array([5, 60, 61, 9, 70], np.int64)
