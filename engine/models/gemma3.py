@@ -117,6 +117,8 @@ class Gemma3(DecoderModel):
             spec = self.specs[i]
             cos, sin = rope["local" if a.is_local(i) else "global"]
             h = self.norm(x, layer.attn_norm)
+            if recorder is not None:  # the inputs of the products, for an importance matrix
+                recorder.record_input((layer.wq.weight.name, layer.wk.weight.name, layer.wv.weight.name), h)
             q, k, v = layer.qkv(h)
             q = self.norm(q.reshape(t, a.n_heads, a.head_dim), layer.q_norm)  # (T, Hq, d)
             k = self.norm(k.reshape(t, a.n_kv_heads, a.head_dim), layer.k_norm)  # (T, Hkv, d)
@@ -133,11 +135,19 @@ class Gemma3(DecoderModel):
                 o = self.attend(q * np.float32(spec.scale), cache, i, start + t, pos, 1.0, spec.window, masks)
             if recorder is not None:
                 recorder.record_q(i, start, q, spec)
-            o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim))
+            o = o.transpose(1, 0, 2).reshape(t, a.n_heads * a.head_dim)
+            if recorder is not None:
+                recorder.record_input((layer.wo.weight.name,), o)
+            o = layer.wo(o)
             x = x + self.norm(o, layer.post_attn_norm)
             h = self.norm(x, layer.ffn_norm)
+            if recorder is not None:
+                recorder.record_input((layer.w_gate.weight.name, layer.w_up.weight.name), h)
             gate, up = layer.gate_up(h)
-            f = layer.w_down(ggml_ops.geglu(gate, up) if self.numerics == "ggml" else gelu_tanh(gate) * up)
+            g = ggml_ops.geglu(gate, up) if self.numerics == "ggml" else gelu_tanh(gate) * up
+            if recorder is not None:
+                recorder.record_input((layer.w_down.weight.name,), g)
+            f = layer.w_down(g)
             x = x + self.norm(f, layer.post_ffn_norm)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)

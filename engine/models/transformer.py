@@ -249,6 +249,8 @@ class Transformer(DecoderModel):
             layer, spec = self.layers[i], self.specs[i]
             cos, sin = tables[spec.rope_base]
             h = self.norm(x, layer.attn_norm)
+            if recorder is not None:  # the inputs of the products, for an importance matrix
+                recorder.record_input(tuple(p.weight.name for p in layer.qkv_parts), h)
             q, k, v = layer.split_qkv(layer.qkv(h))
             if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
                 q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
@@ -271,11 +273,19 @@ class Transformer(DecoderModel):
                 o = self.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap)
             if recorder is not None:
                 recorder.record_q(i, start, q, spec)
-            o = layer.wo(o.transpose(1, 0, 2).reshape(t, a.n_heads * d))
+            o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
+            if recorder is not None:
+                recorder.record_input((layer.wo.weight.name,), o)
+            o = layer.wo(o)
             x = x + (self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o)
             h = self.norm(x, layer.ffn_norm)
+            if recorder is not None:
+                recorder.record_input(tuple(p.weight.name for p in layer.ffn_parts), h)
             gate, up = layer.split_ffn(layer.gate_up(h))
-            f = layer.w_down(self.glu_act(gate, up))
+            g = self.glu_act(gate, up)
+            if recorder is not None:
+                recorder.record_input((layer.w_down.weight.name,), g)
+            f = layer.w_down(g)
             x = x + (self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)

@@ -6,6 +6,7 @@ queries and the keys in the KV cache.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,9 @@ class Recorder:
     hidden: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (N, dim) residual stream after the layer
     specs: dict[int, LayerAttentionSpec] = field(default_factory=dict)
     length: int = 0  # positions recorded (committed)
+    # called with (weight tensor names, input rows (T, n_in)) before each matrix product of a layer, when set:
+    # what llama-imatrix's eval callback sees (engine.quality.imatrix_collect accumulates it)
+    on_input: Callable[[tuple[str, ...], np.ndarray], None] | None = None
     _pending: int = 0
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -41,6 +45,11 @@ class Recorder:
     def record_hidden(self, layer: int, start: int, h: np.ndarray) -> None:
         if self.capture_hidden:
             self.hidden[layer] = _put(self.hidden.get(layer), start, h, axis=0)
+
+    def record_input(self, names: tuple[str, ...], x: np.ndarray) -> None:
+        """The float32 input rows (T, n_in) that the matrices `names` are about to multiply."""
+        if self.on_input is not None:
+            self.on_input(names, x)
 
     def commit(self) -> None:
         self.length += self._pending
