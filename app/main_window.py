@@ -30,6 +30,7 @@ from app.workers.saver import Saver
 log = logging.getLogger(__name__)
 
 TITLE = "GGUF Lens"
+BASE_TOKENS_KEY = "base_max_tokens"  # Settings.extra: "1" while max-tokens is the base-model default we set
 
 
 class MainWindow(QMainWindow):
@@ -47,6 +48,7 @@ class MainWindow(QMainWindow):
         self.closed = False
         self._build()
         self._wire()
+        self._default_state = self.saveState()  # the docks as _build placed them: View > Reset layout goes back
         self._restore_layout()
         self.conversation.load(self.state.settings.current_chat)
         if load:
@@ -69,6 +71,8 @@ class MainWindow(QMainWindow):
         split.addWidget(self.lens_tabs)
         split.setStretchFactor(0, 5)
         split.setStretchFactor(1, 6)
+        split.setChildrenCollapsible(False)  # neither pane can be dragged to nothing (minimum widths hold)
+        self.lens_tabs.setMinimumWidth(480)
         self.split = split
         self.setCentralWidget(split)
         self.chat_list = ChatList()
@@ -115,8 +119,20 @@ class MainWindow(QMainWindow):
         self._action(c, "Regenerate", self.conversation.regenerate, "Ctrl+R")
         self._action(c, "Continue reply", self.conversation.continue_reply)
         v = bar.addMenu("&View")
+        self.view_menu = v
         v.addAction(self.chat_dock.toggleViewAction())
         v.addAction(self.sampling_dock.toggleViewAction())
+        for title, pane in (("Chat", self.chat_view), ("Lenses", self.lens_tabs)):
+            action = QAction(f"{title} pane", self, checkable=True, checked=True)
+            action.toggled.connect(lambda on, p=pane: self._show_pane(p, on))
+            v.addAction(action)
+            setattr(self, f"{title.lower()}_pane_action", action)
+        v.addSeparator()
+        for i in range(self.lens_tabs.count()):
+            name = self.lens_tabs.tabText(i)
+            self._action(v, f"{name} tab", lambda i=i: self._show_tab(i), f"Ctrl+{i + 1}")
+        v.addSeparator()
+        self._action(v, "Reset layout", self.reset_layout)
 
     # -- wiring
     def _wire(self) -> None:
@@ -126,6 +142,9 @@ class MainWindow(QMainWindow):
         view.regenerate.connect(conv.regenerate)
         view.continue_reply.connect(conv.continue_reply)
         view.edit_resend.connect(conv.edit_resend)
+        view.branch_requested.connect(conv.branch)
+        view.version_requested.connect(conv.select_version)
+        view.prompt_mode_chosen.connect(self._prompt_mode_chosen)
         view.system_prompt_edited.connect(conv.set_system_prompt)
         view.draft_edited.connect(conv.set_draft)
         conv.chat_opened.connect(self._chat_opened)
@@ -161,6 +180,8 @@ class MainWindow(QMainWindow):
 
     def _chat_opened(self, chat: Any) -> None:
         self.chat_view.show_chat(chat)
+        self.chat_view.show_prompt_mode(self.conversation.prompt_mode(chat))
+        self.bridge.deliver("Positions", "set_tokens", [])  # the other chat's tokens are not this one's
         self.chat_list.show_chats(self.conversation.chats, chat)
         self.state.settings = dataclasses.replace(self.state.settings, current_chat=chat.id)
 
@@ -204,12 +225,35 @@ class MainWindow(QMainWindow):
         st.ctx_size, st.ctx_used, st.kv_bytes = result.n_ctx, 0, 0
         self.conversation.model_ready = True
         self.chat_view.input.setPlaceholderText("Message the model…")
-        self.conversation.model_name = result.info.name
+        kind = result.kind
+        self.conversation.model_name = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
+        self._model_kind(kind)
+        self.status.set_backend_note(result.backend_note)
         self.chat_view.clear_banners("warning")
         for w in result.info.warnings:
             self.chat_view.show_banner("warning", f"{result.info.name}: {w}")
         st.settings = dataclasses.replace(st.settings, last_model=result.source)
         self.bridge.model_loaded()
+
+    def _model_kind(self, kind: Any) -> None:
+        """A base model gets a note, plain-text prompts and short replies by default; an instruct model the opposite."""
+        from app.records.model_kind import BASE_MAX_TOKENS  # noqa: PLC0415
+
+        self.conversation.base_model = kind.base
+        self.chat_view.show_model_kind(kind.base, kind.why)
+        self.chat_view.show_prompt_mode(self.conversation.prompt_mode())
+        s, default = self.state.settings, Settings().max_tokens
+        auto = s.extra.get(BASE_TOKENS_KEY) == "1"  # the short length was set by us, not by the user
+        if kind.base and s.max_tokens == default:
+            self.state.settings = dataclasses.replace(s, max_tokens=BASE_MAX_TOKENS, extra={**s.extra, BASE_TOKENS_KEY: "1"})
+        elif not kind.base and auto:
+            extra = {k: v for k, v in s.extra.items() if k != BASE_TOKENS_KEY}
+            self.state.settings = dataclasses.replace(
+                s, max_tokens=default if s.max_tokens == BASE_MAX_TOKENS else s.max_tokens, extra=extra)
+
+    def _prompt_mode_chosen(self, mode: str) -> None:
+        self.conversation.set_prompt_mode(mode)
+        self.chat_view.show_prompt_mode(self.conversation.prompt_mode())
 
     def _load_failed(self, message: str) -> None:
         self.state.loading = None
@@ -286,6 +330,28 @@ class MainWindow(QMainWindow):
             self.split.setSizes([470, 830])
         if s.window_state:
             self.restoreState(QByteArray.fromBase64(s.window_state.encode()))
+
+    def _show_pane(self, pane: Any, on: bool) -> None:
+        """Show or hide the chat or the lens pane; one of them always stays."""
+        other = self.lens_tabs if pane is self.chat_view else self.chat_view
+        if not on and other.isHidden():
+            other.show()
+            (self.lenses_pane_action if other is self.lens_tabs else self.chat_pane_action).setChecked(True)
+        pane.setVisible(on)
+
+    def _show_tab(self, index: int) -> None:
+        self.lenses_pane_action.setChecked(True)
+        self.lens_tabs.setCurrentIndex(index)
+
+    def reset_layout(self) -> None:
+        """Every pane and dock back where a first start puts them."""
+        self.restoreState(self._default_state)
+        for dock in (self.chat_dock, self.sampling_dock):
+            dock.setFloating(False)
+            dock.show()
+        self.chat_pane_action.setChecked(True)
+        self.lenses_pane_action.setChecked(True)
+        self._default_docks()
 
     def _default_docks(self) -> None:
         self.resizeDocks([self.chat_dock], [250], Qt.Orientation.Horizontal)

@@ -23,6 +23,9 @@ class Backend:
     name: str
     xp: ModuleType
     note: str = ""  # why this backend was chosen, shown once to the user
+    # True when the note describes the ordinary case rather than a failure: 'auto' on a machine without CuPy
+    # installed runs on the CPU as asked; a front end shows it quietly (a status bar), not as a warning
+    quiet: bool = False
 
     @property
     def is_device(self) -> bool:
@@ -135,4 +138,5 @@ def get_backend(name: str = "auto") -> Backend:
     if name == "cupy":
         raise SettingError(f"backend 'cupy' asked for, but {why.split(';')[0]}")
     log.info(why)
-    return Backend("numpy", np, note=why)
+    # no CuPy at all is the normal CPU install; CuPy present but no device means a GPU was meant to be used
+    return Backend("numpy", np, note=why, quiet=why.startswith("CuPy is not installed"))

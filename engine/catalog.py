@@ -42,6 +42,7 @@ class CatalogEntry:
     sha256: str
     size: int
     parts: tuple[Part, ...]  # concatenated in order
+    instruct: bool = True  # False: a base (pretrained) model that continues text and does not follow instructions
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -69,6 +70,7 @@ CATALOG: dict[str, CatalogEntry] = {
                 )
                 for i in range(4)
             ),
+            instruct=False,  # google/gemma-3-270m, the pretrained model (the -it one is the instruction-tuned)
         ),
     )
 }
@@ -89,6 +91,19 @@ def entry(name: str) -> CatalogEntry:
         return CATALOG[name]
     except KeyError:
         raise FetchError(f"unknown catalog model {name!r} (known: {', '.join(CATALOG)})") from None
+
+
+def entry_for_file(path: str | os.PathLike[str]) -> CatalogEntry | None:
+    """The catalog entry whose file this is (matched by file name and size), or None for any other file."""
+    p = Path(path)
+    for e in CATALOG.values():
+        if p.name == e.filename:
+            try:
+                if p.stat().st_size == e.size:
+                    return e
+            except OSError:
+                return None
+    return None
 
 
 def sha256_file(path: Path, progress: FetchProgress | None = None, cancel: threading.Event | None = None) -> str:

@@ -9,7 +9,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.data.chats import Chat, Message, ReplyStats
+from app.data.chats import Chat, Message, ReplyStats, branch_chat
 from app.data.store import Settings, Store
 from app.records.reply import GenerationRequest, PrefillProgress, Prepared, ReplyDone, TokenStep
 from app.workers.engine import Engine
@@ -62,7 +62,8 @@ class Conversation(QObject):
         self.current: Chat | None = None
         self.replies: dict[int, Reply] = {}
         self.model_ready = False
-        self.model_name = ""
+        self.model_name = ""  # written into each reply's stats: which model (and quantization) made it
+        self.base_model = False  # a base model: chats without a prompt mode of their own get plain text
         self._unsaved: set[str] = set()
         self._save_timer = QTimer(self, singleShot=True)
         self._save_timer.timeout.connect(self.save_pending)
@@ -175,13 +176,49 @@ class Conversation(QObject):
         self.engine.stop()
 
     def regenerate(self) -> None:
+        """A new version of the last reply; the earlier ones are kept (select_version shows them)."""
         chat = self.current
         if chat is None or self._busy() or not chat.messages or not self.model_ready:
             return
-        if chat.messages[-1].role == "assistant":
-            chat.messages.pop()
+        earlier = chat.messages.pop().detach_versions() if chat.messages[-1].role == "assistant" else []
         if chat.messages and chat.messages[-1].role == "user":
-            self._start(chat, from_send=False)
+            self._start(chat, from_send=False, versions=earlier)
+
+    def select_version(self, index: int, version: int) -> None:
+        """Show another version of reply `index` (its `< 2/3 >` arrows); the chat continues from the one shown."""
+        chat = self.current
+        if chat is None or self._busy() or not (0 <= index < len(chat.messages)):
+            return
+        msg = chat.messages[index]
+        if msg.role != "assistant" or not msg.versions or version == msg.version:
+            return
+        chat.messages[index] = msg.with_version(version)
+        self.messages_changed.emit(chat.id)
+        self.save(chat, now=True)
+
+    def prompt_mode(self, chat: Chat | None = None) -> str:
+        """'plain' or 'template': the chat's own choice, else what suits the model (plain for a base model)."""
+        chat = chat or self.current
+        return (chat.prompt_mode if chat is not None else "") or ("plain" if self.base_model else "template")
+
+    def set_prompt_mode(self, mode: str) -> None:
+        if self.current is not None and mode in ("template", "plain", ""):
+            self.current.prompt_mode = mode
+            self.save(self.current, now=True)
+
+    def branch(self, index: int, text: str) -> Chat | None:
+        """A new chat with the turns before user message `index`, then `text` in its place, and reply there."""
+        chat = self.current
+        if chat is None or self._busy() or not (0 <= index < len(chat.messages)) or not self.model_ready:
+            return None
+        if chat.messages[index].role != "user" or not text.strip():
+            return None
+        new = branch_chat(chat, index, text)
+        self.chats.insert(0, new)
+        self.chats_changed.emit()
+        self.open_chat(new.id)
+        self._start(new, from_send=False)
+        return new
 
     def edit_resend(self, index: int, text: str) -> None:
         """Replace user message `index`, forget everything after it, and reply again."""
@@ -218,11 +255,15 @@ class Conversation(QObject):
             messages=msgs, continue_ids=continue_ids, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             min_p=s.min_p, repeat_penalty=s.repeat_penalty, max_tokens=s.max_tokens,
             seed=None if s.seed < 0 else s.seed, overflow_policy=s.overflow_policy,
+            plain=self.prompt_mode(chat) == "plain",
         )
 
-    def _start(self, chat: Chat, from_send: bool, resume: Message | None = None) -> None:
+    def _start(self, chat: Chat, from_send: bool, resume: Message | None = None,
+               versions: list[Message] | None = None) -> None:
         request = self._request(chat, resume)
         message = resume if resume is not None else Message("assistant", "")
+        if versions:
+            message.versions, message.version = list(versions), len(versions)
         if resume is None:
             chat.messages.append(message)
         chat.touch()
@@ -304,7 +345,10 @@ class Conversation(QObject):
         chat = reply.chat
         if not msg.content and not msg.tokens:
             if msg in chat.messages:
+                at = chat.messages.index(msg)
                 chat.messages.remove(msg)
+                if msg.versions:  # a failed regeneration: the last version before it comes back
+                    chat.messages.insert(at, msg.with_version(len(msg.versions) - 1).without(msg))
             last = chat.messages[-1] if chat.messages else None
             if reply.from_send and not reply.stopping and last is not None and last.role == "user" and not chat.draft:
                 chat.messages.pop()
@@ -358,5 +402,5 @@ class Conversation(QObject):
 
 def snapshot(chat: Chat) -> Chat:
     """A copy the saver thread can serialise while the GUI keeps appending tokens to the original."""
-    msgs = [dataclasses.replace(m, tokens=list(m.tokens)) for m in chat.messages]
+    msgs = [dataclasses.replace(m, tokens=list(m.tokens), versions=list(m.versions)) for m in chat.messages]
     return dataclasses.replace(chat, messages=msgs)

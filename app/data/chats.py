@@ -1,6 +1,7 @@
 """Chats as plain data (no Qt): messages, the tokens a reply was made of, and their JSON form."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from app.records.reply import TokenRecord
 
 ROLES = ("system", "user", "assistant")
 TITLE_LIMIT = 60
+PROMPT_MODES = ("template", "plain")
 
 
 @dataclass
@@ -34,9 +36,10 @@ class ReplyStats:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
 
-    def summary(self) -> str:
-        """One line for under a reply: tokens, speed, time to first token."""
-        parts = [f"{self.tokens} tokens", f"{self.gen_tok_s:.1f} tok/s", f"first token {self.ttft_s:.2f} s"]
+    def summary(self, with_model: bool = False) -> str:
+        """One line for under a reply: tokens, speed, time to first token (and the model that wrote it)."""
+        parts = [self.model] if self.model and with_model else []
+        parts += [f"{self.tokens} tokens", f"{self.gen_tok_s:.1f} tok/s", f"first token {self.ttft_s:.2f} s"]
         if self.prompt_tokens:
             parts.append(f"prompt {self.prompt_tokens} tok ({self.prefilled_tokens} run, {self.prompt_tok_s:.0f} tok/s)")
         if self.finish_reason:
@@ -56,8 +59,54 @@ class Message:
     error: str = ""  # why it ended early (NaN, out of memory, context full)
     in_context: bool = True  # False once the overflow policy dropped it from the model's context
     created: float = field(default_factory=time.time)
+    # the other versions of this reply (Regenerate keeps them, as LM Studio's "< 2/3 >"), oldest first; this
+    # message is version number `version` (0-based) among versions[:version] + [self] + versions[version:]
+    versions: list[Message] = field(default_factory=list)
+    version: int = 0
+
+    @property
+    def n_versions(self) -> int:
+        return len(self.versions) + 1
+
+    def all_versions(self) -> list[Message]:
+        """Every version of this turn in order, this one included (each without versions of its own)."""
+        v = min(self.version, len(self.versions))
+        return [*self.versions[:v], self, *self.versions[v:]]
+
+    def with_version(self, index: int) -> Message:
+        """The message to show instead of this one: version `index`, carrying the others."""
+        every = self.all_versions()
+        index = max(0, min(index, len(every) - 1))
+        chosen = every[index]
+        others = every[:index] + every[index + 1:]
+        for m in every:
+            m.versions, m.version = [], 0
+        chosen.versions, chosen.version = others, index
+        return chosen
+
+    def detach_versions(self) -> list[Message]:
+        """Every version of this turn, each with no versions of its own (to hang under a new version)."""
+        every = self.all_versions()
+        for m in every:
+            m.versions, m.version = [], 0
+        return every
+
+    def without(self, other: Message) -> Message:
+        """This message with `other` dropped from its versions."""
+        keep = [m for m in self.versions if m is not other]
+        self.version = min(self.version, len(keep)) if len(keep) == len(self.versions) else sum(
+            1 for m in self.versions[: self.version] if m is not other)
+        self.versions = keep
+        return self
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._fields()
+        if self.versions:
+            d["versions"] = [v._fields() for v in self.versions]
+            d["version"] = min(self.version, len(self.versions))
+        return d
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "role": self.role,
             "content": self.content,
@@ -79,8 +128,14 @@ class Message:
             raise ValueError("message content is not text")
         tokens = [_token(t) for t in d.get("tokens") or []]
         stats = ReplyStats.from_dict(d["stats"]) if isinstance(d.get("stats"), dict) else None
-        return cls(role, content, tokens, stats, bool(d.get("stopped")), str(d.get("error") or ""),
-                   bool(d.get("in_context", True)), float(d.get("created") or time.time()))
+        msg = cls(role, content, tokens, stats, bool(d.get("stopped")), str(d.get("error") or ""),
+                  bool(d.get("in_context", True)), float(d.get("created") or time.time()))
+        versions = d.get("versions")
+        if isinstance(versions, list) and role == "assistant":  # chats saved before versions have none
+            msg.versions = [cls.from_dict({**v, "versions": None}) for v in versions if isinstance(v, dict)]
+            version = d.get("version")
+            msg.version = max(0, min(int(version) if isinstance(version, int) else len(msg.versions), len(msg.versions)))
+        return msg
 
 
 def _token(t: Any) -> TokenRecord:
@@ -100,6 +155,7 @@ class Chat:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     titled_by_user: bool = False
+    prompt_mode: str = ""  # 'template' (the model's chat template), 'plain' (the text alone), '' = as the model suits
 
     def touch(self) -> None:
         self.updated = time.time()
@@ -125,6 +181,7 @@ class Chat:
             "id": self.id,
             "title": self.title,
             "titled_by_user": self.titled_by_user,
+            "prompt_mode": self.prompt_mode,
             "system_prompt": self.system_prompt,
             "draft": self.draft,
             "created": self.created,
@@ -148,7 +205,17 @@ class Chat:
             created=float(d.get("created") or time.time()),
             updated=float(d.get("updated") or time.time()),
             titled_by_user=bool(d.get("titled_by_user")),
+            prompt_mode=d.get("prompt_mode") if d.get("prompt_mode") in PROMPT_MODES else "",
         )
+
+
+def branch_chat(chat: Chat, index: int, text: str) -> Chat:
+    """A new chat: `chat`'s turns before message `index` (copies), then a user message `text`."""
+    new = Chat(title=f"{chat.title} (branch)"[:80], system_prompt=chat.system_prompt,
+               titled_by_user=chat.titled_by_user, prompt_mode=chat.prompt_mode)
+    new.messages = [dataclasses.replace(m, tokens=list(m.tokens), versions=list(m.versions)) for m in chat.messages[:index]]
+    new.messages.append(Message("user", text))
+    return new
 
 
 def to_markdown(chat: Chat) -> str:
@@ -161,7 +228,7 @@ def to_markdown(chat: Chat) -> str:
         if m.error:
             out += [f"*Error: {m.error}*", ""]
         if m.stats:
-            out += [f"*{m.stats.summary()}*", ""]
+            out += [f"*{m.stats.summary(with_model=True)}*", ""]
     return "\n".join(out).rstrip() + "\n"
 
 

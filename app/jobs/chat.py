@@ -87,9 +87,26 @@ def kv_info(cache: Any, paths: list[str]) -> KVInfo:
                   int(cache.length), int(cache.n_ctx), tuple(p for p in paths if p))
 
 
-def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[int, ...] | None) -> tuple[list[int], str]:
+def plain_text(messages: list[dict[str, str]]) -> str:
+    """The conversation as one text for a base model: the system prompt and a blank line, then the turns, each
+    reply continuing the message before it (no separator) and each user message on a new line."""
+    parts: list[str] = []
+    for m in messages:
+        if parts and m["role"] == "user":
+            parts.append("\n\n" if len(parts) == 1 and messages[0]["role"] == "system" else "\n")
+        parts.append(m["content"])
+    return "".join(parts)
+
+
+def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[int, ...] | None,
+            plain: bool = False) -> tuple[list[int], str]:
     """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed."""
     tok = model.tokenizer
+    if plain:  # no template: BOS as the model adds it, special-token text in the messages stays text
+        if continue_ids:
+            ids = tok.encode(plain_text(messages[:-1]), add_special=True, parse_special=False)
+            return ids + list(continue_ids), ""
+        return tok.encode(plain_text(messages), add_special=True, parse_special=False), ""
     if continue_ids is not None:
         head, last = messages[:-1], messages[-1]
         result = model.chat.render(head, add_generation_prompt=True)
@@ -115,7 +132,7 @@ def fit_context(
     min(max_tokens, n_ctx // 4) tokens, and raises ContextFullError if even the last turn alone is too long.
     """
     messages = [{"role": r, "content": c} for r, c in req.messages]
-    ids, warning = _render(model, messages, req.continue_ids)
+    ids, warning = _render(model, messages, req.continue_ids, req.plain)
     if req.overflow_policy != "drop_oldest":
         if len(ids) + 1 > n_ctx:
             raise ContextFullError(len(ids), n_ctx)
@@ -131,7 +148,7 @@ def fit_context(
         cut = starts[0]
         rest = rest[cut:]
         dropped += cut
-        ids, again = _render(model, system + rest, req.continue_ids)
+        ids, again = _render(model, system + rest, req.continue_ids, req.plain)
         warning = warning or again  # a note the template gives once (a folded system prompt) is kept
     return ids, dropped, warning
 

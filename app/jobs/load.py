@@ -1,6 +1,7 @@
 """Fetch and load jobs as plain generators (no Qt): download a catalog model, load a file and swap it into the session."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from app.jobs.session import Emit, Session
+from app.records.model_kind import INSTRUCT, ModelKind, model_kind
 from app.records.model_info import ModelInfo, make_model_info
 from engine.errors import FetchError, LensError
 
@@ -29,6 +31,8 @@ class Loaded:
     record: Any  # app.records.model.ModelRecord, or None when the lens module is not there
     source: str  # what to remember as the last model (a catalog name or a path)
     n_ctx: int
+    kind: ModelKind = INSTRUCT  # base or instruct, and the file's quantization
+    backend_note: str = ""  # why this backend runs, when that is the ordinary case (no CuPy): for the status bar
 
 
 def fetch_job(name: str, cancel: threading.Event, emit: Emit) -> Iterator[object]:
@@ -64,13 +68,33 @@ def load_job(session: Session, source: str, remember: str, cancel: threading.Eve
             session.fresh_cache()
             n_ctx = session.cache.n_ctx
         info = make_model_info(model, n_ctx)
+        info, note = _quiet_backend_note(info, model.backend)
+        kind = _kind(model)
     except BaseException:
         if session.model is not model:
             model.close()
         raise
     if old is not None:
         old.close()
-    return Loaded(info, record, remember, n_ctx)
+    return Loaded(info, record, remember, n_ctx, kind, note)
+
+
+def _quiet_backend_note(info: ModelInfo, backend: Any) -> tuple[ModelInfo, str]:
+    """Take an ordinary backend note (auto without CuPy: the CPU, as expected) out of the warnings."""
+    note = str(getattr(backend, "note", "") or "")
+    if not note or not getattr(backend, "quiet", False):
+        return info, ""
+    from app.records.model_info import escape_text  # noqa: PLC0415
+
+    shown = escape_text(note, 500)
+    return dataclasses.replace(info, warnings=tuple(w for w in info.warnings if w != shown)), note
+
+
+def _kind(model: Any) -> ModelKind:
+    from engine.catalog import entry_for_file  # noqa: PLC0415
+
+    e = entry_for_file(model.path)
+    return model_kind(str(model.path), model.gguf.metadata, None if e is None else e.instruct)
 
 
 def _model_record(model: Any) -> Any:

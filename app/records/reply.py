@@ -22,6 +22,7 @@ class GenerationRequest:
     seed: int | None = None
     overflow_policy: str = "refuse"  # 'refuse' | 'drop_oldest'
     chunk_size: int = 64  # prefill chunk: Stop answers within one chunk
+    plain: bool = False  # the text alone, no chat template (a base model continues it)
 
 
 @dataclass(frozen=True)

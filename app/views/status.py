@@ -61,7 +61,7 @@ class StatusPanel(QStatusBar):
         for w in (self.model, self.backend, self.speed, self.ctx, self.kv, self.kv_cost, self.path, self.memory):
             self.addPermanentWidget(w)
         state.model_changed.connect(self._model)
-        state.backend_changed.connect(lambda b: self.backend.setText(f"backend: {b}"))
+        state.backend_changed.connect(self._backend)
         state.tok_s_changed.connect(lambda v: self.speed.setText(f"{v:.1f} tok/s"))
         state.ctx_used_changed.connect(lambda _v: self._ctx())
         state.ctx_size_changed.connect(lambda _v: self._ctx())
@@ -71,7 +71,8 @@ class StatusPanel(QStatusBar):
         state.memory_bytes_changed.connect(lambda v: self.memory.setText(f"memory {human_bytes(v)}"))
         state.loading_changed.connect(self._loading)
         self._model(state.model)
-        self.backend.setText(f"backend: {state.backend}")
+        self.backend_note = ""
+        self._backend(state.backend)
         self.speed.setText("– tok/s")
         self._ctx()
         self._kv()
@@ -83,6 +84,18 @@ class StatusPanel(QStatusBar):
 
     def _model(self, info: object) -> None:
         self.model.setText(getattr(info, "name", None) or "no model")
+
+    def _backend(self, name: str) -> None:
+        """Where the products run, quietly: 'CPU · numba kernels', 'CPU · NumPy fallback (why)', 'GPU · cupy'."""
+        name = str(name or "")
+        self.backend.setText(name if name.startswith("CPU") else f"GPU · {name}" if name and name != "numpy" else "CPU")
+        tip = "where the model computes (Backend in the sampling panel chooses it for the next load)"
+        self.backend.setToolTip(f"{tip}\n{self.backend_note}" if self.backend_note else tip)
+
+    def set_backend_note(self, note: str) -> None:
+        """Why this backend runs, when that is the ordinary case (auto without CuPy): a tooltip, not a warning."""
+        self.backend_note = note
+        self._backend(self.state.backend)
 
     def _ctx(self) -> None:
         self.ctx.setText(f"context {self.state.ctx_used:,} / {self.state.ctx_size:,}")

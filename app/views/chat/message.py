@@ -34,6 +34,7 @@ class MessageWidget(QFrame):
     edit_resend = Signal(int, str)  # (message index, new text)
     regenerate = Signal()
     continue_reply = Signal()
+    version_requested = Signal(int, int)  # (message index, version to show)
 
     def __init__(self, index: int, message: Message, parent: QWidget | None = None):
         super().__init__(parent)
@@ -52,7 +53,19 @@ class MessageWidget(QFrame):
         self.role_label = plain_label(ROLE_NAMES.get(self.role, self.role), "font-weight: bold; color: #444;")
         self.role_label.setWordWrap(False)
         head.addWidget(self.role_label)
+        self.model_label = plain_label("", "color: #777;")  # which model (and quantization) wrote the reply
+        self.model_label.setWordWrap(False)
+        head.addWidget(self.model_label)
         head.addStretch(1)
+        self.prev_version = self._tool("‹", "The previous version of this reply")
+        self.version_label = plain_label("", "color: #555;")
+        self.version_label.setWordWrap(False)
+        self.version_label.setToolTip("Versions of this reply: Regenerate keeps the earlier ones")
+        self.next_version = self._tool("›", "The next version of this reply")
+        self.prev_version.clicked.connect(lambda: self._step_version(-1))
+        self.next_version.clicked.connect(lambda: self._step_version(1))
+        for w in (self.prev_version, self.version_label, self.next_version):
+            head.addWidget(w)
         self.tokens_button = self._tool("Tokens", "Show the reply token by token; click a token for its alternatives")
         self.tokens_button.setCheckable(True)
         self.tokens_button.toggled.connect(lambda _on: self.refresh(force=True))
@@ -60,7 +73,7 @@ class MessageWidget(QFrame):
         self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.message.content))
         self.edit_button = self._tool("Edit", "Edit this message and resend from here")
         self.edit_button.clicked.connect(self.start_edit)
-        self.regen_button = self._tool("Regenerate", "Replace this reply with a new one")
+        self.regen_button = self._tool("Regenerate", "A new version of this reply (the earlier ones are kept: ‹ ›)")
         self.regen_button.clicked.connect(self.regenerate)
         self.continue_button = self._tool("Continue", "Let the model continue this reply")
         self.continue_button.clicked.connect(self.continue_reply)
@@ -100,6 +113,17 @@ class MessageWidget(QFrame):
         can_continue = last and is_reply and (m.stopped or (m.stats is not None and m.stats.finish_reason == "length"))
         self.continue_button.setVisible(bool(can_continue))
         self.continue_button.setEnabled(idle)
+        many = is_reply and m.n_versions > 1
+        for w in (self.prev_version, self.version_label, self.next_version):
+            w.setVisible(many)
+        self.version_label.setText(f"{m.version + 1}/{m.n_versions}")
+        self.prev_version.setEnabled(idle and m.version > 0)
+        self.next_version.setEnabled(idle and m.version < m.n_versions - 1)
+
+    def _step_version(self, delta: int) -> None:
+        target = self.message.version + delta
+        if 0 <= target < self.message.n_versions:
+            self.version_requested.emit(self.index, target)
 
     def refresh(self, force: bool = False) -> None:
         """Repaint from the message (cheap when nothing changed)."""
@@ -126,6 +150,9 @@ class MessageWidget(QFrame):
         self.note.setText("  ".join(notes))
         self.note.setVisible(bool(notes))
         self.stats.setText(m.stats.summary() if m.stats and not self.streaming else "")
+        model = m.stats.model if m.stats is not None and self.role == "assistant" else ""
+        self.model_label.setText(f"· {model}" if model else "")
+        self.model_label.setToolTip(f"written by {model}" if model else "")
         self.stats.setVisible(bool(self.stats.text()))
         self.body.setStyleSheet("" if m.in_context else "color: #888;")
 

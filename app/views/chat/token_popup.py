@@ -16,6 +16,11 @@ def show_token(text: str) -> str:
     return "'" + escape_text(text, 60).replace(" ", "·") + "'"
 
 
+DISTRIBUTION_NOTE = ("model p: the model's own distribution, softmax of its logits at temperature 1, before the "
+                     "repeat penalty, top-k, top-p and min-p; the token was drawn from that distribution after "
+                     "the sampling settings reshaped it.")
+
+
 class ProbBar(QWidget):
     """A horizontal bar for one probability."""
 
@@ -44,13 +49,18 @@ class TokenPopup(QFrame):
         self._layout.setContentsMargins(10, 8, 10, 8)
         self._title = _label("", bold=True)
         self._layout.addWidget(self._title)
+        self.note = _label(DISTRIBUTION_NOTE)
+        self.note.setStyleSheet("color: #666;")
+        self.note.setWordWrap(True)
+        self.note.setMaximumWidth(420)
+        self._layout.addWidget(self.note)
         self._grid_host = QWidget()
         self._layout.addWidget(self._grid_host)
         self.rows: list[tuple[str, str]] = []  # (token shown, probability shown), for tests
 
     def set_token(self, position: int, token: TokenRecord) -> None:
         tid, text, logprob, alts = token
-        self._title.setText(f"Token {position + 1}: {show_token(text)}  (id {tid}, p = {_pct(logprob)})")
+        self._title.setText(f"Token {position + 1}: {show_token(text)}  (id {tid}, model p = {_pct(logprob)})")
         old = self._grid_host
         self._grid_host = QWidget()
         self._layout.replaceWidget(old, self._grid_host)
@@ -59,7 +69,7 @@ class TokenPopup(QFrame):
         grid.setContentsMargins(0, 4, 0, 0)
         grid.setHorizontalSpacing(10)
         grid.setVerticalSpacing(2)
-        for col, head in enumerate(("#", "token", "id", "probability", "")):
+        for col, head in enumerate(("#", "token", "id", "model p", "")):
             grid.addWidget(_label(head, bold=True), 0, col)
         self.rows = []
         listed = {a[0] for a in alts}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
-    QFrame, QHBoxLayout, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QToolButton,
+    QComboBox, QFrame, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QToolButton,
     QVBoxLayout, QWidget,
 )
 
@@ -68,10 +68,14 @@ class ChatView(QWidget):
     continue_reply = Signal()
     system_prompt_edited = Signal(str)
     draft_edited = Signal(str)
+    version_requested = Signal(int, int)  # (message index, version)
+    branch_requested = Signal(int, str)  # (message index, new text): a new chat continues from the edit
+    prompt_mode_chosen = Signal(str)  # 'template' | 'plain'
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.chat: Chat | None = None
+        self.edit_box: QMessageBox | None = None  # the open "replace or branch?" question, if any
         self.setMinimumWidth(360)
         self.widgets: list[MessageWidget] = []
         self.generating = False
@@ -115,6 +119,19 @@ class ChatView(QWidget):
         box = QWidget()
         v = QVBoxLayout(box)
         v.setContentsMargins(0, 0, 0, 0)
+        self.kind_label = QLabel("")  # "base model: continues text, ..." for a base model
+        self.kind_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.kind_label.setWordWrap(True)
+        self.kind_label.setStyleSheet("color: #8a5a00; background: #fff8e6; border-radius: 4px; padding: 3px 6px;")
+        self.kind_label.hide()
+        v.addWidget(self.kind_label)
+        self.prompt_mode = QComboBox()
+        self.prompt_mode.addItem("Prompt: the chat template", "template")
+        self.prompt_mode.addItem("Prompt: plain text (no template)", "plain")
+        self.prompt_mode.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.prompt_mode.setToolTip("How this chat's messages reach the model: wrapped in its chat template (for an "
+                                    "instruct model), or as plain text that a base model continues")
+        self.prompt_mode.activated.connect(lambda _i: self.prompt_mode_chosen.emit(self.prompt_mode.currentData()))
         self.system_toggle = QToolButton()
         self.system_toggle.setText("System prompt")
         self.system_toggle.setCheckable(True)
@@ -127,7 +144,11 @@ class ChatView(QWidget):
         self.system_edit.hide()
         self.system_toggle.toggled.connect(self._toggle_system)
         self.system_edit.textChanged.connect(lambda: self.system_prompt_edited.emit(self.system_edit.toPlainText()))
-        v.addWidget(self.system_toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        row = QHBoxLayout()
+        row.addWidget(self.system_toggle)
+        row.addStretch(1)
+        row.addWidget(self.prompt_mode)
+        v.addLayout(row)
         v.addWidget(self.system_edit)
         return box
 
@@ -200,9 +221,10 @@ class ChatView(QWidget):
 
     def _add_widget(self, index: int) -> None:
         w = MessageWidget(index, self.chat.messages[index])
-        w.edit_resend.connect(self.edit_resend)
+        w.edit_resend.connect(self.confirm_edit)
         w.regenerate.connect(self.regenerate)
         w.continue_reply.connect(self.continue_reply)
+        w.version_requested.connect(self.version_requested)
         self.list.insertWidget(self.list.count() - 1, w)
         w.show()
         self.widgets.append(w)
@@ -268,6 +290,43 @@ class ChatView(QWidget):
             self.prefill_bar.setValue(done)
         self.prefill_label.setVisible(show)
         self.prefill_bar.setVisible(show)
+
+    def confirm_edit(self, index: int, text: str) -> None:
+        """Edit and resend: when later turns exist, ask whether to replace them or to branch into a new chat."""
+        later = len(self.chat.messages) - index - 1 if self.chat is not None else 0
+        if later <= 0:
+            self.edit_resend.emit(index, text)
+            return
+        box = QMessageBox(QMessageBox.Icon.Question, "GGUF Lens", "Resend the edited message?", parent=self)
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.setInformativeText(f"The {later} message{'s' if later > 1 else ''} after it would be removed from this "
+                               "chat. A branch keeps this chat as it is and continues in a new one.")
+        replace = box.addButton("Replace later messages", QMessageBox.ButtonRole.DestructiveRole)
+        branch = box.addButton("Branch into a new chat", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(branch)
+
+        def answered(button: object) -> None:
+            if button is replace:
+                self.edit_resend.emit(index, text)
+            elif button is branch:
+                self.branch_requested.emit(index, text)
+
+        box.buttonClicked.connect(answered)
+        self.edit_box = box
+        box.open()
+
+    def show_model_kind(self, base: bool, why: str) -> None:
+        """Say that the model is a base model (it continues text) or hide the note for an instruct model."""
+        from app.records.model_kind import BASE_NOTE  # noqa: PLC0415
+
+        self.kind_label.setText(f"{BASE_NOTE}. Replies are short by default and the prompt is plain text "
+                                f"(no chat template); {why}." if base else "")
+        self.kind_label.setVisible(base)
+
+    def show_prompt_mode(self, mode: str) -> None:
+        """The prompt mode in use for the chat shown ('template' or 'plain')."""
+        self.prompt_mode.setCurrentIndex(max(0, self.prompt_mode.findData(mode)))
 
     # -- banners
     def show_banner(self, kind: str, text: str) -> Banner:

@@ -143,8 +143,11 @@ def test_edit_and_resend(qtbot, sample_chat: Chat) -> None:
     user = view.widgets[0]
     user.start_edit()
     user.editor.setPlainText("new question")
+    user._resend()
+    assert view.edit_box is not None  # later turns exist: it asks before removing them
+    replace = next(b for b in view.edit_box.buttons() if b.text().startswith("Replace"))
     with qtbot.waitSignal(view.edit_resend) as sig:
-        user._resend()
+        replace.click()
     assert sig.args == [0, "new question"]
 
 
