@@ -13,18 +13,20 @@ import numpy.typing as npt
 from ..errors import SettingError
 from . import floats, iquants, kquantize, kquants, legacy
 from .types import TYPES, GGMLType, TypeInfo, type_by_name, type_info
+from .weighted import IQ4_TYPES, WEIGHTED_TYPES, quantize_weighted
 
 __all__ = [
+    "DEQUANTIZERS",
+    "QUANTIZERS",
+    "TYPES",
+    "WEIGHTED_TYPES",
     "GGMLType",
     "TypeInfo",
-    "TYPES",
-    "type_info",
-    "type_by_name",
-    "DEQUANTIZERS",
     "dequantize",
     "dequantize_rows",
-    "QUANTIZERS",
     "quantize",
+    "type_by_name",
+    "type_info",
 ]
 
 BlockKernel = Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.float32]]
@@ -64,6 +66,9 @@ QUANTIZERS: dict[GGMLType, QuantKernel] = {
     _T.Q4_K: kquantize.quantize_q4_k,
     _T.Q5_K: kquantize.quantize_q5_k,
     _T.Q6_K: kquantize.quantize_q6_k,
+    # quantize_iq4_nl / quantize_iq4_xs with quant_weights NULL (weights x^2); blocks are independent rows
+    _T.IQ4_NL: lambda blocks: quantize_weighted(blocks, GGMLType.IQ4_NL, None),
+    _T.IQ4_XS: lambda blocks: quantize_weighted(blocks, GGMLType.IQ4_XS, None),
 }
 
 # weights per dequantization chunk: big enough to amortise NumPy's per-call cost, small
@@ -158,9 +163,17 @@ _QUANT_CHUNK_WEIGHTS = {256: 1 << 18}
 _QUANT_CHUNK_DEFAULT = 1 << 16
 
 
-def quantize(x: npt.ArrayLike, qtype: GGMLType | int) -> npt.NDArray[np.uint8]:
-    """Quantize float32 rows (n_rows, n_cols) to (n_rows, row_bytes) uint8 blocks, byte-exact with llama.cpp."""
+def quantize(
+    x: npt.ArrayLike, qtype: GGMLType | int, quant_weights: npt.ArrayLike | None = None
+) -> npt.NDArray[np.uint8]:
+    """Quantize float32 rows (n_rows, n_cols) to (n_rows, row_bytes) uint8 blocks, byte-exact with llama.cpp.
+
+    `quant_weights` (n_cols,) is the tensor's importance per column (ImportanceMatrix.values): with it the
+    types that have a weighted quantizer use it, as ggml_quantize_chunk does with an imatrix.
+    """
     info = _resolve(qtype)
+    if quant_weights is not None and (info.qtype in WEIGHTED_TYPES or info.qtype in IQ4_TYPES):
+        return _quantize_weighted(x, info, quant_weights)
     kernel = QUANTIZERS.get(info.qtype)
     if kernel is None:
         raise SettingError(f"quantizing to {info.name} is not supported")
@@ -179,3 +192,18 @@ def quantize(x: npt.ArrayLike, qtype: GGMLType | int) -> npt.NDArray[np.uint8]:
         for start in range(0, len(blocks), step):
             out[start : start + step] = kernel(blocks[start : start + step])
     return out.reshape(n_rows, info.row_bytes(n_cols))
+
+
+def _quantize_weighted(x: npt.ArrayLike, info: TypeInfo, quant_weights: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise SettingError(f"quantize expects rows of weights (n_rows, n_cols), got shape {x.shape}")
+    n_cols = x.shape[1]
+    if n_cols % info.block_size:
+        raise SettingError(f"row size {n_cols} is not a multiple of {info.name} block size {info.block_size}")
+    qw = np.asarray(quant_weights, dtype=np.float32).reshape(-1)
+    if qw.size != n_cols:
+        raise SettingError(f"importance matrix has {qw.size} values for rows of {n_cols}")
+    if not np.isfinite(qw).all():
+        raise SettingError("importance matrix contains non-finite values")
+    return quantize_weighted(x, info.qtype, qw)
