@@ -1,0 +1,124 @@
+"""The logit lens of A and B side by side (the Compare tab): where quantization changes the decision.
+
+Self-contained: Compare hosts it, hands it the selected token (`show_position`) and a LogitLensPair when it
+arrives; it asks with `logit_requested(position, width)` and the bridge runs both models of the last comparison.
+"""
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.logit_lens import LogitLensPair
+from app.views.attention.logit_view import METRICS, LogitLensPanel
+from app.views.common.tokens import token_label
+
+PAIR_WIDTH = 24  # positions per side: two models, so half the single lens's width
+
+
+class LogitPairView(QWidget):
+    """Two LogitLensPanels (A left, B right) on the same positions, and a line on where their decisions part."""
+
+    logit_requested = Signal(int, int)  # position in the comparison's tokens, positions per side
+    hovered = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.pair: LogitLensPair | None = None
+        self.position = 0
+        self.n_tokens = 0
+        self.run = QPushButton("Logit lens of A and B")
+        self.run.setToolTip("Decode every layer's residual stream of A and of B at the selected token "
+                            "(each model re-runs the comparison text once)")
+        self.width_spin = QSpinBox()
+        self.width_spin.setRange(4, 128)
+        self.width_spin.setValue(PAIR_WIDTH)
+        self.width_spin.setSuffix(" positions")
+        self.metric = QComboBox()
+        for text, key in METRICS:
+            self.metric.addItem(text, key)
+        self.summary = QLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
+        self.summary.setWordWrap(True)
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)
+        bar = QHBoxLayout()
+        for w in (self.run, self.width_spin, self.metric):
+            bar.addWidget(w)
+        bar.addWidget(self.summary, 1)
+        self.a, self.b = LogitLensPanel(vertical=True), LogitLensPanel(vertical=True)
+        sides = QHBoxLayout()
+        sides.addWidget(self.a)
+        sides.addWidget(self.b)
+        root = QVBoxLayout(self)
+        root.setContentsMargins(0, 0, 0, 0)
+        root.addLayout(bar)
+        root.addLayout(sides, 1)
+        self.run.clicked.connect(self.request)
+        self.metric.currentIndexChanged.connect(lambda _i: self._metric())
+        for panel in (self.a, self.b):
+            panel.position_clicked.connect(self.show_position)
+            panel.hovered.connect(self.hovered)
+        self.clear()
+
+    def clear(self, message: str = "Run a comparison, then ask for the logit lens of A and B.") -> None:
+        """Forget both sides (a new model or a new comparison)."""
+        self.pair = None
+        self.n_tokens = 0
+        self.a.clear(message)
+        self.b.clear("")
+        self.summary.setText("")
+        self.run.setEnabled(False)
+
+    def set_tokens(self, n: int) -> None:
+        """A comparison of n tokens finished: the lens can be asked for."""
+        self.clear("Pick a token and press “Logit lens of A and B”.")
+        self.n_tokens = n
+        self.run.setEnabled(n > 0)
+
+    def request(self) -> None:
+        if self.n_tokens:
+            self.a.empty.setText("decoding every layer of A and B…")
+            self.logit_requested.emit(int(self.position), self.width_spin.value())
+
+    def show_position(self, index: int) -> None:
+        """Select a token: both tables follow when it was decoded."""
+        self.position = int(index)
+        if self.pair is not None and index in set(self.pair.a.lens.positions.tolist()):
+            self.a.select(index)
+            self.b.select(index)
+            self._summarise()
+
+    def set_pair(self, pair: LogitLensPair) -> None:
+        self.pair = pair
+        self.position = pair.a.selected
+        self.a.set_record(pair.a)
+        self.b.set_record(pair.b)
+        self._summarise()
+
+    def _metric(self) -> None:
+        key = str(self.metric.currentData())
+        self.a.set_metric(key)
+        self.b.set_metric(key)
+
+    def _summarise(self) -> None:
+        pair = self.pair
+        if pair is None:
+            return
+        la, lb = pair.a.lens, pair.b.lens
+        c = pair.a.column(self.position)
+        da, db = int(la.decided_at()[c]), int(lb.decided_at()[c])
+        ta, tb = int(la.top_ids[-1, c, 0]), int(lb.top_ids[-1, c, 0])
+        differ = np.flatnonzero(la.top_ids[:, c, 0] != lb.top_ids[:, c, 0])
+        first = f"top tokens first differ after layer {la.layers[int(differ[0])]}" if differ.size else \
+            "the same top token at every layer"
+        final = (f"both end on “{token_label(pair.a.text(ta), 14)}”" if ta == tb else
+                 f"A ends on “{token_label(pair.a.text(ta), 14)}”, B on “{token_label(pair.b.text(tb), 14)}”")
+        self.summary.setText(f"Position {int(la.positions[c])}: {final}; {first}; the produced token is on top "
+                             f"from layer {da} in A and {db} in B (−1 = never).")

@@ -1,0 +1,273 @@
+"""Head roles: every head scored by pattern, as a sortable table and a layers x heads map coloured by one score.
+
+Scores come from a HeadRolesRecord (engine.observe.head_roles): on the chat's attention, or on the induction
+probe (random tokens repeated twice, run apart from the chat). Clicking a head (a cell of the map or a table
+row) emits `head_opened(layer, head)`; the sinks found are listed with a tick box each, and the ticked keys are
+what "hide sinks" hides (`hidden_keys_changed`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.records.head_roles import PROBE_LENGTH, HeadRolesRecord
+from app.records.model import ModelRecord
+from app.views.common.colours import colormap
+from app.views.common.tokens import token_label
+from engine.observe.head_roles import ROLE_TEXT, ROLES
+
+COLUMNS = ("layer", "head", *ROLES, "strongest role")
+
+
+class _Num(QTableWidgetItem):
+    """A table cell that sorts by its number, not its text."""
+
+    def __init__(self, value: float, text: str):
+        super().__init__(text)
+        self.value = value
+        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        b = getattr(other, "value", 0.0)
+        a = self.value if np.isfinite(self.value) else -1.0
+        return a < (b if np.isfinite(b) else -1.0)
+
+
+class HeadRolesView(QWidget):
+    """Scores of every head; pick the score that colours the map; click a head to open it."""
+
+    roles_requested = Signal(str)  # 'chat' | 'probe'
+    head_opened = Signal(int, int)  # (layer, head)
+    hidden_keys_changed = Signal(object)  # tuple of key positions ticked in the sink list
+    hovered = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.model: ModelRecord | None = None
+        self.record: HeadRolesRecord | None = None
+        self.chat_button = QPushButton("Score this chat")
+        self.chat_button.setToolTip("Score every head on the attention the chat's tokens produced")
+        self.probe_button = QPushButton("Run induction probe")
+        self.probe_button.setToolTip(f"Run {PROBE_LENGTH} random tokens, then the same {PROBE_LENGTH} again, apart from "
+                                     "the chat: induction heads attend to what followed each token the first time")
+        self.score_box = QComboBox()
+        for role in ROLES:
+            self.score_box.addItem(role, role)
+        self.score_box.setCurrentIndex(ROLES.index("previous"))
+        self.about = QLabel("")
+        self.about.setWordWrap(True)
+        self.about.setTextFormat(Qt.TextFormat.PlainText)
+        bar = QHBoxLayout()
+        for w in (self.chat_button, self.probe_button, QLabel("Colour by"), self.score_box):
+            bar.addWidget(w)
+        bar.addStretch(1)
+        self.map = pg.PlotWidget()
+        self.map.setBackground("w")
+        self.map.setMenuEnabled(False)
+        self.map.hideButtons()
+        self.map.setMouseEnabled(False, False)
+        self.map.invertY(True)
+        self.map.setLabel("left", "layer")
+        self.map.setLabel("bottom", "head")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.map.addItem(self.image)
+        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap("viridis"), interactive=False, width=12)
+        self.colorbar.setImageItem(self.image, insert_in=self.map.getPlotItem())
+        self.empty = pg.TextItem("", color="#555", anchor=(0.5, 0.5))
+        self.map.addItem(self.empty)
+        self.image.hoverEvent = self._hover
+        self.image.mouseClickEvent = self._click
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setSortingEnabled(True)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.cellClicked.connect(self._row_clicked)
+        self.sinks = QListWidget()
+        self.sinks.setToolTip("Keys whose mean received attention is far above uniform in some head; "
+                              "ticked keys are what “hide sinks” hides in the overview")
+        self.sinks.itemChanged.connect(lambda _i: self.hidden_keys_changed.emit(self.hidden_keys()))
+        self.sink_title = QLabel("Sinks")
+        left = QWidget()
+        lay = QVBoxLayout(left)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.map, 3)
+        lay.addWidget(self.sink_title)
+        lay.addWidget(self.sinks, 1)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(self.table)
+        split.setSizes([380, 520])
+        split.setChildrenCollapsible(False)
+        root = QVBoxLayout(self)
+        root.setContentsMargins(0, 0, 0, 0)
+        root.addLayout(bar)
+        root.addWidget(self.about)
+        root.addWidget(split, 1)
+        self.chat_button.clicked.connect(lambda: self.roles_requested.emit("chat"))
+        self.probe_button.clicked.connect(lambda: self.roles_requested.emit("probe"))
+        self.score_box.currentIndexChanged.connect(lambda _i: self._draw_map())
+        self.clear()
+
+    # ---- public API
+
+    def set_model(self, model: ModelRecord) -> None:
+        self.model = model
+        self.clear()
+
+    def clear(self, message: str = "Send a message, then Score this chat, or Run induction probe.") -> None:
+        """Forget the scores (a new model or another chat)."""
+        self.record = None
+        self.table.setRowCount(0)
+        self.sinks.blockSignals(True)
+        self.sinks.clear()
+        self.sinks.blockSignals(False)
+        self.sink_title.setText("Sinks")
+        self.image.clear()
+        self.empty.setText(message)
+        self.empty.setPos(0.5, 0.5)
+        self.map.setRange(QRectF(0, 0, 1, 1), padding=0)
+        self.about.setText("Every head scored by the pattern it follows. " + ROLE_TEXT[self.role()] + ".")
+
+    def role(self) -> str:
+        return str(self.score_box.currentData() or "previous")
+
+    def set_role(self, role: str) -> None:
+        i = self.score_box.findData(role)
+        if i >= 0:
+            self.score_box.setCurrentIndex(i)
+
+    def set_record(self, rec: HeadRolesRecord) -> None:
+        """Show a new set of scores."""
+        self.record = rec
+        self._fill_table(rec)
+        self._fill_sinks(rec)
+        self._draw_map()
+
+    def hidden_keys(self) -> tuple[int, ...]:
+        """Keys ticked in the sink list (key 0 when no scores are known yet)."""
+        if self.sinks.count() == 0:
+            return (0,)
+        keys = []
+        for i in range(self.sinks.count()):
+            item = self.sinks.item(i)
+            if item.checkState() == Qt.CheckState.Checked:
+                keys.append(int(item.data(Qt.ItemDataRole.UserRole)))
+        return tuple(sorted(keys))
+
+    # ---- drawing
+
+    def _fill_table(self, rec: HeadRolesRecord) -> None:
+        r = rec.roles
+        self.table.setSortingEnabled(False)
+        n_l, n_h = r.scores[ROLES[0]].shape
+        self.table.setRowCount(n_l * n_h)
+        stack = np.stack([r.scores[role] for role in ROLES], axis=-1)  # (L, H, roles)
+        for li in range(n_l):
+            for h in range(n_h):
+                row = li * n_h + h
+                self.table.setItem(row, 0, _Num(r.layers[li], str(r.layers[li])))
+                self.table.setItem(row, 1, _Num(h, f"h{h}"))
+                for c, role in enumerate(ROLES):
+                    v = float(stack[li, h, c])
+                    self.table.setItem(row, 2 + c, _Num(v, f"{v:.3f}" if np.isfinite(v) else "–"))
+                # "strongest" ignores broad and local, which overlap the others (a previous-token head is local too)
+                pick = [ROLES.index(x) for x in ("previous", "sink", "self", "induction")]
+                vals = np.where(np.isfinite(stack[li, h, pick]), stack[li, h, pick], -1.0)
+                best = ROLES[pick[int(np.argmax(vals))]]
+                item = QTableWidgetItem(f"{best} {float(vals.max()):.2f}")
+                self.table.setItem(row, 2 + len(ROLES), item)
+        self.table.setSortingEnabled(True)
+        self.table.sortItems(2 + ROLES.index(self.role()), Qt.SortOrder.DescendingOrder)
+
+    def _fill_sinks(self, rec: HeadRolesRecord) -> None:
+        self.sinks.blockSignals(True)
+        self.sinks.clear()
+        for s in rec.roles.sinks:
+            text = (f"key {s.key} “{token_label(rec.sink_text(s.key), 16)}”: sink in {s.n_heads} heads, "
+                    f"up to {s.weight:.2f} (L{s.layer} h{s.head}, {s.ratio:.0f}× uniform)")
+            item = QListWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, s.key)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked)
+            self.sinks.addItem(item)
+        self.sinks.blockSignals(False)
+        where = "the chat" if rec.source == "chat" else "the probe"
+        self.sink_title.setText(f"Sinks in {where} ({len(rec.roles.sinks)}): tick the keys “hide sinks” hides")
+        if rec.source == "chat":
+            self.hidden_keys_changed.emit(self.hidden_keys())
+
+    def _draw_map(self) -> None:
+        role = self.role()
+        rec = self.record
+        if rec is None:
+            self.about.setText("Every head scored by the pattern it follows. " + ROLE_TEXT[role] + ".")
+            return
+        s = rec.roles.scores[role]
+        n_l, n_h = s.shape
+        self.empty.setText("")
+        self.image.setImage(np.nan_to_num(s, nan=0.0), autoLevels=False, levels=(0.0, 1.0),
+                            rect=QRectF(0, 0, n_h, n_l))
+        self.map.getAxis("bottom").setTicks([[(h + 0.5, f"h{h}") for h in range(n_h)]])
+        step = max(1, n_l // 15)
+        self.map.getAxis("left").setTicks([[(li + 0.5, str(rec.roles.layers[li])) for li in range(0, n_l, step)]])
+        self.map.setRange(QRectF(0, 0, n_h, n_l), padding=0)
+        top = rec.roles.top(role, 3)
+        best = ", ".join(f"L{layer} h{h} ({v:.2f})" for layer, h, v in top)
+        src = (f"the induction probe ({rec.roles.n_tokens} tokens: random, then the same again)"
+               if rec.source == "probe" else f"the chat ({rec.roles.n_tokens} tokens)")
+        self.about.setText(f"{role}: {ROLE_TEXT[role]}. On {src}, strongest: {best or '–'}. "
+                           "Click a head to open it in the overview.")
+
+    # ---- interaction
+
+    def head_at(self, x: float, y: float) -> tuple[int, int] | None:
+        rec = self.record
+        if rec is None:
+            return None
+        n_l, n_h = rec.roles.scores[ROLES[0]].shape
+        li, h = int(np.floor(y)), int(np.floor(x))
+        return (li, h) if 0 <= li < n_l and 0 <= h < n_h else None
+
+    def describe(self, li: int, h: int) -> str:
+        rec = self.record
+        assert rec is not None
+        parts = [f"{role} {float(rec.roles.scores[role][li, h]):.3f}" for role in ROLES]
+        return f"layer {rec.roles.layers[li]}, head {h}: " + " · ".join(parts)
+
+    def _hover(self, ev) -> None:
+        if ev.isExit():
+            return
+        hit = self.head_at(ev.pos().x(), ev.pos().y())
+        if hit is not None:
+            self.hovered.emit(self.describe(*hit))
+
+    def _click(self, ev) -> None:
+        hit = self.head_at(ev.pos().x(), ev.pos().y())
+        if hit is not None and ev.button() == Qt.MouseButton.LeftButton and self.record is not None:
+            ev.accept()
+            self.head_opened.emit(self.record.roles.layers[hit[0]], hit[1])
+
+    def _row_clicked(self, row: int, _col: int) -> None:
+        layer, head = self.table.item(row, 0), self.table.item(row, 1)
+        if layer is not None and head is not None:
+            self.head_opened.emit(int(layer.value), int(head.value))
