@@ -42,7 +42,8 @@ ROWS = (1, 7, 8, 9, 16, 33)
 N = 768  # three super-blocks: the accumulation order over them matters
 # block bytes and the byte offsets of the fp16 d and dmin (None: the type has no min)
 LAYOUT = {GGMLType.Q3_K: (110, 108, None), GGMLType.Q4_K: (144, 0, 2),
-          GGMLType.Q5_K: (176, 0, 2), GGMLType.Q6_K: (210, 208, None)}
+          GGMLType.Q5_K: (176, 0, 2), GGMLType.Q6_K: (210, 208, None),
+          GGMLType.Q2_K: (84, 80, 82)}  # last, so that the random draws of the others stay as they were
 
 
 def activations(rng: np.random.Generator) -> np.ndarray:

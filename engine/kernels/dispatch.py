@@ -252,6 +252,8 @@ class BlockProduct:
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
+        if reg.compiled and paths.takes_tiled(qtype, blocks.shape[0]):
+            self.tiled = paths.tiled_gemm(qtype)  # Q2_K and the Q8_K i-quants (iquant_tiled)
         if reg.compiled and qtype == _T.IQ4_NL and blocks.shape[0] % 8 == 0:
             self.gemv, self.gemm = paths.iq4_nl_x8()  # llama.cpp repacks these rows: its iq4_nl_8x8 numbers
             self.path = "iq4_nl_x8"
@@ -306,7 +308,9 @@ class BlockProduct:
             else:
                 xq = act.bytes_for(self.qtype)
                 if self.tiled is not None and t >= TILED_MIN_ROWS:
-                    gemm = self.tiled
+                    with KERNEL_LOCK:  # one call: each weight row decoded once for the whole batch
+                        self.tiled(self.weight, xq, out)
+                    return out
             for r0 in range(0, t, GEMV_MAX_ROWS):
                 r1 = min(t, r0 + GEMV_MAX_ROWS)
                 with KERNEL_LOCK:

@@ -7,9 +7,9 @@
 
 `blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
 bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
-8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path and IQ4_NL through
-llamafile's tinyBLAS (or its iq4_nl_8x8 repacking), whose float order differs in the last bits: these
-kernels keep vec_dot's numbers for every batch, except for IQ4_NL rows in eights: llama.cpp repacks those
+8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path (iquant_tiled.py,
+which BlockProduct takes for those batches) and IQ4_NL through llamafile's tinyBLAS (not reproduced: rows not in
+eights only), except for IQ4_NL rows in eights: llama.cpp repacks those
 (block_iq4_nlx8) and multiplies them with ggml_gemv / gemm_iq4_nl_8x8_q8_0 for every batch, one fma per block
 of the exact integer sum, which `gemv_iq4_nl_x8` / `gemm_iq4_nl_x8` reproduce. Threads run over weight rows (prange). The drivers are spelled
 out one per type so that numba caches each on its own.

@@ -95,7 +95,25 @@ def iq4_nl_x8() -> tuple[Callable, Callable]:
 
 
 def tiled_gemm(qtype: GGMLType) -> Callable:
-    """The tiled k-quant gemm of a Q3_K / Q4_K / Q5_K / Q6_K weight (batches of TILED_MIN_ROWS rows or more)."""
+    """The tiled gemm of a plain-buffer weight (batches of TILED_MIN_ROWS rows or more): Q3_K..Q6_K in
+    kquant_tiled, Q2_K and the Q8_K i-quants in iquant_tiled."""
+    if qtype.name in TILED_IQ:
+        from engine.kernels.iquant_tiled import KINDS, gemm_tiled  # noqa: PLC0415 - compiled kernels only
+
+        kind = KINDS[qtype.name]
+        return lambda blocks, xq, out: gemm_tiled(kind, blocks, xq, out)
     from engine.kernels import kquant_tiled  # noqa: PLC0415 - compiled kernels only
 
     return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
+
+
+# the types of ggml-cpu's tiled path that iquant_tiled computes (Q2_K: with AVX-512 llama.cpp repacks rows in
+# eights as q2_K_8x8, which the engine does not reproduce, so only other Q2_K weights take it)
+TILED_IQ = ("IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "Q2_K")
+
+
+def takes_tiled(qtype: GGMLType, n_rows: int) -> bool:
+    """Whether llama.cpp's batches of this weight (from TILED_MIN_ROWS activation rows) take the tiled path."""
+    if qtype.name == "Q2_K":
+        return n_rows % 8 != 0
+    return qtype.name in TILED_IQ

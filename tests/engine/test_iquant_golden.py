@@ -5,14 +5,11 @@ not have for these types, into /tmp/gguf-lens-iquants (or $GGUF_LENS_IQUANT_DIR)
 llama.cpp's top-32 log-probabilities at the first 128 prose tokens (tests/fixtures/golden_iquants.*). Where the
 files are absent (CI) these tests skip; the bit-exact dequantization and kernel tests run everywhere.
 
-Two references per file, both llama.cpp as it runs by default (IQ4_NL rows in eights repacked to iq4_nl_8x8, which
-the engine reproduces bit for bit; SmolLM2's 576-wide rows are IQ4_NL in all three files):
-- one 128-token batch: the other i-quants (IQ4_XS, IQ3_S ffn_down) take llama.cpp's tiled path there, whose float
-  order differs from vec_dot's in the last bits, and on this small model such differences cascade through the
-  8-bit activation rounding (llama.cpp's own variants, batched or token by token, differ by a KLD of about 0.003
-  and a top token in 1 to 2 of 32 positions). The IQ4_NL file has no such tensor: its logits are llama.cpp's
-  (KLD at the rounding of the stored log-probs); the others are held to that noise floor (ggml numerics: KLD
-  <= 0.005, 93% same top; float32: KLD <= 0.008, 92%), which is below the issue's bar for real models;
+Two references per file, both llama.cpp as it runs by default (IQ4_NL weights with rows in eights repacked to
+iq4_nl_8x8, which the engine reproduces bit for bit; SmolLM2's 576-wide rows are IQ4_NL in all three files):
+- one 128-token batch: the other i-quants (IQ4_XS, IQ3_S ffn_down) take llama.cpp's tiled path there, which
+  engine.kernels.iquant_tiled reproduces, so with ggml numerics every file's logits are llama.cpp's (KLD at the
+  rounding of the stored log-probs); float32 numerics are held to the issue's bar for real models;
 - one token per decode (vec_dot, or the repacked gemv): with ggml numerics the logits are llama.cpp's bit for bit.
 """
 from __future__ import annotations
@@ -34,7 +31,7 @@ TYPES = list(META["files"])
 # numerics -> (KLD mean bound, same-top bound) against llama.cpp's default run
 BOUNDS = {"ggml": (0.005, 0.93), "float32": (0.008, 0.92)}
 TOKEN_POSITIONS = META["token_positions"]  # token by token is slower: the first positions only
-EXACT = {"IQ4_NL"}  # files with no tensor on llama.cpp's tiled i-quant path: one batch is bit for bit too
+EXACT = set(TYPES)  # with ggml numerics one batch is bit for bit too (vec_dot, iq4_nl_8x8 and the tiled path)
 
 
 @pytest.fixture(scope="module")

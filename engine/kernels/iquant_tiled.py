@@ -1,0 +1,165 @@
+"""Batches of the Q8_K i-quants and Q2_K with the numbers of ggml-cpu's tiled MUL_MAT path, bit for bit.
+
+From 8 activation rows llama.cpp multiplies a weight it keeps in the plain CPU buffer by its tiled path
+(ggml-cpu/tiled) when the type is IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S, IQ1_M or Q2_K (rows
+not in eights; with AVX-512 rows in eights are repacked). Per activation a, weight row r and super-block i,
+in order from acc = 0:
+
+  isum = sum of (integer weight * its sub-block scale) * q8 over the block's 256 weights    (exact)
+  res  = float(isum) * d0          d0 = fp16(d) * c   (c: 0.125 for IQ2_* and IQ1_*, 0.25 for IQ3_XXS, else 1)
+  Q2_K: res = fma(-fp16(dmin), float(sum of min * bsum per 16), float(isum) * fp16(d))
+  acc  = fma(res, d8_i, acc)
+
+(the tile's d0 * float(s1), its fnmadd for the min term, and `buf + res * d1`, which GCC contracts). IQ1_S /
+IQ1_M weights are 8 * grid + delta there (the 1/8 is in c), so their delta terms are part of isum. vec_dot's
+order differs (eight lanes, one fma each, a horizontal sum at the end): batches under 8 rows keep it
+(iquant_dot.py). Each weight row is decoded once per call into int16 products weight * scale (|value| < 2^12)
+and fp32 d0; the 256-weight integer dot with the Q8_K bytes is vpmaddwd work (`_dot256`).
+
+  gemm_tiled(kind, blocks, xq, out)   kind: KINDS[type name]; blocks (n_rows, nb * block bytes),
+                                      xq (m, nb * 292) Q8_K rows -> out (m, n_rows)
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .activations import bits_f32, f16_to_f32, fma32, njit, prange
+from .iquant_rows import _IQ1S, Q8K, _f16, _i16, _u16, _u32
+from .iquant_tiles import _decode
+from .simd import I8, I16, I32, Ops, byte_ptr, call_intrinsic, load, vec
+
+# type name -> kind: 0..5 are iquant_tiles._decode's, 8 / 9 the IQ1 types, 10 Q2_K
+KINDS = {"IQ2_XXS": 0, "IQ2_XS": 1, "IQ2_S": 2, "IQ3_XXS": 3, "IQ3_S": 4, "IQ4_XS": 5, "IQ1_S": 8, "IQ1_M": 9,
+         "Q2_K": 10}
+# kind -> (block bytes, the constant c of d0)
+_BLOCK = {0: (66, 0.125), 1: (74, 0.125), 2: (82, 0.125), 3: (98, 0.25), 4: (110, 1.0), 5: (136, 1.0),
+          8: (50, 0.125), 9: (56, 0.125), 10: (84, 1.0)}
+_SIZE = np.array([66, 74, 82, 98, 110, 136, 0, 0, 50, 56, 84], np.int64)
+_C = np.array([0.125, 0.125, 0.125, 0.25, 1.0, 1.0, 0, 0, 0.125, 0.125, 1.0], np.float32)
+_H = {"cache": True, "forceinline": True, "error_model": "numpy"}
+_ROWS = 4  # weight rows per parallel task: their decoded int16 rows stay in cache while every activation passes
+
+
+@intrinsic
+def _dot256(typingctx, w, wo, x, xo):
+    """sum over k < 256 of int16 w[k] * int8 x[k]: w's bytes from byte wo, x's from byte xo (exact int32)."""
+    def codegen(context, b, sig, args):
+        pw = byte_ptr(context, b, sig.args[0], args[0], args[1])
+        px = byte_ptr(context, b, sig.args[2], args[2], args[3])
+        ops = Ops(context, b)
+        acc = ir.Constant(vec(I32, 8), None)
+        for c in range(16):
+            wv = load(b, pw, vec(I16, 16), 32 * c)
+            xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
+            acc = b.add(acc, ops.madd(wv, xv))
+        return call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [acc])
+    return types.int32(w, wo, x, xo), codegen
+
+
+@njit(**_H)
+def _decode_iq1(kind, w, b, wq, s16, e0, j16):
+    """One IQ1_S (kind 8) / IQ1_M (9) block as the tile holds it: 8 * grid + delta, the 3-bit scales; fp16 d."""
+    if kind == 8:
+        for ib in range(8):
+            hw = _u16(w, b + 34 + 2 * ib)
+            s16[j16 + 2 * ib] = s16[j16 + 2 * ib + 1] = 2 * ((hw >> 12) & 7) + 1
+            delta = -1 if hw & 0x8000 else 1
+            for g in range(4):
+                gi = np.int32(w[b + 2 + 4 * ib + g]) | (((hw >> (3 * g)) & 7) << 8)
+                for k in range(8):
+                    wq[e0 + 32 * ib + 8 * g + k] = 8 * _IQ1S[gi, k] + delta
+        return _f16(w, b)
+    for ib in range(8):
+        hw = _u16(w, b + 48 + 2 * (ib // 2)) >> (6 * (ib % 2))
+        s16[j16 + 2 * ib], s16[j16 + 2 * ib + 1] = 2 * (hw & 7) + 1, 2 * ((hw >> 3) & 7) + 1
+        h0, h1 = np.int32(w[b + 32 + 2 * ib]), np.int32(w[b + 33 + 2 * ib])
+        for g in range(4):
+            h = h0 if g < 2 else h1
+            sh = 4 * (g % 2)
+            gi = np.int32(w[b + 4 * ib + g]) | (((h >> sh) & 7) << 8)
+            delta = -1 if (h >> (sh + 3)) & 1 else 1
+            for k in range(8):
+                wq[e0 + 32 * ib + 8 * g + k] = 8 * _IQ1S[gi, k] + delta
+    sc = (_u16(w, b + 48) >> 12) | ((_u16(w, b + 50) >> 8) & 0xF0) | ((_u16(w, b + 52) >> 4) & 0xF00)
+    sc |= _u16(w, b + 54) & 0xF000
+    return f16_to_f32(np.uint16(sc))
+
+
+@njit(**_H)
+def _decode_q2_k(w, b, wq, s16, mins, j16):
+    """One Q2_K block: quants 0..3 in wq, the 4-bit scales in s16 and mins; fp16 d (dmin is read apart)."""
+    e0 = 16 * j16
+    for s in range(16):
+        sc = np.int32(w[b + s])
+        s16[j16 + s], mins[j16 + s] = sc & 15, sc >> 4
+    for h in range(2):
+        for j in range(4):
+            for k in range(32):
+                q = np.int32(w[b + 16 + 32 * h + k])
+                wq[e0 + 128 * h + 32 * j + k] = (q >> (2 * j)) & 3
+    return _f16(w, b + 80)
+
+
+@njit(**_H)
+def _row(kind, w, nb, wq, s16, mins, w16, d0, dmin):
+    """Decode a whole weight row: w16 = weight * scale (int16), d0 per block; Q2_K's mins and dmin too."""
+    size, c = _SIZE[kind], _C[kind]
+    for i in range(nb):
+        if kind == 10:
+            d = _decode_q2_k(w, size * i, wq, s16, mins, 16 * i)
+            dmin[i] = _f16(w, size * i + 82)
+        elif kind >= 8:
+            d = _decode_iq1(kind, w, size * i, wq, s16, 256 * i, 16 * i)
+        else:
+            d = _decode(kind, w, size * i, wq, s16, 256 * i, 16 * i)
+        d0[i] = d * c
+    for e in range(256 * nb):
+        w16[e] = np.int16(np.int32(wq[e]) * s16[e >> 4])
+
+
+@njit(**_H)
+def _tiled_dot(kind, w16, d0, mins, dmin, nb, x):
+    acc = np.float32(0.0)
+    for i in range(nb):
+        y = Q8K * i
+        res = np.float32(_dot256(w16, 512 * i, x, y + 4)) * d0[i]
+        if kind == 10:
+            imin = np.int32(0)
+            for s in range(16):
+                imin += np.int32(mins[16 * i + s] * _i16(x, y + 260 + 2 * s))
+            res = fma32(-dmin[i], np.float32(imin), res)
+        acc = fma32(res, bits_f32(_u32(x, y)), acc)
+    return acc
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def gemm_tiled(kind, blocks, xq, out):
+    """out[a, r] = the tiled path's value of weight row r (type `kind`) times Q8_K row xq[a]."""
+    size = _SIZE[kind]
+    if size == 0 or blocks.ndim != 2 or blocks.shape[1] % size:
+        raise ValueError("weight row bytes are not a whole number of blocks of this type")
+    nb = blocks.shape[1] // size
+    n_rows, m = blocks.shape[0], xq.shape[0]
+    if xq.shape[1] != nb * Q8K or out.shape[0] != m or out.shape[1] != n_rows:
+        raise ValueError("the activations must be Q8_K rows as long as the weight rows, out (m, n_rows)")
+    for task in prange((n_rows + _ROWS - 1) // _ROWS):
+        r0 = task * _ROWS
+        r1 = min(n_rows, r0 + _ROWS)
+        wq = np.empty(256 * nb, np.int8)
+        s16 = np.empty(16 * nb, np.int32)
+        mins = np.zeros(16 * nb, np.int32)
+        w16 = np.empty((r1 - r0, 256 * nb), np.int16)
+        d0 = np.empty((r1 - r0, nb), np.float32)
+        dmin = np.zeros((r1 - r0, nb), np.float32)
+        allmins = np.zeros((r1 - r0, 16 * nb), np.int32)
+        for r in range(r0, r1):
+            _row(kind, blocks[r], nb, wq, s16, mins, w16[r - r0], d0[r - r0], dmin[r - r0])
+            allmins[r - r0] = mins
+        for a in range(m):
+            x = xq[a]
+            for r in range(r0, r1):
+                out[a, r] = _tiled_dot(kind, w16[r - r0], d0[r - r0], allmins[r - r0], dmin[r - r0], nb, x)
+    return out
