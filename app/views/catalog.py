@@ -30,7 +30,10 @@ class CatalogDialog(QDialog):
         for name, e in catalog.CATALOG.items():
             installed = catalog.is_installed(e) is not None
             state = "installed" if installed else f"download {human_bytes(e.size)}"
-            item = QListWidgetItem(f"{e.title}\n    {name} · {state}")
+            kind = "instruct model: follows instructions in a chat" if e.instruct else (
+                "base model: continues text, does not follow instructions")
+            item = QListWidgetItem(f"{e.title}\n    {name} · {state}\n    {kind}")
+            item.setToolTip(kind)
             item.setData(Qt.ItemDataRole.UserRole, name)
             self.list.addItem(item)
             if name == catalog.DEFAULT_MODEL:

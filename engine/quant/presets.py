@@ -306,9 +306,12 @@ def fit_row(name: str, qtype: GGMLType, n_cols: int) -> tuple[GGMLType, str | No
             f"{name}: row size {n_cols} is not a multiple of {qtype.name} block size {block}, "
             "and llama.cpp has no fallback for that type"
         )
+    first = new
     if n_cols % TYPES[new].block_size:
         new = _T.F16
-    return new, f"row of {n_cols} is not a multiple of {block}: {qtype.name} falls back to {new.name}"
+    also = f" (its {TYPES[first].block_size}-wide blocks do not fit either)" if new != first else ""
+    return new, (f"{n_cols} columns are not a multiple of {qtype.name}'s {block}-wide super-block: "
+                 f"{qtype.name} falls back to {new.name}{also}, as llama.cpp does")
 
 
 def choose_types(

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.data.type_reasons import TypeReasons, explain_file_types, plan_reasons
 from app.records.model import ModelRecord, TensorRow
 from app.records.tensor import TensorRecord
 from app.views.common.colours import type_colour
@@ -48,6 +49,8 @@ class QuantLens(QWidget):
         super().__init__(parent)
         self.model: ModelRecord | None = None
         self.tensor: TensorRecord | None = None
+        self.file_reasons: TypeReasons | None = None  # why each tensor of the file has its type
+        self.reasons: dict[str, str] = {}  # the same, with overrides applied in memory taken into account
         self._cells: dict[tuple[int, int], str] = {}
         self.summary = QLabel("Load a model to see how it is quantized.")
         self.summary.setWordWrap(True)
@@ -69,10 +72,17 @@ class QuantLens(QWidget):
         self.bars = pg.PlotWidget(background="w", title="Bytes per layer by type")
         self.bars.setLabel("bottom", "layer")
         self.bars.setLabel("left", "size", units="B")
-        self.legend = self.bars.addLegend(offset=(-10, 10), brush=pg.mkBrush(255, 255, 255, 220), labelTextColor=(0, 0, 0))
+        self.bars.setMinimumHeight(160)
+        self.bars_key = QLabel("")  # the colour key under the chart: a legend inside it would hide the last layers
+        self.bars_key.setWordWrap(True)
+        bars_box = QWidget()
+        bl = QVBoxLayout(bars_box)
+        bl.setContentsMargins(0, 0, 0, 0)
+        bl.addWidget(self.bars, 1)
+        bl.addWidget(self.bars_key)
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(tabs)
-        left.addWidget(self.bars)
+        left.addWidget(bars_box)
         left.setSizes([600, 300])
         self.detail = TensorDetail()
         self.overrides = OverrideEditor()
@@ -91,11 +101,15 @@ class QuantLens(QWidget):
         self.flat.cellClicked.connect(lambda r, _c: self._request(self.flat.item(r, 0).text()))
         self.detail.block_requested.connect(self.block_requested)
         self.overrides.spec_changed.connect(lambda _spec: self._mark_plan())
+        self.overrides.applied_changed.connect(lambda _spec: self._explain())
 
     # ---- public API
 
     def set_model(self, model: ModelRecord) -> None:
-        """Fill the tables, the totals and the per-layer bar chart."""
+        """Fill the tables, the totals and the per-layer bar chart; another file empties the detail pane."""
+        if self.model is None or self.model.path != model.path:
+            self.file_reasons = explain_file_types(model)  # the file's own types: the record loaded first
+            self.detail.clear()
         self.model = model
         self.tensor = None
         by_type = Counter()
@@ -107,7 +121,9 @@ class QuantLens(QWidget):
             f"{human_bytes(model.total_bytes)} of tensors in a {human_bytes(model.file_bytes)} file · "
             f"<b>{model.average_bpw:.3f} bits/weight</b> on average · {mix}"
             + ("" if model.runnable else " · <i>(file only: no forward pass for this architecture yet)</i>")
+            + (f" · {html.escape(self.file_reasons.summary())}" if self.file_reasons else "")
         )
+        self.reasons = self._reasons()
         self._fill_grid(model)
         self._fill_flat(model.tensors)
         self._fill_bars(model)
@@ -116,9 +132,28 @@ class QuantLens(QWidget):
         self._mark_plan()
 
     def set_tensor(self, rec: TensorRecord) -> None:
-        """Show one tensor's distributions and decoded block."""
+        """Show one tensor: why it has its type, its distributions and decoded block."""
         self.tensor = rec
-        self.detail.set_record(rec)
+        self.detail.set_record(rec, self.reasons.get(rec.name, ""))
+
+    def why(self, name: str) -> str:
+        """Why tensor `name` has the type shown now (the file's preset, a fallback, an applied rule)."""
+        return self.reasons.get(name, "")
+
+    def _reasons(self) -> dict[str, str]:
+        out = dict(self.file_reasons.reasons) if self.file_reasons is not None else {}
+        ed = self.overrides
+        if ed.record is not None and not ed.applied.empty:
+            out.update(plan_reasons(ed.record, ed.applied))
+        return out
+
+    def _explain(self) -> None:
+        """Overrides were applied or reset: the reasons (cell tooltips, the detail's header) follow."""
+        self.reasons = self._reasons()
+        if self.model is not None:
+            self._mark_plan()
+        if self.tensor is not None:
+            self.detail.set_reason(self.reasons.get(self.tensor.name, ""))
 
     # ---- tables
 
@@ -150,10 +185,15 @@ class QuantLens(QWidget):
         item.setBackground(QBrush(QColor(*rgb)))
         item.setForeground(QBrush(QColor("#000")))
         item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
-        shape = " × ".join(map(str, t.shape))
-        item.setToolTip(f"{t.name}\n{t.type_name} · [{shape}] · {t.nbytes:,} bytes · {t.bpw:.4g} bits/weight")
+        item.setToolTip(self._tip(t))
         self.grid.setItem(r, c, item)
         self._cells[(r, c)] = t.name
+
+    def _tip(self, t: TensorRow, after: str = "") -> str:
+        shape = " × ".join(map(str, t.shape))
+        why = self.reasons.get(t.name, "")
+        return (f"{t.name}\n{t.type_name} · [{shape}] · {t.nbytes:,} bytes · {t.bpw:.4g} bits/weight"
+                + (f"\nwhy {t.type_name}: {why}" if why else "") + (f"\nafter Apply: {after}" if after else ""))
 
     def _fill_flat(self, rows: tuple[TensorRow, ...]) -> None:
         self.flat.setSortingEnabled(False)
@@ -165,12 +205,13 @@ class QuantLens(QWidget):
                 item.setData(Qt.ItemDataRole.DisplayRole, v)
                 if j == 3:
                     item.setBackground(QBrush(QColor(*type_colour(t.type_name))))
+                    item.setToolTip(self._tip(t))
                 self.flat.setItem(i, j, item)
         self.flat.setSortingEnabled(True)
 
     def _fill_bars(self, model: ModelRecord) -> None:
         self.bars.clear()
-        self.legend.clear()
+        keys = []
         per_layer: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(model.n_layers))
         for t in model.tensors:
             if t.layer is not None and t.layer < model.n_layers:
@@ -181,8 +222,15 @@ class QuantLens(QWidget):
             h = per_layer[name]
             bar = pg.BarGraphItem(x=x, height=h, y0=bottom, width=0.8, brush=pg.mkBrush(*type_colour(name)), pen=pg.mkPen("w", width=0.5))
             self.bars.addItem(bar)
-            self.legend.addItem(bar, f"{name}  {human_bytes(h.sum())}")
+            r, g, b = type_colour(name)
+            keys.append(f"<span style='color:rgb({r},{g},{b})'>■</span>&nbsp;{name} {human_bytes(h.sum())}")
             bottom = bottom + h
+        self.bars_key.setText("&nbsp;&nbsp; ".join(keys))
+        n = model.n_layers
+        self.bars.setXRange(-0.6, n - 0.4, padding=0)  # every layer, the last one included
+        self.bars.setYRange(0, float(bottom.max()) * 1.05 if n else 1.0, padding=0)
+        step = 1 if n <= 32 else 2 if n <= 64 else 4
+        self.bars.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)], []])
         outside = sum(t.nbytes for t in model.tensors if t.layer is None)
         self.bars.setTitle(f"Bytes per layer by type (outside the layers: {human_bytes(outside)}, e.g. token_embd)")
 
@@ -202,6 +250,7 @@ class QuantLens(QWidget):
                 continue
             new = tp.new.name if tp is not None and tp.new.name != row.type_name else None
             item.setText(f"→{new}" if new else row.type_name)
+            item.setToolTip(self._tip(row, f"{new}: {tp.reason}" if new else ""))
             item.setBackground(QBrush(QColor(*type_colour(new or row.type_name))))
             font = item.font()
             font.setItalic(new is not None)
@@ -209,5 +258,5 @@ class QuantLens(QWidget):
 
     def _request(self, name: str) -> None:
         self.overrides.pick_tensor(name)
-        self.detail.title.setText(f"Loading {name}…")
+        self.detail.loading(name)
         self.tensor_requested.emit(name)

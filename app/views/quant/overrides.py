@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -45,6 +46,17 @@ ROLE_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
 ERROR_STYLE = "color:#b00020"
 
 
+def fallback_list(fell: list, limit: int = 12) -> str:
+    """The tensors that fell back, with the reason, for a tooltip ("" when none did)."""
+    if not fell:
+        return ""
+    lines = [f"{len(fell)} tensor{'s' if len(fell) > 1 else ''} fall back to a type that fits their rows:"]
+    lines += [f"  {tp.name} → {tp.new.name}: {tp.reason.rsplit('; ', 1)[-1]}" for tp in fell[:limit]]
+    if len(fell) > limit:
+        lines.append(f"  … and {len(fell) - limit} more")
+    return "\n".join(lines)
+
+
 class OverrideEditor(QGroupBox):
     """Choose types per layer or tensor by rules, see what changes and the resulting size, then apply or save."""
 
@@ -53,6 +65,7 @@ class OverrideEditor(QGroupBox):
     cancel_requested = Signal()
     reset_requested = Signal()
     save_requested = Signal(object, str)  # (OverrideSpec, output path)
+    applied_changed = Signal(object)  # OverrideSpec now in memory (empty: the file)
 
     def __init__(self, parent=None):
         super().__init__("Type overrides: requantize the loaded model", parent)
@@ -78,6 +91,9 @@ class OverrideEditor(QGroupBox):
         self.qtype = QComboBox()
         self.qtype.addItems(list(RULE_TYPE_NAMES))
         self.qtype.setCurrentText("Q8_0")
+        for box in (self.preset, self.layer, self.role, self.qtype):  # never "every lay": as wide as the longest item
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+            box.setSizePolicy(QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Fixed)
         self.add = QPushButton("Add rule")
         self.text = QLineEdit()
         self.text.setPlaceholderText("or type REGEX=TYPE, e.g. attn_v=Q8_0, and press Enter")
@@ -132,19 +148,19 @@ class OverrideEditor(QGroupBox):
         edit.addWidget(self.down)
         edit.addStretch(1)
         edit.addWidget(self.show_all)
-        buttons = QHBoxLayout()
+        buttons = QHBoxLayout()  # at the top: Apply is always in sight, however short the pane
         for b in (self.apply, self.cancel, self.reset, self.save):
             buttons.addWidget(b)
         buttons.addWidget(self.progress, 1)
         box = QVBoxLayout(self)
         box.addLayout(top)
+        box.addLayout(buttons)
+        box.addWidget(self.message)
         box.addWidget(self.rules)
         box.addLayout(pick)
         box.addLayout(edit)
         box.addWidget(self.summary)
         box.addWidget(self.preview, 1)
-        box.addLayout(buttons)
-        box.addWidget(self.message)
 
     # ---- public API
 
@@ -155,6 +171,7 @@ class OverrideEditor(QGroupBox):
         self.applied = self.applied if same else OverrideSpec()
         if not same:
             self._rules = []
+            self.show_message("")  # "Done: applied ..." spoke of the previous model
             self.preset.blockSignals(True)
             self.preset.setCurrentText(FILE_TYPES)
             self.preset.blockSignals(False)
@@ -224,6 +241,7 @@ class OverrideEditor(QGroupBox):
         self.in_memory.setText(f"In memory: <b>{'the file' if spec.empty else html.escape(spec.label())}</b>")
         self.in_memory.setToolTip(summary)
         self._enable()
+        self.applied_changed.emit(spec)
 
     def show_message(self, text: str, error: bool = False) -> None:
         self.message.setStyleSheet(ERROR_STYLE if error else "color:#555")
@@ -299,6 +317,7 @@ class OverrideEditor(QGroupBox):
             else:
                 self.summary.setStyleSheet("")
                 self.summary.setText(f"<b>Preview</b>: {plan_summary(self.plan)}")
+                self.summary.setToolTip(fallback_list(self.plan.fallbacks))
             self._show_counts()
         self.preview.set_plan(self.plan, self.show_all.isChecked())
         self._enable()
@@ -324,10 +343,12 @@ class OverrideEditor(QGroupBox):
                 item.setForeground(QColor("#b00020"))
                 continue
             matched, decided = next(counts)
-            item.setText(f"{decided}" + (f" of {matched}" if matched != decided else ""))
-            item.setForeground(QColor("#000"))
+            fell = [tp for tp in (self.plan.fallbacks if self.plan is not None else ()) if tp.reason.startswith(f"rule {rule};")]
+            item.setText(f"{decided}" + (f" of {matched}" if matched != decided else "")
+                         + (f" · {len(fell)} fall back" if fell else ""))
+            item.setForeground(QColor("#a05a00" if fell else "#000"))
             item.setToolTip(f"matches {matched} tensors; decides {decided} (the others are matched by an earlier "
-                            "rule or are never quantized, e.g. norms)")
+                            "rule or are never quantized, e.g. norms)" + ("\n" + fallback_list(fell) if fell else ""))
         self._filling = False
 
     def _enable(self) -> None:

@@ -11,8 +11,10 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QSpinBox,
+    QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -23,6 +25,9 @@ from engine.quant.blocks import DecodedBlock
 FIELD_COLOURS = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233), (213, 94, 0))
 MAX_VALUES_SHOWN = 16
 CLIP_QUANTILE = 0.0005  # the weight histogram opens on the central 99.9%; drag out to see the tails
+MIN_PLOT_HEIGHT = 220  # the histograms and the block plots never shrink to a sliver
+EMPTY_TEXT = ("Click a tensor in the table (or in “All tensors”) to see why it has its type, its weight and "
+              "block-scale distributions, and one block decoded field by field.")
 
 
 class TensorDetail(QWidget):
@@ -33,27 +38,38 @@ class TensorDetail(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.record: TensorRecord | None = None
+        self.reason = ""  # why the tensor has its type (the lens gives it: preset, fallback, rule)
         self.title = QLabel("Click a tensor in the table.")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.title.setWordWrap(True)
+        self.why = QLabel("")  # "why Q5_0: 640 columns are not a multiple of Q4_K's 256-wide super-block ..."
+        self.why.setTextFormat(Qt.TextFormat.PlainText)
+        self.why.setWordWrap(True)
+        self.why.setStyleSheet("color: #444; background: #f4f6fa; border-radius: 3px; padding: 2px 4px;")
+        self.why.hide()
         self.scale_box = QComboBox()
+        self.scale_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.block_spin = QSpinBox()
         self.block_spin.setPrefix("block ")
         self.block_spin.setKeyboardTracking(False)
-        self.plots = pg.GraphicsLayoutWidget()
+        self.plots = pg.GraphicsLayoutWidget()  # the histograms side by side
         self.plots.setBackground("w")
         self.weight_plot = self.plots.addPlot(row=0, col=0, title="Dequantized weights")
         self.scale_plot = self.plots.addPlot(row=0, col=1, title="Block scales")
         for p in (self.weight_plot, self.scale_plot):
             p.setLabel("left", "count")
-        self.layout_plot = self.plots.addPlot(row=1, col=0, colspan=2, title="Raw layout of one block (bytes)")
+            p.getAxis("bottom").setStyle(maxTickLevel=1)  # fewer, wider-spaced tick labels: none overlap
+        self.plots.setMinimumHeight(MIN_PLOT_HEIGHT)
+        self.block_plots = pg.GraphicsLayoutWidget()  # one block: its bytes and its weights
+        self.block_plots.setBackground("w")
+        self.layout_plot = self.block_plots.addPlot(row=0, col=0, title="Raw layout of one block (bytes)")
         self.layout_plot.hideAxis("left")
         self.layout_plot.setMouseEnabled(x=True, y=False)
-        self.block_plot = self.plots.addPlot(row=2, col=0, colspan=2, title="The block's weights: w = scale · q + offset")
+        self.block_plot = self.block_plots.addPlot(row=1, col=0, title="The block's weights: w = scale · q + offset")
         self.block_plot.setLabel("bottom", "weight index in the block")
-        self.plots.ci.layout.setRowStretchFactor(0, 3)
-        self.plots.ci.layout.setRowStretchFactor(1, 1)
-        self.plots.ci.layout.setRowStretchFactor(2, 3)
+        self.block_plots.ci.layout.setRowStretchFactor(0, 1)
+        self.block_plots.ci.layout.setRowStretchFactor(1, 2)
+        self.block_plots.setMinimumHeight(MIN_PLOT_HEIGHT)
         self.fields = QTableWidget(0, 6)
         self.fields.setHorizontalHeaderLabels(["field", "bytes", "stored as", "meaning", "decodes to", "raw (hex)"])
         self.fields.verticalHeader().setVisible(False)
@@ -64,23 +80,64 @@ class TensorDetail(QWidget):
         header.setStretchLastSection(True)
         self.fields.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.formula = QLabel("")
+        self.formula.setWordWrap(True)
         bar = QHBoxLayout()
         bar.addWidget(self.title, 1)
         bar.addWidget(QLabel("scale field"))
         bar.addWidget(self.scale_box)
         bar.addWidget(self.block_spin)
+        block_page = QWidget()
+        bl = QVBoxLayout(block_page)
+        bl.setContentsMargins(0, 0, 0, 0)
+        bl.addWidget(self.block_plots, 3)
+        bl.addWidget(self.formula)
+        bl.addWidget(self.fields, 2)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.plots, "Distributions")
+        self.tabs.addTab(block_page, "One block, field by field")
+        content = QWidget()
+        cl = QVBoxLayout(content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.addLayout(bar)
+        cl.addWidget(self.why)
+        cl.addWidget(self.tabs, 1)
+        self.empty = QLabel(EMPTY_TEXT)  # no axes before there is something to plot
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.empty.setStyleSheet("color: #888; padding: 16px;")
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.empty)
+        self.stack.addWidget(content)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
-        root.addLayout(bar)
-        root.addWidget(self.plots, 3)
-        root.addWidget(self.formula)
-        root.addWidget(self.fields, 2)
+        root.addWidget(self.stack)
         self.scale_box.currentTextChanged.connect(lambda _: self._draw_scales())
         self.block_spin.valueChanged.connect(self._block_changed)
 
-    def set_record(self, rec: TensorRecord) -> None:
-        """Show a tensor: its histograms and the decoded block."""
+    def clear(self, text: str = "") -> None:
+        """Back to the empty state (a new model: the tensor shown belongs to the old one)."""
+        self.record = None
+        self.reason = ""
+        self.empty.setText(text or EMPTY_TEXT)
+        self.stack.setCurrentWidget(self.empty)
+
+    def loading(self, name: str) -> None:
+        """A tensor was asked for: say so (in the empty state until the first record arrives)."""
+        self.title.setText(f"Loading {name}…")
+        if self.record is None:
+            self.empty.setText(f"Loading {name}…")
+
+    def set_reason(self, text: str) -> None:
+        """Why the shown tensor has its type, under the title (and in its tooltip)."""
+        self.reason = text
+        self.why.setText(f"why {self.record.type_name}: {text}" if text and self.record is not None else text)
+        self.why.setVisible(bool(text))
+
+    def set_record(self, rec: TensorRecord, reason: str = "") -> None:
+        """Show a tensor: why it has its type, its histograms and the decoded block."""
         self.record = rec
+        self.stack.setCurrentIndex(1)
+        self.set_reason(reason)
         shape = " × ".join(str(s) for s in rec.shape)
         sampled = "" if rec.sampled_rows >= rec.n_rows else f" (histogram of {rec.sampled_rows:,} of {rec.n_rows:,} rows)"
         st = rec.weight_stats

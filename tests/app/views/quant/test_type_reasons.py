@@ -1,0 +1,122 @@
+"""Why a tensor has its type (the file's preset, fallbacks, applied rules), and the lens's layout and stale state."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from PySide6.QtGui import QFontMetrics
+
+from app.data.overrides import OverrideSpec
+from app.data.type_reasons import explain_file_types
+from app.records.model import make_model_record
+from app.views.quant.lens import QuantLens
+from tests.app.test_lenses_common import synthetic_model_record
+from tests.app.views.quant.test_lens import _tensor_record
+from tests.conftest import GEMMA3_FILE, SMOLLM2_FILE, model_path
+
+
+def _record(file: str):
+    path = model_path(file)
+    if path is None:
+        pytest.skip(f"{file} not found")
+    from engine.gguf import open_gguf
+
+    with open_gguf(path) as g:
+        return make_model_record(g)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return _record(GEMMA3_FILE)
+
+
+def test_gemma_q5_0_says_why(qtbot, gemma) -> None:
+    reasons = explain_file_types(gemma)
+    assert reasons.preset == "Q4_K_M" and reasons.matched == reasons.quantizable
+    why = reasons.why("blk.0.attn_q.weight")
+    assert "640 columns are not a multiple of Q4_K's 256-wide super-block: Q4_K falls back to Q5_0" in why
+    assert "never quantizes" in reasons.why("blk.0.attn_norm.weight")
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    lens.set_model(gemma)
+    col = next(c for c in range(lens.grid.columnCount()) if lens.grid.horizontalHeaderItem(c).text() == "attn\nq")
+    cell = lens.grid.item(1, col)
+    assert cell.text() == "Q5_0" and "why Q5_0:" in cell.toolTip() and "falls back to Q5_0" in cell.toolTip()
+    assert "llama-quantize&#x27;s Q4_K_M: 127 of 127" in lens.summary.text()
+    rec = dataclasses.replace(_tensor_record(), name="blk.0.attn_q.weight", type_name="Q5_0")
+    lens.set_tensor(rec)
+    assert lens.detail.why.text().startswith("why Q5_0: ") and "super-block" in lens.detail.why.text()
+
+
+def test_smollm2_matches_its_preset() -> None:
+    reasons = explain_file_types(_record(SMOLLM2_FILE))
+    assert reasons.preset == "Q4_1" and reasons.matched == reasons.quantizable
+    assert reasons.fallbacks == ("token_embd.weight",)  # tied output: Q6_K does not fit 576 columns, Q8_0 then
+
+
+def test_rule_that_falls_back_lists_its_tensors(qtbot, gemma) -> None:
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    lens.set_model(gemma)
+    ed = lens.overrides
+    assert ed.add_rule(r"attn_q\.weight=Q4_K") and ed.add_rule("ffn_down=Q6_K")
+    cell = ed.rules.item(0, 2)
+    assert cell.text() == "18 · 18 fall back"
+    assert "blk.0.attn_q.weight → Q5_0" in cell.toolTip() and "super-block" in cell.toolTip()
+    assert "fall back" not in ed.rules.item(1, 2).text()  # ffn_down's 2048 columns hold Q6_K
+    ed.set_spec(OverrideSpec("Q2_K"))
+    assert "fall back" in ed.summary.toolTip() and "blk." in ed.summary.toolTip()
+
+
+def test_applied_overrides_change_the_reason(qtbot) -> None:
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    model = synthetic_model_record()
+    lens.overrides.set_model(model)
+    lens.set_model(model)
+    lens.overrides.set_applied(OverrideSpec(None, ("attn_q=Q8_0",)))
+    assert lens.why("blk.0.attn_q.weight").startswith("applied in memory (file + attn_q=Q8_0): rule attn_q=Q8_0")
+
+
+def test_model_change_clears_footer_and_detail(qtbot) -> None:
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    a = synthetic_model_record()
+    lens.overrides.set_model(a)
+    lens.set_model(a)
+    assert lens.detail.stack.currentWidget() is lens.detail.empty  # no axes before a tensor is chosen
+    lens.set_tensor(_tensor_record())
+    assert lens.detail.stack.currentIndex() == 1
+    lens.overrides.set_applied(OverrideSpec("Q8_0"), "all Q8_0")
+    lens.overrides.show_message("Done: applied Q8_0. The chat uses them from the next reply.")
+    b = dataclasses.replace(synthetic_model_record(n_layers=5), path="/tmp/other.gguf", name="other")
+    lens.overrides.set_model(b)  # as QuantBridge.model_loaded does
+    lens.overrides.set_applied(OverrideSpec())
+    lens.set_model(b)
+    assert lens.overrides.message.text() == "" and "the file" in lens.overrides.in_memory.text()
+    assert lens.detail.stack.currentWidget() is lens.detail.empty and lens.detail.record is None
+
+
+def test_bars_show_every_layer_and_combos_fit(qtbot, gemma) -> None:
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    lens.resize(1200, 760)
+    lens.show()
+    model = dataclasses.replace(synthetic_model_record(n_layers=30), path="/tmp/t30.gguf")
+    lens.set_model(model)
+    lo, hi = lens.bars.getViewBox().viewRange()[0]
+    assert lo < 0 and hi > 29  # layer 29 is inside the chart, no legend on top of it
+    ticks = [t for t, _ in lens.bars.getAxis("bottom")._tickLevels[0]]
+    assert ticks == list(range(30))
+    assert "Q4_K" in lens.bars_key.text()
+    ed = lens.overrides
+    qtbot.wait(20)  # the layout takes the new items' widths
+    for box in (ed.layer, ed.role, ed.preset, ed.qtype):
+        fm = QFontMetrics(box.font())
+        widest = max(fm.horizontalAdvance(box.itemText(i)) for i in range(box.count()))
+        assert box.width() >= box.sizeHint().width() > widest, box.currentText()  # Qt's room for the longest item
+    # Apply sits above the rules and the preview: reachable without scrolling the pane
+    assert ed.apply.mapTo(ed, ed.apply.rect().topLeft()).y() < ed.rules.mapTo(ed, ed.rules.rect().topLeft()).y()
+    d = lens.detail
+    lens.set_tensor(_tensor_record())
+    assert d.plots.height() >= 200 and d.plots.minimumHeight() >= 200
