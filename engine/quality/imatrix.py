@@ -241,3 +241,51 @@ def relative_difference(a: ImportanceMatrix, b: ImportanceMatrix) -> dict[str, f
         denom = np.maximum(np.abs(vb.astype(np.float64)), 1e-30)
         out[name] = float(np.max(np.abs(va.astype(np.float64) - vb) / denom))
     return out
+
+
+# the keys llama-quantize adds to a file it wrote with --imatrix (tools/quantize/quantize.cpp), in its order
+KEY_QUANTIZE_FILE = "quantize.imatrix.file"
+KEY_QUANTIZE_DATASET = "quantize.imatrix.dataset"
+KEY_QUANTIZE_ENTRIES = "quantize.imatrix.entries_count"
+KEY_QUANTIZE_CHUNKS = "quantize.imatrix.chunks_count"
+_KV_STRING_MAX = 127  # llama_model_kv_override.val_str holds 128 bytes
+
+
+def quantize_metadata(im: ImportanceMatrix, file_label: str) -> list[tuple[str, object, GGUFValueType]]:
+    """(key, value, type) of the quantize.imatrix.* keys llama-quantize writes, `file_label` as given on its command line."""
+    out: list[tuple[str, object, GGUFValueType]] = [
+        (KEY_QUANTIZE_FILE, _clip(file_label), GGUFValueType.STRING)]
+    if im.datasets:
+        out.append((KEY_QUANTIZE_DATASET, _clip(im.datasets[0]), GGUFValueType.STRING))
+    out.append((KEY_QUANTIZE_ENTRIES, len(im), GGUFValueType.UINT32))
+    if im.chunk_count > 0:
+        out.append((KEY_QUANTIZE_CHUNKS, int(im.chunk_count), GGUFValueType.UINT32))
+    return out
+
+
+def _clip(text: str) -> str:
+    """strncpy into 128 bytes with the last forced to NUL: at most 127 bytes (a cut UTF-8 tail dropped)."""
+    raw = text.encode()[:_KV_STRING_MAX]
+    return raw.decode("utf-8", "ignore")
+
+
+def quant_weights_for(im: ImportanceMatrix, tensors: dict[str, tuple[int, ...]]) -> dict[str, F32]:
+    """The importance each tensor to be quantized gets ({name: ggml shape}), checked as llama-quantize checks it.
+
+    A tensor missing from the matrix is quantized without one; a size that differs from the rows (ne[0] * ne[2])
+    is an error except for token_embd; non-finite values are an error.
+    """
+    out: dict[str, F32] = {}
+    for name, shape in tensors.items():
+        v = im.values(name)
+        if v is None:
+            continue
+        want = int(shape[0]) * (int(shape[2]) if len(shape) > 2 else 1)
+        if v.size != want:
+            if name == "token_embd.weight":
+                continue
+            raise SettingError(f"imatrix size {v.size} is different from tensor size {want} for {name}")
+        if not np.isfinite(v).all():
+            raise SettingError(f"imatrix contains non-finite values for {name}")
+        out[name] = v
+    return out

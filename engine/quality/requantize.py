@@ -11,22 +11,26 @@ tensors at once (NumPy releases the GIL inside the kernels).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, wait
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from engine.errors import SettingError
 from engine.gguf import GGUFFile, GGUFValueType, open_gguf, write_gguf
+from engine.quality.imatrix import (
+    ImportanceMatrix,
+    quant_weights_for,
+    quantize_metadata,
+)
+from engine.quality.plan import Plan, TensorPlan, make_plan
 from engine.quant import dequantize_rows, quantize
-from engine.quant.presets import ModelShape, Preset, choose_types, preset_by_name
-from engine.quant.rules import Rule, parse_rules
+from engine.quant.presets import Preset
+from engine.quant.rules import Rule
 from engine.quant.types import TYPES, GGMLType
 from engine.tensor import QTensor
 
@@ -35,145 +39,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Plan", "Requantizer", "TensorPlan", "make_plan", "quantize_file", "requantize_rows"]
+
 Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
 
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION in ggml.h, written as general.quantization_version
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops these
 _CHUNK_WEIGHTS = 1 << 20  # rows are requantized this many weights at a time: the cancel/progress step
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """One tensor's change: its type now and after, why, and the sizes."""
-
-    name: str
-    shape: tuple[int, ...]  # ggml order: shape[0] is the row length
-    old: GGMLType
-    new: GGMLType
-    reason: str
-    fallback: bool  # the wanted type did not fit the row; `new` is llama.cpp's fallback
-
-    @property
-    def changed(self) -> bool:
-        return self.old != self.new
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def old_bytes(self) -> int:
-        return _nbytes(self.old, self.shape)
-
-    @property
-    def new_bytes(self) -> int:
-        return _nbytes(self.new, self.shape)
-
-    @property
-    def old_bpw(self) -> float:
-        return TYPES[self.old].bits_per_weight
-
-    @property
-    def new_bpw(self) -> float:
-        return TYPES[self.new].bits_per_weight
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "shape": list(self.shape), "old": self.old.name, "new": self.new.name,
-            "reason": self.reason, "fallback": self.fallback, "old_bytes": self.old_bytes,
-            "new_bytes": self.new_bytes, "old_bpw": self.old_bpw, "new_bpw": self.new_bpw,
-        }
-
-
-def _nbytes(qtype: GGMLType, shape: tuple[int, ...]) -> int:
-    return math.prod(shape[1:]) * TYPES[qtype].row_bytes(shape[0])
-
-
-def _bpw(nbytes: int, n: int) -> float:
-    return 8.0 * nbytes / n if n else 0.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The type of every tensor of a file under a preset and rules, in llama.cpp's tensor order."""
-
-    preset: Preset | None  # None: the file's types stay, only rules change tensors
-    rules: tuple[Rule, ...]
-    tensors: dict[str, TensorPlan]
-
-    @property
-    def file_type(self) -> int | None:
-        """general.file_type to write (the preset's llama_ftype), None to keep the file's."""
-        return self.preset.ftype if self.preset is not None else None
-
-    def types(self) -> dict[str, tuple[GGMLType, GGMLType, str]]:
-        """{tensor name: (old type, new type, reason)}."""
-        return {t.name: (t.old, t.new, t.reason) for t in self.tensors.values()}
-
-    @property
-    def changed(self) -> list[TensorPlan]:
-        return [t for t in self.tensors.values() if t.changed]
-
-    @property
-    def fallbacks(self) -> list[TensorPlan]:
-        return [t for t in self.tensors.values() if t.fallback]
-
-    @property
-    def n_elements(self) -> int:
-        return sum(t.n_elements for t in self.tensors.values())
-
-    @property
-    def old_bytes(self) -> int:
-        return sum(t.old_bytes for t in self.tensors.values())
-
-    @property
-    def new_bytes(self) -> int:
-        return sum(t.new_bytes for t in self.tensors.values())
-
-    @property
-    def old_bpw(self) -> float:
-        return _bpw(self.old_bytes, self.n_elements)
-
-    @property
-    def new_bpw(self) -> float:
-        return _bpw(self.new_bytes, self.n_elements)
-
-    def label(self) -> str:
-        """A short name for the plan: 'Q4_K_M', 'Q8_0 + attn_v=Q6_K', 'file + ffn_down=Q4_K'."""
-        head = self.preset.name if self.preset is not None else "file"
-        return " + ".join([head, *map(str, self.rules)])
-
-    def summary(self) -> str:
-        """One line: what changes and the size before and after."""
-        return (
-            f"{self.label()}: {len(self.changed)} of {len(self.tensors)} tensors change, "
-            f"{self.old_bytes / 2**20:.1f} MiB -> {self.new_bytes / 2**20:.1f} MiB "
-            f"({self.old_bpw:.2f} -> {self.new_bpw:.2f} bits per weight)"
-            + (f", {len(self.fallbacks)} fell back to a type that fits their rows" if self.fallbacks else "")
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label(), "preset": self.preset.name if self.preset else None,
-            "file_type": self.file_type, "rules": [str(r) for r in self.rules],
-            "old_bytes": self.old_bytes, "new_bytes": self.new_bytes,
-            "old_bpw": self.old_bpw, "new_bpw": self.new_bpw, "n_changed": len(self.changed),
-            "n_fallback": len(self.fallbacks), "tensors": [t.as_dict() for t in self.tensors.values()],
-        }
-
-
-def make_plan(gguf: GGUFFile, preset: str | Preset | None, rules: Sequence[str | Rule] = ()) -> Plan:
-    """Choose every tensor's type as llama-quantize would; SettingError for a bad preset or rule."""
-    if isinstance(preset, str):
-        preset = preset_by_name(preset)
-    parsed = parse_rules(rules)
-    shape = ModelShape.from_metadata(gguf.metadata)
-    infos = gguf.tensors
-    choices = choose_types({n: (t.shape, t.qtype) for n, t in infos.items()}, shape, preset, parsed)
-    tensors = {
-        n: TensorPlan(n, tuple(infos[n].shape), c.old, c.new, c.reason, c.fallback) for n, c in choices.items()
-    }
-    return Plan(preset, parsed, tensors)
 
 
 def requantize_rows(
@@ -184,10 +56,12 @@ def requantize_rows(
     source: npt.NDArray[np.float32] | None = None,
     cancel: threading.Event | None = None,
     on_weights: Callable[[int], None] | None = None,
+    quant_weights: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.uint8] | None:
     """(n_rows, row_bytes) blocks of `old` requantized to `new` via float32, a row chunk at a time; None if cancelled.
 
-    `source` may hold the same weights already dequantized (n_rows, n_cols), to skip that step.
+    `source` may hold the same weights already dequantized (n_rows, n_cols), to skip that step;
+    `quant_weights` (n_cols,) is the tensor's importance (ImportanceMatrix.values), as llama-quantize --imatrix.
     """
     n_rows = len(rows)
     n_cols = rows.shape[1] // TYPES[old].type_size * TYPES[old].block_size
@@ -198,7 +72,7 @@ def requantize_rows(
             return None
         r1 = min(n_rows, r0 + step)
         x = source[r0:r1] if source is not None else dequantize_rows(rows[r0:r1], old)
-        out[r0:r1] = quantize(x, new)
+        out[r0:r1] = quantize(x, new, quant_weights)
         if on_weights is not None:
             on_weights((r1 - r0) * n_cols)
     return out
@@ -208,9 +82,12 @@ Job = tuple[TensorPlan, "npt.NDArray[np.uint8]", "npt.NDArray[np.float32] | None
 
 
 def _run_jobs(
-    jobs: list[Job], progress: Progress | None, cancel: threading.Event | None, executor: Executor | None
+    jobs: list[Job], progress: Progress | None, cancel: threading.Event | None, executor: Executor | None,
+    weights: dict[str, npt.NDArray[np.float32]] | None = None,
 ) -> dict[str, npt.NDArray[np.uint8]] | None:
-    """Requantize every job, on `executor` when given; progress is reported from the calling thread."""
+    """Requantize every job (with its tensor's importance from `weights`), on `executor` when given; progress
+    is reported from the calling thread."""
+    weights = weights or {}
     total = max(1, sum(tp.n_elements for tp, _, _ in jobs))
     done = [0]
     lock = threading.Lock()
@@ -226,14 +103,16 @@ def _run_jobs(
     out: dict[str, npt.NDArray[np.uint8]] = {}
     if executor is None:
         for tp, rows, source in jobs:
-            blocks = requantize_rows(rows, tp.old, tp.new, source=source, cancel=cancel, on_weights=count)
+            blocks = requantize_rows(rows, tp.old, tp.new, source=source, cancel=cancel, on_weights=count,
+                                     quant_weights=weights.get(tp.name))
             if blocks is None:
                 return None
             out[tp.name] = blocks
         return out
     stop = threading.Event()  # set on cancel or error, so the other jobs end at their next chunk
     futures = {
-        executor.submit(requantize_rows, rows, tp.old, tp.new, source=source, cancel=stop, on_weights=count): tp.name
+        executor.submit(requantize_rows, rows, tp.old, tp.new, source=source, cancel=stop, on_weights=count,
+                        quant_weights=weights.get(tp.name)): tp.name
         for tp, rows, source in jobs
     }
     try:
@@ -255,8 +134,11 @@ def _run_jobs(
     return None if stop.is_set() else out
 
 
-def output_metadata(gguf: GGUFFile, plan: Plan | None) -> tuple[dict[str, object], dict[str, tuple[GGUFValueType, GGUFValueType | None]]]:
-    """The metadata llama-quantize writes: the file's keys, split keys dropped, quantization version and file type last."""
+def output_metadata(
+    gguf: GGUFFile, plan: Plan | None, imatrix: tuple[ImportanceMatrix, str] | None = None,
+) -> tuple[dict[str, object], dict[str, tuple[GGUFValueType, GGUFValueType | None]]]:
+    """The metadata llama-quantize writes: the file's keys, split keys dropped, quantization version and file type
+    last, then the quantize.imatrix.* keys when an (imatrix, its file name) was used."""
     md = {k: v for k, v in gguf.metadata.items() if k not in _SPLIT_KEYS}
     types = {k: v for k, v in gguf.metadata_types.items() if k in md}
     u32 = (GGUFValueType.UINT32, None)
@@ -268,6 +150,10 @@ def output_metadata(gguf: GGUFFile, plan: Plan | None) -> tuple[dict[str, object
         types.pop(key, None)
         if value is not None:
             md[key], types[key] = value, u32
+    for key, value, vtype in quantize_metadata(*imatrix) if imatrix is not None else ():
+        md.pop(key, None)
+        types.pop(key, None)
+        md[key], types[key] = value, (vtype, None)
     return md, types
 
 
@@ -280,11 +166,15 @@ def quantize_file(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     executor: Executor | None = None,
+    imatrix: ImportanceMatrix | None = None,
+    imatrix_file: str = "",
 ) -> Plan | None:
-    """Write `dst`: `src` requantized to a preset and rules, as llama-quantize does; None if cancelled."""
+    """Write `dst`: `src` requantized to a preset and rules, as llama-quantize does (with `--imatrix imatrix_file`
+    when `imatrix` is given); None if cancelled."""
     with open_gguf(src) as gguf:
-        plan = make_plan(gguf, preset, rules)
-        if not _write(gguf, plan, {}, dst, progress, cancel, executor):
+        plan = make_plan(gguf, preset, rules, has_imatrix=imatrix is not None)
+        used = (imatrix, imatrix_file) if imatrix is not None else None
+        if not _write(gguf, plan, {}, dst, progress, cancel, executor, used):
             return None
     for tp in plan.fallbacks:
         log.info("%s: %s", tp.name, tp.reason)
@@ -294,19 +184,26 @@ def quantize_file(
 def _write(
     gguf: GGUFFile, plan: Plan, held: dict[str, QTensor], dst: str | os.PathLike[str],
     progress: Progress | None, cancel: threading.Event | None, executor: Executor | None,
+    imatrix: tuple[ImportanceMatrix, str] | None = None,
 ) -> bool:
-    """Write the plan's file: blocks held in memory, else requantized now, else the file's own bytes."""
+    """Write the plan's file: blocks held in memory, else requantized now (with the imatrix), else the file's own bytes."""
     jobs = [(tp, gguf.rows(tp.name), None) for tp in plan.changed if not _holds(held, tp)]
-    made = _run_jobs(jobs, progress, cancel, executor)
+    weights = _plan_weights(plan, imatrix[0]) if imatrix is not None else None
+    made = _run_jobs(jobs, progress, cancel, executor, weights)
     if made is None:
         return False
     tensors = []
     for tp in plan.tensors.values():
         blocks = held[tp.name].blocks if _holds(held, tp) else made.get(tp.name)
         tensors.append((tp.name, tp.new, tp.shape, blocks if blocks is not None else gguf.rows(tp.name)))
-    md, types = output_metadata(gguf, plan)
+    md, types = output_metadata(gguf, plan, imatrix)
     write_gguf(dst, md, tensors, metadata_types=types, alignment=gguf.alignment)
     return True
+
+
+def _plan_weights(plan: Plan, im: ImportanceMatrix) -> dict[str, npt.NDArray[np.float32]]:
+    """Each changed tensor's importance (checked as llama-quantize checks it)."""
+    return quant_weights_for(im, {tp.name: tp.shape for tp in plan.changed})
 
 
 def _holds(held: dict[str, QTensor], tp: TensorPlan) -> bool:

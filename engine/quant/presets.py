@@ -52,6 +52,8 @@ PRESETS: dict[str, Preset] = {
         Preset("Q3_K_M", 12, _T.Q3_K),
         Preset("Q3_K_S", 11, _T.Q3_K),
         Preset("Q2_K", 10, _T.Q2_K),
+        Preset("IQ4_NL", 25, _T.IQ4_NL),
+        Preset("IQ4_XS", 30, _T.IQ4_XS),
     )
 }
 # llama-quantize accepts these short names for the _M mixes
@@ -65,6 +67,7 @@ FALLBACK: dict[GGMLType, GGMLType] = {
     _T.Q4_K: _T.Q5_0,
     _T.Q5_K: _T.Q5_1,
     _T.Q6_K: _T.Q8_0,
+    _T.IQ4_XS: _T.IQ4_NL,
 }
 
 
@@ -192,8 +195,9 @@ def layer_sort_key(name: str) -> tuple[int, str]:
 class _MixState:
     """The counters llama_tensor_get_type keeps while it walks the tensors in order."""
 
-    def __init__(self, shape: ModelShape, names: Sequence[str]):
+    def __init__(self, shape: ModelShape, names: Sequence[str], has_imatrix: bool = False):
         self.shape = shape
+        self.has_imatrix = has_imatrix  # qs.has_imatrix: llama-quantize was given an importance matrix
         self.tied = "output.weight" not in names
         self.n_attn_v = sum(_counts_as_attn_v(category(n)) for n in names)
         self.i_attn_v = 0
@@ -230,7 +234,7 @@ class _MixState:
         if cat == Category.FFN_DOWN:
             i = self._layer(self.i_ffn_down, name)
             self.i_ffn_down += 1
-            new = _ffn_down_type(preset, base, i, s.n_layer, falcon)
+            new = _ffn_down_type(preset, base, i, s.n_layer, falcon, self.has_imatrix)
             if new != base:
                 return new, f"{preset}: ffn_down #{i} of {s.n_layer} gets {new.name}"
             return base, f"{preset} base type"
@@ -257,7 +261,7 @@ def _attn_v_type(preset: str, base: GGMLType, i: int, n: int, s: ModelShape) -> 
         new = _T.Q5_K
     elif preset in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
         new = _T.Q6_K
-    elif preset == "Q4_K_S" and i < 4:
+    elif (preset == "Q4_K_S" and i < 4) or (preset in ("IQ4_NL", "IQ4_XS") and s.n_gqa >= 4):
         new = _T.Q5_K
     if s.is_70b and new in (_T.Q3_K, _T.Q4_K):  # V is 8x smaller than Q in the 70B: cheap to widen
         new = _T.Q5_K
@@ -266,7 +270,7 @@ def _attn_v_type(preset: str, base: GGMLType, i: int, n: int, s: ModelShape) -> 
     return new
 
 
-def _ffn_down_type(preset: str, base: GGMLType, i: int, n: int, falcon: bool) -> GGMLType:
+def _ffn_down_type(preset: str, base: GGMLType, i: int, n: int, falcon: bool, has_imatrix: bool = False) -> GGMLType:
     more = _use_more_bits(i, n)
     if preset == "Q2_K":
         return _T.Q3_K
@@ -284,6 +288,10 @@ def _ffn_down_type(preset: str, base: GGMLType, i: int, n: int, falcon: bool) ->
         return _T.Q6_K
     if preset == "Q4_K_S" and not falcon and i < n // 8:
         return _T.Q5_K
+    if preset in ("IQ4_NL", "IQ4_XS") and i < n // 8 and not has_imatrix:
+        return _T.Q5_K
+    if preset in ("Q4_0", "Q5_0") and has_imatrix and i < n // 8:  # guard the first ffn_down layers
+        return _T.Q4_1 if preset == "Q4_0" else _T.Q5_1
     return base
 
 
@@ -291,7 +299,7 @@ def _attn_output_type(preset: str, base: GGMLType, s: ModelShape, falcon: bool) 
     if falcon:
         return _T.Q4_K if preset == "Q3_K_L" else base
     if s.n_expert == 8:
-        return _T.Q5_K if preset in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else base
+        return _T.Q5_K if preset in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else base
     return {"Q2_K": _T.Q3_K, "Q3_K_M": _T.Q4_K, "Q3_K_L": _T.Q5_K}.get(preset, base)
 
 
@@ -319,14 +327,16 @@ def choose_types(
     shape: ModelShape,
     preset: Preset | None,
     rules: Sequence[Rule] = (),
+    has_imatrix: bool = False,
 ) -> dict[str, TypeChoice]:
     """The type of every tensor ({name: (shape, type)}) under a preset and rules, in llama.cpp's order.
 
+    `has_imatrix`: an importance matrix is given, which changes a few choices (ffn_down of Q4_0, Q5_0, IQ4_*).
     With preset None the file's own types stay and only the rules change tensors (with the same
     row-size fallback), which is how the app tries a rule on a model as it is.
     """
     names = sorted(tensors, key=layer_sort_key)
-    mix = _MixState(shape, names)
+    mix = _MixState(shape, names, has_imatrix)
     out: dict[str, TypeChoice] = {}
     for name in names:
         dims, old = tensors[name]
