@@ -182,6 +182,7 @@ class MainWindow(QMainWindow):
         self.chat_view.show_chat(chat)
         self.chat_view.show_prompt_mode(self.conversation.prompt_mode(chat))
         self.bridge.deliver("Positions", "set_tokens", [])  # the other chat's tokens are not this one's
+        self.bridge.chat_changed()  # nor its attention, head roles or logit lens
         self.chat_list.show_chats(self.conversation.chats, chat)
         self.state.settings = dataclasses.replace(self.state.settings, current_chat=chat.id)
 

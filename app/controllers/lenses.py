@@ -24,13 +24,41 @@ LIVE_COST_FACTOR = 4.0  # ...and never more than 1/4 of the time (the overview p
 LIVE_MAX_ROWS = 64
 
 
-def _attention(max_rows: int | None) -> Callable[..., Any]:
+def _attention(max_rows: int | None, hidden: tuple[int, ...] = (0,)) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.attention import make_attention_record  # noqa: PLC0415
 
         if cache is None or recorder is None or min(cache.length, recorder.length) == 0 or not recorder.specs:
             return None
-        return make_attention_record(model, recorder, cache, texts, max_rows=max_rows)
+        return make_attention_record(model, recorder, cache, texts, max_rows=max_rows, hidden_keys=hidden)
+
+    return compute
+
+
+def _roles(source: str) -> Callable[..., Any]:
+    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        from app.records.head_roles import make_head_roles_record, make_probe_record  # noqa: PLC0415
+
+        if source == "probe":
+            return make_probe_record(model)
+        if cache is None or recorder is None or min(cache.length, recorder.length) < 2 or not recorder.specs:
+            return None
+        return make_head_roles_record(model, recorder, cache, texts)
+
+    return compute
+
+
+def _logit(position: int, width: int, memo: dict[str, Any]) -> Callable[..., Any]:
+    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        from app.records.logit_lens import make_logit_lens_record  # noqa: PLC0415
+
+        if cache is None or cache.length == 0:
+            return None
+        if memo.get("cache") is not cache:  # another chat or model: the kept streams are not this context's
+            memo.clear()
+            memo.update(cache=cache, streams={})
+        return make_logit_lens_record(model, list(cache.tokens), position if position >= 0 else None, width=width,
+                                      memo=memo["streams"])
 
     return compute
 
@@ -79,6 +107,8 @@ class LensBridge(QObject):
         self._live_cost = 0.0
         self._asked_at = 0.0
         self._pending: dict[str, dict[str, tuple[Any, ...]]] = {}  # hidden lens -> method -> latest args
+        self.hidden_keys: tuple[int, ...] = (0,)  # the keys "hide sinks" hides in the attention grid
+        self._logit_memo: dict[str, Any] = {}  # the logit lens's last residual streams (worker side only)
         engine.lens_ready.connect(self._ready)
         engine.reply_event.connect(lambda _rid, item: self.kv_info(item) if isinstance(item, KVInfo) else None)
         state.settings_changed.connect(lambda s: engine.set_cache_type(cache_type_setting(s)))
@@ -102,6 +132,10 @@ class LensBridge(QObject):
             ("step_requested", lambda layer, head, query: self.engine.request_lens("step", _step(layer, head, query))),
             ("tensor_requested", lambda name: self.engine.request_lens("tensor", _tensor(name, 0))),
             ("block_requested", lambda name, i: self.engine.request_lens("tensor", _tensor(name, int(i)))),
+            ("roles_requested", lambda source: self.engine.request_lens("roles", _roles(str(source)))),
+            ("logit_requested", lambda pos, width: self.engine.request_lens("logit", _logit(int(pos), int(width),
+                                                                                           self._logit_memo))),
+            ("hidden_keys_changed", self.set_hidden_keys),
         ):
             sig = getattr(w, signal, None)
             if sig is not None:
@@ -138,8 +172,24 @@ class LensBridge(QObject):
         for method in sorted(pending, key=lambda m: m != "set_model"):
             slot.call(method, *pending[method])
 
+    def set_hidden_keys(self, keys: Any) -> None:
+        """The keys "hide sinks" hides changed: the grid is pooled again without them."""
+        keys = tuple(sorted(int(k) for k in keys)) or (0,)
+        if keys != self.hidden_keys:
+            self.hidden_keys = keys
+            if self.state.attention_record is not None:
+                self.request_attention(ATTENTION_MAX_ROWS)
+
+    def chat_changed(self) -> None:
+        """Another chat is shown: the lenses drop the previous chat's tokens and maps."""
+        self.state.attention_record = None
+        self.hidden_keys = (0,)
+        self._pending.pop("Attention", None)  # what was queued for the old chat must not land after the clear
+        self.deliver("Attention", "clear_chat")
+
     def model_loaded(self) -> None:
         """A new model: every lens starts over with its ModelRecord."""
+        self.hidden_keys = (0,)
         for slot in self.slots.values():
             self.feed(slot)
         st = self.state
@@ -159,7 +209,7 @@ class LensBridge(QObject):
 
     def request_attention(self, max_rows: int | None = ATTENTION_MAX_ROWS) -> None:
         self._asked_at = time.perf_counter()
-        self.engine.request_lens("attention", _attention(max_rows))
+        self.engine.request_lens("attention", _attention(max_rows, self.hidden_keys))
 
     def reply_progress(self) -> None:
         """A token arrived: refresh the attention overview now and then, if someone is looking at it."""
@@ -188,5 +238,9 @@ class LensBridge(QObject):
             self.deliver("Attention", "set_head", rec)
         elif result.kind == "step":
             self.deliver("Attention", "set_step", rec)
+        elif result.kind == "roles":
+            self.deliver("Attention", "set_roles", rec)
+        elif result.kind == "logit":
+            self.deliver("Attention", "set_logit_lens", rec)
         elif result.kind == "tensor":
             self.deliver("Quantization", "set_tensor", rec)

@@ -15,6 +15,7 @@ from app.controllers.lenses import LensBridge
 from app.data.overrides import OverrideSpec, with_types
 from app.jobs.compare import CompareWorkspace, compare_job, head_job, release_job, sweep_job
 from app.jobs.quant import Applied, Saved, apply_job, reset_job, save_job
+from app.records.logit_lens import LogitLensPair
 from app.records.compare import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress
 from app.state import AppState
 from app.views.compare.view import CompareView
@@ -50,6 +51,7 @@ class QuantBridge(QObject):
         compare.head_requested.connect(self.run_heads)
         compare.sweep_requested.connect(self.run_sweep)
         compare.sweep_cancel_requested.connect(lambda: engine.cancel_task("sweep"))
+        compare.logit_pair.logit_requested.connect(self.run_logit_pair)
         quant_slot.ready.connect(self.attach)
         if quant_slot.widget is not None:
             self.attach(quant_slot.widget)
@@ -122,6 +124,12 @@ class QuantBridge(QObject):
         if self.compare.record is not None:
             self.engine.run_task("compare", "heads", lambda emit, cancel: head_job(self.workspace, layer, head))
 
+    def run_logit_pair(self, position: int, width: int) -> None:
+        from app.jobs.logit_lens import logit_pair_job  # noqa: PLC0415
+
+        if self.compare.record is not None:
+            self.engine.run_task("compare", "logit", lambda emit, cancel: logit_pair_job(self.workspace, position, width))
+
     def run_sweep(self, text: str) -> None:
         if self.file_record is None:
             self.compare.sweep_finished(None, "Load a model first.")
@@ -144,6 +152,8 @@ class QuantBridge(QObject):
             self.compare.set_record(item)
         elif isinstance(item, HeadPair):
             self.compare.set_heads(item)
+        elif isinstance(item, LogitLensPair):
+            self.compare.logit_pair.set_pair(item)
         elif isinstance(item, SweepPoint):
             self.compare.add_sweep_point(item)
         elif isinstance(item, SweepDone):

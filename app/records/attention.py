@@ -35,7 +35,8 @@ class AttentionRecord:
     n_heads: int
     thumbs: F32  # (L, H, T, T) max-pooled weights; NaN where every cell of the bin is masked
     thumbs_mean: F32  # (L, H, T, T) mean-pooled weights, same mask
-    thumbs_nosink: F32  # (L, H, T, T) max-pooled over keys 1..N-1 (the BOS / sink column hidden)
+    thumbs_nosink: F32  # (L, H, T, T) max-pooled without the hidden keys (key 0, the BOS / sink, by default)
+    thumbs_nosink_mean: F32  # (L, H, T, T) mean-pooled without them
     rows: npt.NDArray[np.int64]  # the query rows that were computed (all of them when `full`)
     full: bool  # every query row computed (else a strided sample that always has the last row)
     sink: F32  # (L, H) mean weight on key 0 over the computed rows
@@ -43,6 +44,7 @@ class AttentionRecord:
     self_: F32  # (L, H) mean weight on the query's own position
     token_texts: tuple[str, ...]
     elapsed_s: float
+    hidden_keys: tuple[int, ...] = (0,)  # the keys the nosink maps leave out
 
 
 def make_attention_record(
@@ -53,12 +55,13 @@ def make_attention_record(
     *,
     thumb: int = 32,
     max_rows: int | None = None,
+    hidden_keys: tuple[int, ...] = (0,),
 ) -> AttentionRecord:
     """Pool every head's attention to thumb x thumb; max_rows caps the query rows computed (None = all)."""
     t0 = time.perf_counter()
     n = min(recorder.length, cache.length)
     layers = sorted(recorder.specs)
-    g = amaps.attention_grid(recorder, cache, layers, thumb=thumb, max_rows=max_rows)
+    g = amaps.attention_grid(recorder, cache, layers, thumb=thumb, max_rows=max_rows, hidden=hidden_keys)
     return AttentionRecord(
         n_tokens=n,
         n_layers=len(layers),
@@ -66,6 +69,7 @@ def make_attention_record(
         thumbs=g.max_pooled,
         thumbs_mean=g.mean_pooled,
         thumbs_nosink=g.nosink_pooled,
+        thumbs_nosink_mean=g.nosink_mean,
         rows=g.rows,
         full=g.rows.size == n,
         sink=g.sink,
@@ -73,6 +77,7 @@ def make_attention_record(
         self_=g.self_,
         token_texts=tuple(token_texts[:n]),
         elapsed_s=time.perf_counter() - t0,
+        hidden_keys=tuple(int(k) for k in hidden_keys),
     )
 
 

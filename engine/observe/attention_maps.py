@@ -110,7 +110,8 @@ class AttentionGrid:
 
     max_pooled: F32
     mean_pooled: F32
-    nosink_pooled: F32  # max-pooled without key 0 (the BOS / attention-sink column)
+    nosink_pooled: F32  # max-pooled without the hidden keys (key 0, the BOS / attention sink, unless told otherwise)
+    nosink_mean: F32  # mean-pooled without the hidden keys (they count as weight 0)
     rows: I64  # query rows computed
     sink: F32
     prev: F32
@@ -125,8 +126,12 @@ def attention_grid(
     thumb: int = 32,
     max_rows: int | None = None,
     chunk: int = ROW_CHUNK,
+    hidden: Sequence[int] = (0,),
 ) -> AttentionGrid:
-    """Max- and mean-pool every head's (N, N) attention of `layers` to at most thumb x thumb bins."""
+    """Max- and mean-pool every head's (N, N) attention of `layers` to at most thumb x thumb bins.
+
+    The nosink maps leave out the keys `hidden` (the attention sinks a view hides).
+    """
     n = min(recorder.length, cache.length)
     t = max(1, min(n, thumb))
     rows = sample_rows(n, max_rows, t)
@@ -135,42 +140,49 @@ def attention_grid(
     row_bins = np.searchsorted(row_starts, rows, side="right") - 1
     hq = recorder.q[layers[0]].shape[0] if layers else 0
     shape = (len(layers), hq, t, t)
-    mx, mean, nosink = (np.full(shape, np.nan, np.float32) for _ in range(3))
+    mx, mean, nosink, nosink_mean = (np.full(shape, np.nan, np.float32) for _ in range(4))
     sink, prev, self_ = (np.zeros(shape[:2], np.float32) for _ in range(3))
     if n == 0 or not layers:
-        return AttentionGrid(mx, mean, nosink, rows, sink, prev, self_)
-    end0 = int(col_starts[1]) if t > 1 else n
+        return AttentionGrid(mx, mean, nosink, nosink_mean, rows, sink, prev, self_)
+    drop = np.array(sorted({int(k) for k in hidden if 0 <= int(k) < n}), np.int64)
+    kept = np.ones(n, np.int64)
+    kept[drop] = 0
+    all_hidden = np.add.reduceat(kept, col_starts) == 0  # (T,) column bins of hidden keys only: drawn as masked
     r_idx = np.arange(len(rows))
     for li, layer in enumerate(layers):
         window = recorder.specs[layer].window
         counts = allowed_counts(rows, n, window, col_starts)  # (R, T)
         cmax = np.empty((hq, len(rows), t), np.float32)
         csum = np.empty((hq, len(rows), t), np.float32)
-        c0 = np.empty((hq, len(rows)), np.float32)
+        cns_max = np.empty((hq, len(rows), t), np.float32)
+        cns_sum = np.empty((hq, len(rows), t), np.float32)
         for s in range(0, len(rows), chunk):
             sl = slice(s, s + chunk)
             w = attention_rows(recorder, cache, layer, rows[sl])  # (H, r, N)
             cmax[:, sl] = np.maximum.reduceat(w, col_starts, axis=2)
             csum[:, sl] = np.add.reduceat(w, col_starts, axis=2)
-            c0[:, sl] = w[:, :, 1:end0].max(axis=2) if end0 > 1 else np.nan
             sink[li] += w[:, :, 0].sum(axis=1)
             rr = rows[sl]
             self_[li] += w[:, r_idx[: len(rr)], rr].sum(axis=1)
             has_prev = rr >= 1
             prev[li] += w[:, r_idx[: len(rr)][has_prev], rr[has_prev] - 1].sum(axis=1)
+            w[:, :, drop] = 0.0  # the hidden keys, once the full rows have been summarised
+            cns_max[:, sl] = np.maximum.reduceat(w, col_starts, axis=2)
+            cns_sum[:, sl] = np.add.reduceat(w, col_starts, axis=2)
         bin_allowed = pool_rows(counts.astype(np.float64)[None], row_bins, t, "sum")[0]  # (T, T)
         masked = bin_allowed == 0
         m = pool_rows(cmax, row_bins, t, "max")
         m[:, masked] = np.nan
         mx[li] = m
         mean[li] = np.where(masked, np.nan, pool_rows(csum, row_bins, t, "sum") / np.maximum(bin_allowed, 1))
-        ns = m.copy()
-        first = pool_rows(c0[:, :, None], row_bins, t, "max")[:, :, 0]  # (H, T)
-        ns[:, :, 0] = np.where(masked[:, 0], np.nan, first) if end0 > 1 else np.nan
+        ns = pool_rows(cns_max, row_bins, t, "max")
+        gone = masked | all_hidden[None, :]
+        ns[:, gone] = np.nan
         nosink[li] = ns
+        nosink_mean[li] = np.where(gone, np.nan, pool_rows(cns_sum, row_bins, t, "sum") / np.maximum(bin_allowed, 1))
     k = max(1, len(rows))
     n_prev = max(1, int((rows >= 1).sum()))
-    return AttentionGrid(mx, mean, nosink, rows, sink / k, prev / n_prev, self_ / k)
+    return AttentionGrid(mx, mean, nosink, nosink_mean, rows, sink / k, prev / n_prev, self_ / k)
 
 
 def aggregate_attention(

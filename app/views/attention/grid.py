@@ -88,7 +88,7 @@ class GridView(pg.GraphicsLayoutWidget):
             return
         maps = {"max": rec.thumbs, "mean": rec.thumbs_mean}[self.pool]
         if self.hide_sink:
-            maps = rec.thumbs_nosink if self.pool == "max" else _drop_first(rec.thumbs_mean)
+            maps = rec.thumbs_nosink if self.pool == "max" else rec.thumbs_nosink_mean
         n_layers, n_heads, t, _ = maps.shape
         maps = maps.astype(np.float32, copy=True)
         if self.normalize:
@@ -194,11 +194,3 @@ class GridView(pg.GraphicsLayoutWidget):
             ev.accept()
             self.select(*hit)
             self.head_clicked.emit(*hit)
-
-
-def _drop_first(maps: np.ndarray) -> np.ndarray:
-    """Mean-pooled maps with the first key bin blanked (its mean is dominated by the sink)."""
-    out = maps.copy()
-    out[..., 0] = np.nan
-    return out
-

@@ -52,6 +52,7 @@ class HeadView(pg.GraphicsLayoutWidget):
         self.shown: np.ndarray | None = None
         self.first_col = 0  # 1 when the BOS / sink column is hidden
         self.hide_sink = False
+        self.hidden: tuple[int, ...] = (0,)  # the sink keys hide_sink hides (key 0's column is dropped, others blank)
         self._scale = (1.0, 1.0)
         self.cmap_name = "viridis"
         self.image.hoverEvent = self._hover
@@ -68,12 +69,33 @@ class HeadView(pg.GraphicsLayoutWidget):
         if self.record is not None:
             self.set_record(self.record)
 
+    def set_hidden(self, keys: tuple[int, ...]) -> None:
+        """The keys hide_sink hides."""
+        self.hidden = tuple(keys)
+        if self.record is not None and self.hide_sink:
+            self.set_record(self.record)
+
+    def clear(self) -> None:
+        """Nothing to show (another chat or model)."""
+        self.record = None
+        self.shown = None
+        self.image.clear()
+        self.backdrop.setRect(QRectF())
+        self.marker.setVisible(False)
+        for line in self.window_lines:
+            line.setVisible(False)
+        self.left.set_tokens(())
+        self.bottom.set_tokens(())
+
     def set_record(self, rec: HeadRecord) -> None:
         """Draw a head record; the view keeps the user's zoom when the same window is redrawn."""
         same_window = self.record is not None and (self.record.row_start, self.record.row_stop) == (rec.row_start, rec.row_stop)
         self.record = rec
         w = np.where(rec.allowed, rec.weights, np.nan).astype(np.float32)
-        self.first_col = 1 if self.hide_sink and w.shape[1] > 1 else 0
+        if self.hide_sink:
+            cols = sorted({k // rec.col_step for k in self.hidden if 0 < k // rec.col_step < w.shape[1]})
+            w[:, cols] = np.nan  # a hidden sink past key 0: its column is left blank
+        self.first_col = 1 if self.hide_sink and 0 in self.hidden and w.shape[1] > 1 else 0
         w = w[:, self.first_col :]
         self.shown = w
         rest = w[:, 1:] if self.first_col == 0 and w.shape[1] > 1 else w  # the sink column may saturate

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QSizePolicy,
-    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
-    QPushButton,
-    QSpinBox,
+    QSizePolicy,
     QSplitter,
+    QStackedWidget,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -26,14 +23,15 @@ from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
 from app.records.model import ModelRecord
+from app.views.attention.controls import EMPTY_TEXT, OverviewBar, empty_state
 from app.views.attention.grid import GridView
 from app.views.attention.head import HeadView
+from app.views.attention.logit_view import LogitLensView
+from app.views.attention.roles import HeadRolesView
 from app.views.attention.steps import StepThroughView
 from app.views.attention.text import TokenTextView
-from app.views.common.colours import COLORMAPS
 
 AUTO_ALL_ROWS = 512  # up to this many tokens the head view shows every query row
-ROW_WINDOWS = (("auto", 0), ("64 rows", 64), ("256 rows", 256), ("1024 rows", 1024), ("all rows", -1))
 LIVE_GRID_MS = 150
 LIVE_HEAD_MS = 500
 
@@ -44,6 +42,9 @@ class AttentionLens(QWidget):
     head_requested = Signal(object, object, object)  # layer, head, rows
     attention_requested = Signal(object)  # max_rows (None = all rows, exact)
     step_requested = Signal(int, int, int)  # layer, head, query token: answered with set_step(StepRecord)
+    roles_requested = Signal(str)  # 'chat' | 'probe': answered with set_roles(HeadRolesRecord)
+    logit_requested = Signal(int, int)  # position, width: answered with set_logit_lens(LogitLensRecord)
+    hidden_keys_changed = Signal(object)  # the sink keys to leave out of the grid: answered with set_attention
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -52,6 +53,8 @@ class AttentionLens(QWidget):
         self.head: HeadRecord | None = None
         self._pending_index: int | None = None
         self._lens_pick: tuple[object, object] | None = None  # the layer/head last handed to the step-through view
+        self._end_pinned = False  # the user set "to row" below the newest token: the window stays there
+        self.hidden_keys: tuple[int, ...] = (0,)  # what "hide sinks" hides
         self._build()
         self._live_grid = qthrottled(self._redraw_grid, timeout=LIVE_GRID_MS)
         self._live_head = qthrottled(self.request_head, timeout=LIVE_HEAD_MS)
@@ -59,40 +62,10 @@ class AttentionLens(QWidget):
     # ---- layout
 
     def _build(self) -> None:
-        self.layer_box, self.head_box = QComboBox(), QComboBox()
-        self.rows_box = QComboBox()
-        for label, size in ROW_WINDOWS:
-            self.rows_box.addItem(label, size)
-        self.end_spin = QSpinBox()
-        self.end_spin.setPrefix("to row ")
-        self.end_spin.setToolTip("Last query row of the window (long contexts are shown a window at a time)")
-        self.pool_box = QComboBox()
-        self.pool_box.addItem("max-pool", "max")
-        self.pool_box.addItem("mean-pool", "mean")
-        self.norm_check = QCheckBox("scale each head")
-        self.norm_check.setChecked(True)
-        self.sink_check = QCheckBox("hide BOS / sink")
-        self.cmap_box = QComboBox()
-        self.cmap_box.addItems(COLORMAPS)
-        self.follow_check = QCheckBox("follow live")
-        self.follow_check.setChecked(True)
-        self.exact_button = QPushButton("Exact grid")
-        self.exact_button.setToolTip("Recompute the grid from every query row (live updates sample rows)")
-        self.export_button = QPushButton("Export PNG…")
-        self.bar = QWidget()  # the overview's controls: hidden while the step-through view (with its own) is shown
-        rows = QVBoxLayout(self.bar)
-        rows.setContentsMargins(0, 0, 0, 0)
-        rows.setSpacing(2)
-        # two rows, so the lens fits beside the chat without scrolling sideways
-        for group in ((QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
-                       self.pool_box),
-                      (self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box, self.follow_check,
-                       self.exact_button, self.export_button)):
-            bar = QHBoxLayout()
-            for w in group:
-                bar.addWidget(w)
-            bar.addStretch(1)
-            rows.addLayout(bar)
+        self.bar = OverviewBar()  # the overview's controls: hidden while another view (with its own) is shown
+        for name in ("layer_box", "head_box", "rows_box", "end_spin", "pool_box", "norm_check", "sink_check",
+                     "cmap_box", "follow_check", "exact_button", "export_button"):
+            setattr(self, name, getattr(self.bar, name))
         self.grid = GridView()
         self.head_view = HeadView()
         self.text_view = TokenTextView()
@@ -104,7 +77,11 @@ class AttentionLens(QWidget):
         self.splitter.addWidget(self.grid)
         self.splitter.addWidget(right)
         self.splitter.setSizes([440, 560])  # the grid needs room for its head labels beside the chat
-        self.status = QLabel("Run a prompt to see attention.")
+        self.overview = QStackedWidget()
+        self.empty = empty_state()
+        self.overview.addWidget(self.empty)
+        self.overview.addWidget(self.splitter)
+        self.status = QLabel("")
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # model names and tokens come from the file
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info = QLabel("")
@@ -119,8 +96,12 @@ class AttentionLens(QWidget):
         # hover text must never widen the lens
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.steps = StepThroughView()
+        self.roles = HeadRolesView()
+        self.logit = LogitLensView()
         self.views = QTabWidget()
-        self.views.addTab(self.splitter, "Overview")
+        self.views.addTab(self.overview, "Overview")
+        self.views.addTab(self.roles, "Head roles")
+        self.views.addTab(self.logit, "Logit lens")
         self.views.addTab(self.steps, "Step through")
         root = QVBoxLayout(self)
         root.addWidget(self.bar)
@@ -128,6 +109,12 @@ class AttentionLens(QWidget):
         root.addLayout(foot)
         self.steps.step_requested.connect(self.step_requested)
         self.steps.hovered.connect(self.status.setText)
+        self.roles.hovered.connect(self.status.setText)
+        self.roles.roles_requested.connect(self.roles_requested)
+        self.roles.head_opened.connect(self.open_head)
+        self.roles.hidden_keys_changed.connect(self._hidden_keys)
+        self.logit.hovered.connect(self.status.setText)
+        self.logit.logit_requested.connect(self.logit_requested)
         self.views.currentChanged.connect(lambda _i: self._views_changed())
         self.grid.head_clicked.connect(self._grid_clicked)
         self.grid.hovered.connect(self.status.setText)
@@ -137,7 +124,7 @@ class AttentionLens(QWidget):
         self.layer_box.activated.connect(lambda _: self.request_head())
         self.head_box.activated.connect(lambda _: self.request_head())
         self.rows_box.activated.connect(lambda _: self.request_head())
-        self.end_spin.editingFinished.connect(self.request_head)
+        self.end_spin.editingFinished.connect(self._end_edited)
         self.pool_box.currentIndexChanged.connect(self._grid_settings)
         self.norm_check.toggled.connect(self._grid_settings)
         self.sink_check.toggled.connect(self._sink_toggled)
@@ -150,42 +137,67 @@ class AttentionLens(QWidget):
     def set_model(self, model: ModelRecord) -> None:
         """A new model: rebuild the layer and head pickers; forget old records."""
         self.model = model
-        self.attention = self.head = None
-        self.layer_box.clear()
-        for layer in model.layers:
-            tag = f"  (local, window {layer.window})" if layer.window else ""
-            self.layer_box.addItem(f"{layer.index}{tag}", layer.index)
-        self.layer_box.addItem("mean of layers", "mean")
-        self.layer_box.addItem("max of layers", "max")
-        self.head_box.clear()
-        for h in range(model.n_heads):
-            self.head_box.addItem(f"h{h} · KV {model.kv_head(h)}" if model.group > 1 else f"h{h}", h)
-        self.head_box.addItem("mean of heads", "mean")
-        self.head_box.addItem("max of heads", "max")
+        self.bar.set_model(model)
         self.grid.set_model(model)
-        self.grid.record = None
-        self.grid.redraw()
         self.steps.set_model(model)
-        self._lens_pick = None
+        self.roles.set_model(model)
+        self.clear_chat()
         self.status.setText(f"{model.name}: {model.n_layers} layers × {model.n_heads} heads"
                             + (f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""))
 
+    def clear_chat(self) -> None:
+        """Another chat (or model): every map, row and score of the previous tokens goes; the empty state shows."""
+        self.attention = self.head = None
+        self._pending_index = None
+        self._lens_pick = None
+        self._end_pinned = False
+        self.hidden_keys = (0,)
+        self.grid.record = None
+        self.grid.redraw()
+        self.head_view.clear()
+        self.text_view.clear()
+        self.text_view.index = None
+        self.end_spin.setRange(0, 0)
+        self.info.setText("")
+        self.status.setText("")
+        if self.model is not None:
+            self.steps.set_model(self.model)
+        self.roles.clear()
+        self.logit.clear()
+        self.overview.setCurrentWidget(self.empty)
+        self.empty.setText(EMPTY_TEXT)
+
     def set_attention(self, rec: AttentionRecord) -> None:
-        """A new grid record; redrawn at most every 150 ms while streaming."""
+        """A new grid record; redrawn at most every 150 ms while streaming. The row window follows the newest token."""
         grew = self.attention is None or rec.n_tokens != self.attention.n_tokens
-        at_end = self.end_spin.value() >= self.end_spin.maximum()
         first = self.attention is None and self.head is None
         self.attention = rec
+        self.overview.setCurrentWidget(self.splitter if rec.n_tokens else self.empty)
         self.end_spin.setMaximum(max(0, rec.n_tokens - 1))
-        if at_end or first:
+        if not self._end_pinned:
             self.end_spin.setValue(max(0, rec.n_tokens - 1))
         self._live_grid()
         self.steps.set_tokens(rec.token_texts)
+        self.logit.set_tokens(rec.n_tokens)
         self._refresh_steps()
+        self._refresh_tab()
         if first and rec.n_tokens:
             self.request_head()
         elif grew and self.follow_check.isChecked() and self.head is not None:
             self._live_head()
+
+    def set_roles(self, rec: object) -> None:
+        """Draw a HeadRolesRecord in the Head roles view."""
+        self.roles.set_record(rec)  # type: ignore[arg-type]
+
+    def set_logit_lens(self, rec: object) -> None:
+        """Draw a LogitLensRecord in the Logit lens view."""
+        self.logit.set_record(rec)  # type: ignore[arg-type]
+
+    def open_head(self, layer: int, head: int) -> None:
+        """Show (layer, head) in the overview (a head clicked in Head roles)."""
+        self.views.setCurrentWidget(self.overview)
+        self._grid_clicked(int(layer), int(head))
 
     def set_head(self, rec: HeadRecord) -> None:
         """Draw one head's (or an aggregate's) attention for its window of query rows."""
@@ -195,6 +207,9 @@ class AttentionLens(QWidget):
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
+        self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
+        if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid
+            self.steps.set_tokens(rec.token_texts)
         if isinstance(rec.layer, int) and isinstance(rec.head, int):
             self.grid.select(rec.layer, rec.head)
             if self._lens_pick != (rec.layer, rec.head):  # the lens moved: the step-through view follows
@@ -210,8 +225,13 @@ class AttentionLens(QWidget):
 
     def show_token_attention(self, index: int) -> None:
         """Tint the context by how much token `index` attends to each earlier token (asks for rows if needed)."""
+        texts = self.head.token_texts if self.head is not None else ()
+        if len(texts) > len(self.steps.texts):  # the step view's query range must reach the clicked token
+            self.steps.set_tokens(texts)
         self.steps.select(query=index)
         self._refresh_steps()
+        if self.views.currentWidget() is self.logit:
+            self.logit.show_position(index)
         if self.head is not None and self._covers(self.head, index):
             self._show_row(index)
             return
@@ -281,10 +301,38 @@ class AttentionLens(QWidget):
         self.request_head()
 
     def _views_changed(self) -> None:
-        overview = self.views.currentWidget() is not self.steps
+        overview = self.views.currentWidget() is self.overview
         self.bar.setVisible(overview)
         self.info.setVisible(overview)
+        self.status.setText("")
         self._refresh_steps()
+        self._refresh_tab()
+
+    def _refresh_tab(self) -> None:
+        """Head roles and the logit lens ask for the chat's scores when they come on screen out of date."""
+        current, rec = self.views.currentWidget(), self.attention
+        if rec is None or rec.n_tokens < 2:
+            return
+        if current is self.roles:
+            have = self.roles.record
+            if have is None or (have.source == "chat" and have.roles.n_tokens != rec.n_tokens):
+                self.roles_requested.emit("chat")
+        elif current is self.logit and self.logit.stale():
+            self.logit.request()
+
+    def _end_edited(self) -> None:
+        """The user set "to row": the window stays there until it is set back to the newest token."""
+        self._end_pinned = self.end_spin.value() < self.end_spin.maximum()
+        self.request_head()
+
+    def _hidden_keys(self, keys: object) -> None:
+        self.hidden_keys = tuple(int(k) for k in keys) or (0,)  # type: ignore[union-attr]
+        self.head_view.set_hidden(self.hidden_keys)
+        if self.hidden_keys != (0,) and not self.sink_check.isChecked():
+            self.sink_check.setChecked(True)
+        elif self.text_view.index is not None:
+            self._show_row(self.text_view.index)
+        self.hidden_keys_changed.emit(self.hidden_keys)
 
     def _refresh_steps(self) -> None:
         """Ask for the step-through view's cell when it is on screen and out of date."""
@@ -324,7 +372,8 @@ class AttentionLens(QWidget):
         title = f"Attention of token {index} ({_describe_selection(rec, self.model)})"
         if not exact:
             title = f"Token {index}: this view is pooled; click a token to see its exact attention"
-        self.text_view.show_row(rec.token_texts, index, row, window=rec.window, hide_sink=self.sink_check.isChecked(), title=title)
+        hidden = self.hidden_keys if self.sink_check.isChecked() else ()
+        self.text_view.show_row(rec.token_texts, index, row, window=rec.window, hidden=hidden, title=title)
 
     def _export_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export attention view", "attention.png", "PNG images (*.png)")

@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
 from app.records.attention import StepRecord
+from engine.observe.attention_steps import AttentionCell
 
 RAW, SCALED, PREDICTED = (214, 39, 40), (31, 119, 180), (150, 150, 150)
 
@@ -58,6 +59,18 @@ def _draw(plot: pg.PlotWidget, labels: list[str], values: list[float], colours: 
     plot.setYRange(0, top * 1.5, padding=0)
 
 
+def row_entropy(cell: AttentionCell) -> tuple[float, float, float]:
+    """(scaled, unscaled, uniform) softmax entropy in nats of the cell's own row."""
+    vis = cell.visible
+    ent = []
+    for scores in (cell.masked, np.where(vis, cell.dots, -np.inf)):
+        x = scores[vis].astype(np.float64)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        ent.append(float(-(p * np.log(np.where(p > 0, p, 1.0))).sum()))
+    return ent[0], ent[1], float(np.log(max(1, int(vis.sum()))))
+
+
 def _fmt(v: float) -> str:
     if not np.isfinite(v):
         return "–"
@@ -72,7 +85,7 @@ class ScalingPanel(QWidget):
         self.text = WrapLabel(rich=True)
         self.text.setMinimumHeight(92)
         self.variance = _bars("variance of q·k")
-        self.entropy = _bars("softmax entropy (nats)")
+        self.entropy = _bars("mean softmax entropy per row (nats)")
         lay = QGridLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.text, 0, 0, 1, 2)
@@ -94,6 +107,7 @@ class ScalingPanel(QWidget):
             else f"all {rec.n_tokens:,} tokens"
         ratio = s.var_raw / s.var_scaled if s.var_scaled > 0 else float("nan")
         drop = s.entropy_scaled - s.entropy_unscaled
+        row = row_entropy(cell)
         self.text.setText(
             f"<b>Why ÷ √d_k</b> — layer {cell.layer}, head {cell.head}, over {s.n_pairs:,} visible (query, key) pairs "
             f"of {over}.<br>"
@@ -101,8 +115,9 @@ class ScalingPanel(QWidget):
             f"Var(q·k) = d_k·σq²·σk² = {_fmt(predicted)}.<br>"
             f"Measured Var(q·k) = <b>{_fmt(s.var_raw)}</b>; × {cell.scale:.4g} → <b>{_fmt(s.var_scaled)}</b> "
             f"(÷ {ratio:.3g}).<br>"
-            f"Row entropy: <b>{s.entropy_scaled:.3f}</b> nats scaled, <b>{s.entropy_unscaled:.3f}</b> unscaled, "
-            f"{s.entropy_uniform:.3f} uniform: without the scaling the softmax "
+            f"This row's entropy (query {cell.query_index}): <b>{row[0]:.3f}</b> nats scaled, <b>{row[1]:.3f}</b> "
+            f"unscaled, {row[2]:.3f} uniform. The head's mean over its rows (the bars): {s.entropy_scaled:.3f} scaled, "
+            f"{s.entropy_unscaled:.3f} unscaled: without the scaling the softmax "
             f"{'collapses onto fewer keys' if drop >= 0 else 'spreads out'}."
         )
 

@@ -23,6 +23,7 @@ BLUE, RED, ORANGE = (31, 119, 180), (214, 39, 40), (230, 120, 20)
 MASKED = QBrush(QColor(150, 150, 150), Qt.BrushStyle.BDiagPattern)
 TITLE = dict(size="8pt", color="#333")
 KEY_STEPS = ("dots", "scaled", "masked", "weights")
+MIX_KEYS = 12  # rows of the w·v image
 
 
 def _plot(layout: pg.GraphicsLayoutWidget, row: int, tokens: bool) -> pg.PlotItem:
@@ -76,24 +77,27 @@ class StepThroughView(QWidget):
         self.header.setFixedHeight(36)
         self.keys_view = pg.GraphicsLayoutWidget()
         self.keys_view.setBackground("w")
-        self.plots = {name: _plot(self.keys_view, i, tokens=name == "weights") for i, name in enumerate(KEY_STEPS)}
+        # reading order: the left column is steps 1-5 top to bottom (q, then the per-key steps), the right 6-7
+        self.q_plot = _plot(self.keys_view, 0, tokens=False)
+        self.plots = {name: _plot(self.keys_view, i + 1, tokens=name == "weights") for i, name in enumerate(KEY_STEPS)}
         for name in KEY_STEPS[:-1]:
             self.plots[name].setXLink(self.plots["weights"])
         self.vec_view = pg.GraphicsLayoutWidget()
         self.vec_view.setBackground("w")
-        self.q_plot = _plot(self.vec_view, 0, tokens=False)
-        self.mix_plot = self.vec_view.addPlot(row=1, col=0, axisItems={"left": TokenAxis("left")})
+        self.mix_plot = self.vec_view.addPlot(row=0, col=0)
         self.mix_plot.setMenuEnabled(False)
         self.mix_plot.hideButtons()
         self.mix_plot.invertY(True)
-        self.mix_plot.getAxis("left").setWidth(52)
+        self.mix_plot.getAxis("left").setWidth(96)
         self.mix_image = pg.ImageItem(axisOrder="row-major")
         self.mix_plot.addItem(self.mix_image)
         self.mix_image.setColorMap(pg.colormap.get("CET-D1"))
-        self.out_plot = _plot(self.vec_view, 2, tokens=False)
-        self.vec_view.ci.layout.setRowStretchFactor(1, 2)
-        for p in (self.mix_plot, self.out_plot):
-            p.setXLink(self.q_plot)
+        self.mix_bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=10)
+        self.mix_bar.setImageItem(self.mix_image, insert_in=self.mix_plot)
+        self.mix_keys: list[int] = []  # the keys drawn as rows of the w·v image
+        self.out_plot = _plot(self.vec_view, 1, tokens=False)
+        self.vec_view.ci.layout.setRowStretchFactor(0, 2)
+        self.out_plot.setXLink(self.mix_plot)
         self.scaling = ScalingPanel()
         self.numbers = QLabel("")
         self.numbers.setTextFormat(Qt.TextFormat.RichText)
@@ -252,14 +256,21 @@ class StepThroughView(QWidget):
         c = rec.cell
         self.q_plot.setTitle(f"① q (after RoPE) {c.q.shape}, |q| = {np.linalg.norm(c.q):.3g}", **TITLE)
         _signed_bars(self.q_plot, c.q)
-        rows = c.query_index + 1
-        mix = c.weights[:rows, None] * c.values[:rows]  # (rows, d_k): wⱼ vⱼ
+        # only the keys with the most weight: the rest add almost nothing and would leave the image blank
+        keys = sorted(rec.top_keys(MIX_KEYS))
+        self.mix_keys = keys
+        mix = c.weights[keys, None] * c.values[keys]  # (k, d_k): wⱼ vⱼ of those keys
         top = float(np.abs(mix).max()) or 1.0
         self.mix_image.setImage(mix, autoLevels=False, levels=(-top, top))
-        self.mix_image.setRect(0, 0, c.d_k, rows)
-        self.mix_plot.getAxis("left").set_tokens(rec.token_texts[:rows])
-        self.mix_plot.setYRange(0, rows, padding=0)
-        self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ, V {c.values.shape} (blue −, red +, ±{top:.2g})", **TITLE)
+        self.mix_image.setRect(0, 0, c.d_k, len(keys))
+        self.mix_bar.setLevels((-top, top))
+        self.mix_plot.getAxis("left").setTicks([[(i + 0.5, f"{j} {token_label(rec.token(j), 9)}")
+                                                 for i, j in enumerate(keys)]])
+        self.mix_plot.setYRange(0, max(1, len(keys)), padding=0)
+        self.mix_plot.setXRange(0, c.d_k, padding=0.01)
+        share = float(c.weights[keys].sum())
+        self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ of the {len(keys)} keys with the most weight (Σw = {share:.2f}); "
+                               f"V {c.values.shape}, blue −, red +", **TITLE)
         self.out_plot.setTitle(f"⑦ output Σⱼ wⱼvⱼ {c.output.shape}, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
         _signed_bars(self.out_plot, c.output)
 
@@ -284,6 +295,8 @@ class StepThroughView(QWidget):
         rec = self.record
         if rec is None:
             return
+        if self.q_plot.sceneBoundingRect().contains(pos):
+            return self._hover_vectors(pos, self.q_plot)
         for p in self.plots.values():
             if p.sceneBoundingRect().contains(pos):
                 j = int(np.floor(p.vb.mapSceneToView(pos).x()))
@@ -291,18 +304,19 @@ class StepThroughView(QWidget):
                     self.hovered.emit(self.describe_key(j))
                 return
 
-    def _hover_vectors(self, pos: QPointF) -> None:
+    def _hover_vectors(self, pos: QPointF, only: pg.PlotItem | None = None) -> None:
         rec = self.record
         if rec is None:
             return
         c = rec.cell
-        for p in (self.q_plot, self.mix_plot, self.out_plot):
+        for p in (only,) if only is not None else (self.mix_plot, self.out_plot):
             if p.sceneBoundingRect().contains(pos):
                 at = p.vb.mapSceneToView(pos)
                 i, j = int(np.floor(at.x())), int(np.floor(at.y()))
                 if not 0 <= i < c.d_k:
                     return
-                if p is self.mix_plot and 0 <= j <= c.query_index:
+                if p is self.mix_plot and 0 <= j < len(self.mix_keys):
+                    j = self.mix_keys[j]
                     w, v = c.weights[j], c.values[j, i]
                     self.hovered.emit(f"key {j} “{token_label(rec.token(j), 20)}”, component {i}: "
                                       f"w = {w:.4f} × v = {v:.4f} → {w * v:.5f}")

@@ -37,7 +37,7 @@ class TokenTextView(QTextBrowser):
         weights: np.ndarray | None,
         *,
         window: int | None = None,
-        hide_sink: bool = False,
+        hidden: tuple[int, ...] = (),
         title: str = "",
     ) -> None:
         """Render tokens 0..index (and a few after, greyed) with backgrounds from `weights` (N,) of query `index`."""
@@ -50,6 +50,9 @@ class TokenTextView(QTextBrowser):
         visible = w[lo : index + 1].copy()
         if lo == 0 and len(visible) > 1:
             visible[0] = 0.0  # the sink is scaled apart: it saturates instead of washing out every other token
+        for k in hidden:
+            if lo <= k <= index:
+                visible[k - lo] = 0.0  # hidden sinks do not set the scale either
         top = float(visible.max()) if visible.size and visible.max() > 0 else 1.0
         parts = [f"<p style='color:#555'>{title}</p>"] if title else []
         if lo > 0:
@@ -60,7 +63,7 @@ class TokenTextView(QTextBrowser):
                 parts.append(f"<span style='color:#bbb'>{body}</span>")
                 continue
             outside = window is not None and index - j >= window
-            frac = 0.0 if (hide_sink and j == 0) or outside else min(1.0, float(w[j]) / top)
+            frac = 0.0 if j in hidden or outside else min(1.0, float(w[j]) / top)
             alpha = frac**0.6  # blend towards white so weak weights stay readable
             r, g, b = (int(255 * (1 - alpha) + c * alpha) for c in cmap.map(np.array([frac]), mode="byte")[0][:3])
             ink = "#000" if (0.299 * r + 0.587 * g + 0.114 * b) > 140 else "#fff"

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -35,14 +36,18 @@ from app.records.compare import (
 )
 from app.data.overrides import OverrideSpec, eval_text
 from app.records.model import ModelRecord
+from app.views.attention.logit_pair import LogitPairView
 from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
+from app.views.compare.empty import EMPTY, dominant_type
+from app.views.compare.empty import empty_state as _empty_state
 from app.views.compare.heads import HeadPairView
 from app.views.compare.tokens import KldStrip, KldText, TopBars
 
-SOURCES = (("overrides", "the Quantization lens's overrides"), ("file", "the file (same weights)"),
+SOURCES = (("overrides", "the Quantization lens's overrides"), ("preset", "a llama-quantize preset:"),
+           ("mix", "a searched mix (click a ◆ point)"), ("file", "the file (same weights)"),
            ("gguf", "another GGUF file…"), ("numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
-
-
+PRESET_CHOICES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0",
+                  "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
 class CompareView(QWidget):
     """Controls for a comparison and every chart of its result."""
 
@@ -51,6 +56,8 @@ class CompareView(QWidget):
     head_requested = Signal(int, int)  # (layer, head) of the last comparison
     sweep_requested = Signal(str)  # the evaluation text
     sweep_cancel_requested = Signal()
+    mix_requested = Signal(float, str)  # (budget in bits per weight, the evaluation text)
+    apply_requested = Signal(object)  # OverrideSpec for the Quantization lens
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -64,6 +71,12 @@ class CompareView(QWidget):
         self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.source.setMinimumContentsLength(16)
         self.choose = QPushButton("Choose GGUF…")
+        self.b_preset = QComboBox()
+        self.b_preset.addItems(list(PRESET_CHOICES))
+        self.b_preset.setCurrentText("Q4_K_M")
+        self.b_preset.setToolTip("B is the file requantized to this preset, as llama-quantize would")
+        self.mix_rules: tuple[str, ...] = ()
+        self.mix_name = ""
         self.a_cache, self.b_cache = QComboBox(), QComboBox()
         for box in (self.a_cache, self.b_cache):
             box.addItems(list(CACHE_TYPES))
@@ -93,6 +106,7 @@ class CompareView(QWidget):
         self.kld_text = KldText()
         self.strip = KldStrip()
         self.bars = TopBars()
+        self.logit_pair = LogitPairView()  # the logit lens of A and B (app/views/attention/logit_pair.py)
         self._layout()
         self.source.currentIndexChanged.connect(lambda _i: self._source_changed())
         self.source.activated.connect(lambda _i: self._choose_file() if self._wants_file() else None)
@@ -105,12 +119,17 @@ class CompareView(QWidget):
         self.strip.token_clicked.connect(self.select_token)
         self.sweep.run_requested.connect(lambda: self.sweep_requested.emit(eval_text()))
         self.sweep.cancel_requested.connect(self.sweep_cancel_requested)
+        self.sweep.point_clicked.connect(self.compare_point)
+        self.sweep.mix.compare_requested.connect(self.compare_point)
+        self.sweep.mix.apply_requested.connect(self._apply_point)
+        self.sweep.mix.find_requested.connect(lambda bpw: self.mix_requested.emit(bpw, eval_text()))
+        self.b_preset.activated.connect(lambda _i: self.source.setCurrentIndex(self.source.findData("preset")))
         self._source_changed()
         self.set_running(False)
 
     def _layout(self) -> None:
         bar = QHBoxLayout()
-        for w in (QLabel("A: the file · B:"), self.source, self.choose, QLabel("KV cache A"), self.a_cache,
+        for w in (QLabel("A: the file · B:"), self.source, self.b_preset, self.choose, QLabel("KV cache A"), self.a_cache,
                   QLabel("B"), self.b_cache, self.max_tokens):
             bar.addWidget(w)
         bar.addStretch(1)
@@ -127,8 +146,11 @@ class CompareView(QWidget):
         status_row = QHBoxLayout()
         status_row.addWidget(self.status, 1)
         status_row.addWidget(self.progress)
+        self.stacks = {"summary": _empty_state(self.summary, EMPTY["summary"]),
+                       "layers": _empty_state(self.layers, EMPTY["layers"]),
+                       "heads": _empty_state(self.heads, EMPTY["heads"])}
         top = QSplitter(Qt.Orientation.Horizontal)
-        for w in (self.summary, self.layers, self.sweep):
+        for w in (self.stacks["summary"], self.stacks["layers"], self.sweep):
             top.addWidget(w)
         top.setSizes([300, 330, 470])
         tokens = QSplitter(Qt.Orientation.Vertical)
@@ -139,8 +161,13 @@ class CompareView(QWidget):
         bottom.addWidget(tokens)
         bottom.addWidget(self.bars)
         bottom.setSizes([600, 500])
+        self.stacks["tokens"] = _empty_state(bottom, EMPTY["tokens"])
         body = QSplitter(Qt.Orientation.Vertical)
-        for w in (top, self.heads, bottom):
+        middle = QTabWidget()
+        middle.addTab(self.stacks["heads"], "Attention of one head")
+        middle.addTab(self.logit_pair, "Logit lens: A | B")
+        self.middle = middle
+        for w in (top, middle, self.stacks["tokens"]):
             body.addWidget(w)
         body.setSizes([340, 270, 270])
         root = QVBoxLayout(self)
@@ -154,7 +181,8 @@ class CompareView(QWidget):
     def options(self) -> CompareOptions:
         """The comparison the controls describe."""
         return CompareOptions(
-            b_source=str(self.source.currentData()), b_path=self.other_path, a_cache=self.a_cache.currentText(),
+            b_source=str(self.source.currentData()), b_path=self.other_path, b_preset=self.b_preset.currentText(),
+            b_rules=self.mix_rules, b_name=self.mix_name, a_cache=self.a_cache.currentText(),
             b_cache=self.b_cache.currentText(), text=self.text.toPlainText(), max_tokens=self.max_tokens.value(),
             layer=self.heads.layer.value(), head=self.heads.head.value(),
         )
@@ -165,14 +193,59 @@ class CompareView(QWidget):
             self.model = record
             return
         self.model = record
-        self.record = None
+        self.clear()
+        self.logit_pair.clear()
         self.heads.set_shape(record.n_layers, record.n_heads)
         self.heads.head.setValue(0)
         self.heads.layer.setValue(record.n_layers // 2)
-        self.sweep.points = []
         self.sweep.set_file_size(record.total_bytes)
-        self.sweep._redraw()
+        self.sweep.set_file_type(dominant_type(record))
+        self.sweep.mix.set_weights(record.total_weights)
+        self.sweep.mix.set_budget(min(record.average_bpw, 4.9))
         self.status.setText(f"A is {html.escape(Path(record.path).name)} as on disk. Choose B and press Compare.")
+
+    def clear(self) -> None:
+        """Forget every result (another model was loaded): the empty states come back."""
+        self.record = None
+        self.selected = -1
+        self.summary.setRowCount(0)
+        self.layers.clear_record()
+        self.heads.pair = None
+        self.mix_rules, self.mix_name = (), ""
+        self.sweep.clear()
+        for stack in self.stacks.values():
+            stack.setCurrentIndex(0)
+
+    def compare_point(self, point: SweepPoint) -> None:
+        """Compare a point of the sweep in full: B = that preset, mix or the overrides."""
+        if point.kind == "preset":
+            self.b_preset.setCurrentText(point.name)
+            self.source.setCurrentIndex(self.source.findData("preset"))
+        elif point.kind == "mix":
+            self.mix_rules, self.mix_name = point.rules, point.name
+            self.source.setCurrentIndex(self.source.findData("mix"))
+        else:
+            self.source.setCurrentIndex(self.source.findData("overrides"))
+        self.compare_requested.emit(self.options())
+
+    def _apply_point(self, point: SweepPoint) -> None:
+        if point.kind == "preset":
+            self.apply_requested.emit(OverrideSpec(point.name))
+        elif point.kind == "mix":
+            self.apply_requested.emit(OverrideSpec(None, point.rules))
+
+    def mix_started(self) -> None:
+        self.sweep.set_running(True, "starting the search", 0.0)
+        self.sweep.status.setText("Searching the best mix… (sensitivities are cached: a cancelled search resumes)")
+
+    def mix_finished(self, point: SweepPoint | None, message: str = "") -> None:
+        self.sweep.set_running(False)
+        if point is not None:
+            self.sweep.add_point(point)
+            self.sweep.mix.choose(point)
+            self.sweep.status.setText(f"{point.name}: KLD {point.kld_mean:.5f} on the evaluation text · {point.detail}")
+        elif message:
+            self.sweep.status.setText(message)
 
     def set_overrides(self, spec: OverrideSpec) -> None:
         """The Quantization lens's overrides changed: the B menu names them."""
@@ -186,7 +259,7 @@ class CompareView(QWidget):
 
     def set_progress(self, p: TaskProgress) -> None:
         """Progress of the comparison or the sweep."""
-        if p.task == "sweep":
+        if p.task in ("sweep", "mix"):
             self.sweep.set_running(True, p.what, p.fraction)
             return
         self.set_running(True)
@@ -197,7 +270,10 @@ class CompareView(QWidget):
         """Draw a finished comparison; the token with the largest KLD is selected."""
         self.record = rec
         self.set_running(False)
+        for stack in self.stacks.values():
+            stack.setCurrentIndex(1)
         self.summary.set_record(rec)
+        self.logit_pair.set_tokens(rec.n_tokens)
         self.layers.set_record(rec)
         self.strip.set_record(rec)
         self.heads.set_shape(rec.n_layers, rec.n_heads)
@@ -220,6 +296,7 @@ class CompareView(QWidget):
         self.kld_text.set_record(rec, i)
         self.strip.select(i)
         self.bars.show_position(rec, i)
+        self.logit_pair.show_position(i)
 
     def sweep_started(self) -> None:
         self.sweep.start()
@@ -234,6 +311,9 @@ class CompareView(QWidget):
         """A comparison or sweep failed or was cancelled."""
         if task == "sweep":
             self.sweep.finish(None, f"Sweep stopped: {message}")
+            return
+        if task == "mix":
+            self.mix_finished(None, f"Mix search stopped: {message}")
             return
         self.set_running(False)
         self.status.setText(f"<span style='color:#b00020'>Comparison stopped: {html.escape(message)}</span>")
@@ -252,6 +332,7 @@ class CompareView(QWidget):
 
     def _source_changed(self) -> None:
         self.choose.setVisible(self.source.currentData() == "gguf")
+        self.b_preset.setVisible(self.source.currentData() == "preset")
 
     def _wants_file(self) -> bool:
         return self.source.currentData() == "gguf" and self.other_path is None

@@ -76,7 +76,17 @@ def test_view_draws_every_step_with_shapes_and_masked_keys(qtbot) -> None:
     assert "KV head 1 of 2" in view.header.text() and "h2–h3" in view.header.text() and "÷ √16" in view.header.text()
     masked = [i for i in view.plots["masked"].items if type(i).__name__ == "BarGraphItem"]
     assert len(masked) == 2 and len(masked[1].opts["x"]) == 40 - 13  # the hatched bars of the hidden keys
-    assert view.mix_image.image.shape == (13, 16)  # wⱼ·vⱼ for keys 0..12
+    assert view.mix_image.image.shape == (12, 16)  # wⱼ·vⱼ of the 12 keys with the most weight (of 13 visible)
+    assert view.mix_keys == sorted(rec.top_keys(12)) and view.mix_image.levels[1] > 0
+    np.testing.assert_allclose(view.mix_image.image[0], rec.cell.weights[view.mix_keys[0]] * rec.cell.values[view.mix_keys[0]])
+    from app.views.attention.scaling import row_entropy
+
+    ent = row_entropy(rec.cell)
+    w = rec.cell.weights[rec.cell.visible].astype(np.float64)
+    assert ent[0] == pytest.approx(-(w * np.log(w)).sum(), rel=1e-4) and ent[2] == pytest.approx(np.log(13))
+    assert f"This row's entropy (query 12): <b>{ent[0]:.3f}</b>" in view.scaling.text.text()
+    # reading order: q (①) heads the left column, above the per-key steps ②-⑤; ⑥ and ⑦ are on the right
+    assert view.q_plot.scene() is view.plots["dots"].scene() and view.mix_plot.scene() is view.out_plot.scene()
     assert "masked (−∞)" in view.describe_key(30) and "weight =" in view.describe_key(3)
     top = rec.top_keys(1)[0]
     assert f"{rec.cell.weights[top]:.4f}" in view.numbers.text()

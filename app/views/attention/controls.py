@@ -1,0 +1,78 @@
+"""The Attention overview's controls: layer, head, row window, pooling, sinks, colours; and its empty state."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget
+
+from app.records.model import ModelRecord
+from app.views.common.colours import COLORMAPS
+
+ROW_WINDOWS = (("auto", 0), ("64 rows", 64), ("256 rows", 256), ("1024 rows", 1024), ("all rows", -1))
+EMPTY_TEXT = "Send a message to see attention."
+
+
+class OverviewBar(QWidget):
+    """Two rows of controls, so the lens fits beside the chat without scrolling sideways."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.layer_box, self.head_box = QComboBox(), QComboBox()
+        for box in (self.layer_box, self.head_box):
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.rows_box = QComboBox()
+        for label, size in ROW_WINDOWS:
+            self.rows_box.addItem(label, size)
+        self.end_spin = QSpinBox()
+        self.end_spin.setPrefix("to row ")
+        self.end_spin.setRange(0, 0)
+        self.end_spin.setToolTip("Last query row of the window: follows the newest token unless you set it")
+        self.pool_box = QComboBox()
+        self.pool_box.addItem("max-pool", "max")
+        self.pool_box.addItem("mean-pool", "mean")
+        self.norm_check = QCheckBox("scale each head")
+        self.norm_check.setChecked(True)
+        self.sink_check = QCheckBox("hide sinks")
+        self.sink_check.setToolTip("Hide the attention-sink keys: key 0 (BOS), and every sink ticked in Head roles")
+        self.cmap_box = QComboBox()
+        self.cmap_box.addItems(COLORMAPS)
+        self.follow_check = QCheckBox("follow live")
+        self.follow_check.setChecked(True)
+        self.exact_button = QPushButton("Exact grid")
+        self.exact_button.setToolTip("Recompute the grid from every query row (live updates sample rows)")
+        self.export_button = QPushButton("Export PNG…")
+        rows = QVBoxLayout(self)
+        rows.setContentsMargins(0, 0, 0, 0)
+        rows.setSpacing(2)
+        for group in ((QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
+                       self.pool_box),
+                      (self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box, self.follow_check,
+                       self.exact_button, self.export_button)):
+            bar = QHBoxLayout()
+            for w in group:
+                bar.addWidget(w)
+            bar.addStretch(1)
+            rows.addLayout(bar)
+
+    def set_model(self, model: ModelRecord) -> None:
+        """Fill the layer and head pickers for a new model."""
+        self.layer_box.clear()
+        for layer in model.layers:
+            tag = f"  (local, window {layer.window})" if layer.window else ""
+            self.layer_box.addItem(f"{layer.index}{tag}", layer.index)
+        self.layer_box.addItem("mean of layers", "mean")
+        self.layer_box.addItem("max of layers", "max")
+        self.head_box.clear()
+        for h in range(model.n_heads):
+            self.head_box.addItem(f"h{h} · KV {model.kv_head(h)}" if model.group > 1 else f"h{h}", h)
+        self.head_box.addItem("mean of heads", "mean")
+        self.head_box.addItem("max of heads", "max")
+        self.end_spin.setRange(0, 0)
+
+
+def empty_state(text: str = EMPTY_TEXT) -> QLabel:
+    """What the overview shows before there is any attention to draw."""
+    label = QLabel(text)
+    label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+    label.setWordWrap(True)
+    label.setStyleSheet("color:#666; font-size:13pt")
+    return label
