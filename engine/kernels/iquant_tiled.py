@@ -59,6 +59,30 @@ def _dot256(typingctx, w, wo, x, xo):
     return types.int32(w, wo, x, xo), codegen
 
 
+@intrinsic
+def _dot256x4(typingctx, w, wo, ws, x, xo, isum):
+    """isum[j] = sum over k < 256 of int16 w[k] * int8 x[k] for the four w rows at bytes wo + j * ws (each x
+    vector loaded and widened once for the four rows)."""
+    def codegen(context, b, sig, args):
+        px = byte_ptr(context, b, sig.args[3], args[3], args[4])
+        ws_ = args[2]
+        pws = [byte_ptr(context, b, sig.args[0], args[0], b.add(args[1], b.mul(ws_, ir.Constant(ws_.type, j))))
+               for j in range(4)]
+        ops = Ops(context, b)
+        accs = [ir.Constant(vec(I32, 8), None)] * 4
+        for c in range(16):
+            xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
+            for j in range(4):
+                accs[j] = b.add(accs[j], ops.madd(load(b, pws[j], vec(I16, 16), 32 * c), xv))
+        out = byte_ptr(context, b, sig.args[5], args[5], ir.Constant(ir.IntType(64), 0))
+        out = b.bitcast(out, I32.as_pointer())
+        for j in range(4):
+            total = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [accs[j]])
+            b.store(total, b.gep(out, [ir.Constant(I32, j)]))
+        return context.get_dummy_value()
+    return types.void(w, wo, ws, x, xo, isum), codegen
+
+
 @njit(**_H)
 def _decode_iq1(kind, w, b, wq, s16, e0, j16):
     """One IQ1_S (kind 8) / IQ1_M (9) block as the tile holds it: 8 * grid + delta, the 3-bit scales; fp16 d."""
@@ -158,8 +182,24 @@ def gemm_tiled(kind, blocks, xq, out):
         for r in range(r0, r1):
             _row(kind, blocks[r], nb, wq, s16, mins, w16[r - r0], d0[r - r0], dmin[r - r0])
             allmins[r - r0] = mins
+        if r1 - r0 < _ROWS or kind == 10:
+            for a in range(m):
+                x = xq[a]
+                for r in range(r0, r1):
+                    out[a, r] = _tiled_dot(kind, w16[r - r0], d0[r - r0], allmins[r - r0], dmin[r - r0], nb, x)
+            continue
+        isum = np.empty(4, np.int32)
+        ws = np.int64(w16.strides[0])
         for a in range(m):
             x = xq[a]
-            for r in range(r0, r1):
-                out[a, r] = _tiled_dot(kind, w16[r - r0], d0[r - r0], allmins[r - r0], dmin[r - r0], nb, x)
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for i in range(nb):
+                y = Q8K * i
+                _dot256x4(w16, np.int64(512 * i), ws, x, np.int64(y + 4), isum)
+                d8 = bits_f32(_u32(x, y))
+                a0 = fma32(np.float32(isum[0]) * d0[0, i], d8, a0)
+                a1 = fma32(np.float32(isum[1]) * d0[1, i], d8, a1)
+                a2 = fma32(np.float32(isum[2]) * d0[2, i], d8, a2)
+                a3 = fma32(np.float32(isum[3]) * d0[3, i], d8, a3)
+            out[a, r0], out[a, r0 + 1], out[a, r0 + 2], out[a, r0 + 3] = a0, a1, a2, a3
     return out
