@@ -51,6 +51,8 @@ class QuantBridge(QObject):
         compare.head_requested.connect(self.run_heads)
         compare.sweep_requested.connect(self.run_sweep)
         compare.sweep_cancel_requested.connect(lambda: engine.cancel_task("sweep"))
+        compare.mix_requested.connect(self.run_mix)
+        compare.apply_requested.connect(self.apply_from_compare)
         compare.logit_pair.logit_requested.connect(self.run_logit_pair)
         quant_slot.ready.connect(self.attach)
         if quant_slot.widget is not None:
@@ -139,6 +141,26 @@ class QuantBridge(QObject):
         self.engine.run_task("sweep", "sweep",
                              lambda emit, cancel: sweep_job(self.sweep_workspace, path, text, spec, cancel, emit))
 
+    def run_mix(self, budget_bpw: float, text: str) -> None:
+        """Search the best mix under budget_bpw on the sweep's lane (it shares the sweep's copy of the model)."""
+        from app.jobs.mix import mix_job  # noqa: PLC0415
+
+        if self.file_record is None:
+            self.compare.mix_finished(None, "Load a model first.")
+            return
+        path = self.file_record.path
+        self.compare.mix_started()
+        self.engine.run_task("sweep", "mix",
+                             lambda emit, cancel: mix_job(self.sweep_workspace, path, budget_bpw, text, cancel, emit))
+
+    def apply_from_compare(self, spec: OverrideSpec) -> None:
+        """A sweep point's preset or mix goes into the Quantization lens's overrides and is applied."""
+        if self.editor is None:
+            self.compare.sweep.status.setText("Open the Quantization lens once, then apply again.")
+            return
+        self.editor.set_spec(spec)
+        self.apply(spec)
+
     # ---- results
 
     def _event(self, kind: str, item: object) -> None:
@@ -154,8 +176,14 @@ class QuantBridge(QObject):
             self.compare.set_heads(item)
         elif isinstance(item, LogitLensPair):
             self.compare.logit_pair.set_pair(item)
+        elif isinstance(item, SweepPoint) and item.kind == "mix":
+            self.compare.mix_finished(item)
         elif isinstance(item, SweepPoint):
             self.compare.add_sweep_point(item)
+        elif isinstance(item, SweepDone) and kind == "mix":
+            if item.cancelled:
+                self.compare.mix_finished(None, "Mix search cancelled; the tensors measured so far are cached, "
+                                                "so Find the best mix resumes from them.")
         elif isinstance(item, SweepDone):
             self.compare.sweep_finished(item)
 
@@ -188,5 +216,7 @@ class QuantBridge(QObject):
             self.compare.failed("compare", message)
         elif kind == "sweep":
             self.compare.failed("sweep", message)
+        elif kind == "mix":
+            self.compare.failed("mix", message)
         else:
             log.info("task %s failed: %s", kind, message)

@@ -24,6 +24,7 @@ from app.records.compare import (
     SweepPoint,
     TaskProgress,
     make_compare_record,
+    plan_label,
 )
 from engine.errors import LensError, SettingError
 Say = Callable[[str, float], None]
@@ -169,7 +170,15 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
     if opts.b_source == "overrides":
         spec = spec or OverrideSpec()
         b, plan = ws.model_b(spec, say, cancel)
-        return b, spec.label() if not spec.empty else "file (no overrides set)", plan.new_bytes, plan.new_bpw
+        return b, plan_label(spec.label(), plan) if not spec.empty else "file (no overrides set)", plan.new_bytes, plan.new_bpw
+    if opts.b_source == "preset":
+        b, plan = ws.model_b(OverrideSpec(opts.b_preset), say, cancel)
+        return b, plan_label(f"{opts.b_preset} preset", plan), plan.new_bytes, plan.new_bpw
+    if opts.b_source == "mix":
+        if not opts.b_rules:
+            raise SettingError("find a mix in the sweep chart first (Find the best mix), then click its point")
+        b, plan = ws.model_b(OverrideSpec(None, tuple(opts.b_rules)), say, cancel)
+        return b, opts.b_name or "searched mix", plan.new_bytes, plan.new_bpw
     if opts.b_source == "gguf":
         if not opts.b_path:
             raise SettingError("choose the other GGUF file for B first")
@@ -188,6 +197,7 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     """Run A and B on the text; yields progress, the CompareRecord, then the HeadPair of opts.layer/head."""
     from engine.generate import log_softmax  # noqa: PLC0415
     from engine.quality.compare import Comparison, layer_divergence, token_stats  # noqa: PLC0415
+    from engine.quality.layer_damage import own_layer_divergence  # noqa: PLC0415
 
     t0 = time.perf_counter()
     phase = [0.0, 0.1]  # (start, width) of the current phase in the overall fraction
@@ -208,12 +218,14 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     rb = run_model(b, ids, opts.b_cache, cancel, say, f"running B on {len(ids)} tokens")
     stats = token_stats(ra.logits, rb.logits, ids)
     cmp = Comparison(per_layer=layer_divergence(ra.recorder.hidden, rb.recorder.hidden, len(ids)), **stats)
+    yield TaskProgress("compare", "each layer's own share (B's layer on A's input)", 0.98)
+    own = own_layer_divergence(a, b, ids, ra.recorder.hidden, cache_type=opts.b_cache, cancel=cancel)
     a_bytes, a_bpw = tensor_size(a)
     tok = a.tokenizer
     record = make_compare_record(
         cmp, log_softmax(ra.logits), log_softmax(rb.logits), ids, tok.token_text,
         labels=(f"{Path(path).name} (file)", b_label), caches=(opts.a_cache, opts.b_cache), sizes=(a_bytes, b_bytes),
-        bpws=(a_bpw, b_bpw), n_heads=int(a.args.n_heads), elapsed_s=time.perf_counter() - t0,
+        bpws=(a_bpw, b_bpw), n_heads=int(a.args.n_heads), elapsed_s=time.perf_counter() - t0, own=own,
     )
     for run in (ra, rb):  # what the heads need stays; logits and hidden states go
         run.logits = None

@@ -6,6 +6,7 @@ per position, the heads of both runs, the preset sweep's points).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -18,7 +19,8 @@ from engine.quality.compare import Comparison
 F32 = npt.NDArray[np.float32]
 TOP_K = 10
 CACHE_TYPES = ("F32", "F16", "Q8_0", "Q4_0")  # engine.cache.CACHE_TYPES, in the order the menus list them
-B_SOURCES = ("overrides", "file", "gguf")  # B is: the Quantization lens's overrides, the file itself, another GGUF
+# B is: the Quantization lens's overrides, a preset, a searched mix, the file itself, another GGUF, float32 numerics
+B_SOURCES = ("overrides", "preset", "mix", "file", "gguf", "numerics")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class CompareOptions:
 
     b_source: str = "overrides"
     b_path: str | None = None  # the other GGUF when b_source == 'gguf'
+    b_preset: str = "Q4_K_M"  # the preset when b_source == 'preset'
+    b_rules: tuple[str, ...] = ()  # the searched mix's rules when b_source == 'mix'
+    b_name: str = ""  # what to call that mix
     a_cache: str = "F32"
     b_cache: str = "F32"
     text: str = ""
@@ -70,6 +75,8 @@ class CompareRecord:
     n_layers: int
     n_heads: int
     elapsed_s: float
+    own_l2: F32 | None = None  # (L,) each layer's own damage: B's layer run on A's input to it, against A's output
+    own_cosine: F32 | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -104,8 +111,8 @@ class HeadPair:
 class SweepPoint:
     """One model variant of the preset sweep: its size and how far its next-token distributions are from the file's."""
 
-    name: str  # preset name, or the overrides' label
-    kind: str  # 'preset' | 'overrides'
+    name: str  # preset name, the overrides' label, or 'mix ≤ B bpw'
+    kind: str  # 'preset' | 'overrides' | 'mix'
     nbytes: int
     bpw: float
     kld_mean: float
@@ -113,6 +120,8 @@ class SweepPoint:
     same_top_pct: float
     ppl_ratio: float
     n_tokens: int
+    rules: tuple[str, ...] = ()  # a mix's --tensor-type rules (every tensor's type)
+    detail: str = ""  # a mix's summary (types, calibration KLD, search time)
 
 
 @dataclass(frozen=True)
@@ -139,10 +148,23 @@ def top_union(logp_a: F32, logp_b: F32, k: int = TOP_K) -> tuple[npt.NDArray[np.
     return ids, la, lb
 
 
+def plan_label(name: str, plan: object) -> str:
+    """What B really is: 'Q2_K preset: 180 tensors fell back to Q4_0 (rows of 576 are not a multiple of 256)'."""
+    groups: dict[tuple[str, str, str], int] = {}
+    for tp in getattr(plan, "fallbacks", ()):
+        m = re.search(r"row of (\d+) is not a multiple of (\d+): \w+ falls back to (\w+)", tp.reason)
+        if m is not None:
+            key = (m.group(3), m.group(1), m.group(2))
+            groups[key] = groups.get(key, 0) + 1
+    notes = [f"{n} tensor{'s' * (n > 1)} fell back to {new} (rows of {cols} are not a multiple of {block})"
+             for (new, cols, block), n in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return f"{name}: " + "; ".join(notes) if notes else name
+
+
 def make_compare_record(
     stats: Comparison, logp_a: F32, logp_b: F32, ids: Sequence[int], vocab_text: Callable[[int], str], *,
     labels: tuple[str, str], caches: tuple[str, str], sizes: tuple[int, int], bpws: tuple[float, float],
-    n_heads: int, elapsed_s: float,
+    n_heads: int, elapsed_s: float, own: tuple[F32, F32] | None = None,
 ) -> CompareRecord:
     """Pack the engine's Comparison with the token texts and each position's top tokens on both sides."""
     top_ids, la, lb = top_union(logp_a, logp_b)
@@ -156,7 +178,8 @@ def make_compare_record(
         rel_l2=np.array([x.rel_l2 for x in stats.per_layer], np.float32),
         cosine=np.array([x.cosine for x in stats.per_layer], np.float32),
         top_ids=top_ids, top_logp_a=la, top_logp_b=lb, vocab=vocab, n_layers=len(layers), n_heads=n_heads,
-        elapsed_s=elapsed_s,
+        elapsed_s=elapsed_s, own_l2=None if own is None else np.asarray(own[0], np.float32),
+        own_cosine=None if own is None else np.asarray(own[1], np.float32),
     )
 
 

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from engine.cli.mix import add_arguments as add_mix_arguments
 from engine.cli.options import add_numerics, read_text_file
 from engine.errors import SettingError
 from engine.quant.presets import PRESETS
@@ -43,6 +44,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from engine.quant.presets import preset_by_name  # noqa: PLC0415
     from engine.quality.requantize import check_output_path, quantize_file  # noqa: PLC0415
 
+    if args.budget_bpw is not None:
+        from engine.cli.mix import cmd_mix  # noqa: PLC0415
+
+        return cmd_mix(args)
+    if not args.type:
+        raise SettingError("quantize needs --type T (a preset) or --budget-bpw B --calibration-text F")
     preset = preset_by_name(args.type)
     rules = parse_rules(args.tensor_type or [])
     src = resolve_model(args.input)
@@ -128,11 +135,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="requantize a GGUF to a preset (as llama-quantize) and write it")
     p.add_argument("input", metavar="IN", help="the .gguf to read (or a catalog name)")
     p.add_argument("output", metavar="OUT", help="the .gguf to write")
-    p.add_argument("--type", required=True, metavar="T", help=f"preset: {presets}")
+    p.add_argument("--type", metavar="T", help=f"preset: {presets} (or search a mix with --budget-bpw)")
     p.add_argument("--tensor-type", action="append", metavar="REGEX=TYPE",
                    help="give tensors matching REGEX this type (the first matching rule wins, as llama.cpp)")
     p.add_argument("--threads", type=int, default=1, help="requantize this many tensors at once (default 1)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_mix_arguments(p)
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("compare", help="KL divergence, top-token agreement and perplexity of two versions of a model")

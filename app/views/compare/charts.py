@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -21,11 +22,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.compare import CompareRecord, SweepDone, SweepPoint, pareto_front, summary_rows
+from app.views.compare.mix_bar import MixBar
 
 KLD_MIN = 1e-6  # a KLD of 0 is drawn here on the log axis
 POINT = (0, 114, 178)
 FRONT = (213, 94, 0)
 OVERRIDES = (0, 158, 115)
+MIX = (204, 121, 167)
+OWN = (0, 158, 115)
 
 
 class SummaryTable(QTableWidget):
@@ -63,11 +67,22 @@ class LayerCurve(pg.PlotWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent, background="w")
         self.setTitle(f"<span style='color:{_hex(POINT)}'>‖h<sub>B</sub>−h<sub>A</sub>‖/‖h<sub>A</sub>‖</span>"
-                      f" · <span style='color:{_hex(FRONT)}'>1 − cos</span>", size="9pt")
+                      f" · <span style='color:{_hex(FRONT)}'>1 − cos</span> · <span style='color:{_hex(OWN)}'>"
+                      "layer's own share</span>", size="9pt")
+        self.setToolTip("Accumulated: the residual stream after each layer in B against A (everything before adds up).\n"
+                        "Own share (green): B's layer run on A's input to it, against A's output of that layer: "
+                        "the damage that layer adds by itself.")
         self.setLabel("bottom", "layer (residual stream after it)")
         self.showGrid(x=False, y=True, alpha=0.2)
         self.rel = self.plot([], [], pen=pg.mkPen(POINT, width=2), symbol="o", symbolSize=5, symbolBrush=POINT)
         self.cos = self.plot([], [], pen=pg.mkPen(FRONT, width=2, style=Qt.PenStyle.DashLine))
+        self.own = pg.BarGraphItem(x=[], height=[], width=0.6, brush=pg.mkBrush(*OWN, 110), pen=pg.mkPen(None))
+        self.addItem(self.own)
+
+    def clear_record(self) -> None:
+        self.rel.setData([], [])
+        self.cos.setData([], [])
+        self.own.setOpts(x=[], height=[], y0=[])
 
     def set_record(self, rec: CompareRecord) -> None:
         x = rec.layers.astype(float)
@@ -75,8 +90,15 @@ class LayerCurve(pg.PlotWidget):
         cos = np.log10(np.maximum(1.0 - rec.cosine.astype(float), KLD_MIN))
         self.rel.setData(x, rel)
         self.cos.setData(x, cos)
+        own = (np.log10(np.maximum(rec.own_l2.astype(float), KLD_MIN)) if rec.own_l2 is not None
+               and len(rec.own_l2) == len(x) else np.zeros(0))
         self.setXRange(-0.5, max(0.5, float(x.max(initial=0)) + 0.5), padding=0)
         lo, hi = float(min(rel.min(initial=0), cos.min(initial=0))), float(max(rel.max(initial=0), cos.max(initial=0)))
+        if own.size:
+            lo, hi = min(lo, float(own.min())), max(hi, float(own.max()))
+            self.own.setOpts(x=x, y0=np.full(x.size, lo - 0.1), height=own - (lo - 0.1))
+        else:
+            self.own.setOpts(x=[], height=[], y0=[])
         self.setYRange(lo - 0.1, hi + 0.1, padding=0)
         set_log_ticks(self.getAxis("left"), lo - 0.1, hi + 0.1)
 
@@ -86,6 +108,7 @@ class SweepChart(QWidget):
 
     run_requested = Signal()
     cancel_requested = Signal()
+    point_clicked = Signal(object)  # SweepPoint
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -99,9 +122,10 @@ class SweepChart(QWidget):
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
-        self.plot = pg.PlotWidget(background="w", title="Presets: size vs KLD to the file")
+        self.plot = pg.PlotWidget(background="w", title="Presets and searched mixes: size vs KLD to the file")
         self.plot.setLabel("bottom", "size of the tensors", units="MiB")
-        self.plot.setLabel("left", "mean KLD")
+        self.plot.setLabel("left", "mean KLD to the file, not to full precision")
+        self.mix = MixBar()
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         # y is drawn as log10(KLD), with decade ticks written as KLD values
         self.front = self.plot.plot([], [], pen=pg.mkPen(FRONT, width=2))
@@ -109,8 +133,13 @@ class SweepChart(QWidget):
                                           hoverSize=13, tip=_tip)
         self.special = pg.ScatterPlotItem(size=15, symbol="star", pen=pg.mkPen("k"), brush=pg.mkBrush(*OVERRIDES),
                                           hoverable=True, tip=_tip)
+        self.mixes = pg.ScatterPlotItem(size=13, symbol="d", pen=pg.mkPen("k"), brush=pg.mkBrush(*MIX),
+                                        hoverable=True, hoverSize=16, tip=_tip)
         self.plot.addItem(self.scatter)
         self.plot.addItem(self.special)
+        self.plot.addItem(self.mixes)
+        for item in (self.scatter, self.special, self.mixes):
+            item.sigClicked.connect(self._clicked)
         self.file_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 120, 120), style=Qt.PenStyle.DashLine),
                                          label="the file", labelOpts={"position": 0.6, "color": (90, 90, 90)})
         self.file_line.setVisible(False)
@@ -123,12 +152,31 @@ class SweepChart(QWidget):
         bar.addWidget(self.progress, 1)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
+        self.empty = QLabel("Run the preset sweep to see every preset's size against its KLD to the file, "
+                            "or choose a size and Find the best mix.\nClick a point to compare it in full.")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.empty.setStyleSheet("color: #666; background: white; border: 1px solid #ddd;")
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.empty)
+        self.stack.addWidget(self.plot)
         root.addLayout(bar)
+        root.addWidget(self.mix)
         root.addWidget(self.status)
-        root.addWidget(self.plot, 1)
+        root.addWidget(self.stack, 1)
         self.run.clicked.connect(self.run_requested)
         self.cancel.clicked.connect(self.cancel_requested)
         self.set_running(False)
+
+    def set_file_type(self, name: str) -> None:
+        """Say what the KLD is measured against: 'mean KLD to the file (Q4_1), not to full precision'."""
+        self.plot.setLabel("left", f"mean KLD to the file ({name}), not to full precision")
+
+    def _clicked(self, _item: object, spots: object) -> None:
+        spots = list(spots)  # type: ignore[call-overload]
+        if spots and isinstance(spots[0].data(), SweepPoint):
+            self.mix.choose(spots[0].data())
+            self.point_clicked.emit(spots[0].data())
 
     def set_file_size(self, nbytes: int) -> None:
         """Where the loaded file sits on the size axis (its KLD against itself is 0)."""
@@ -138,15 +186,23 @@ class SweepChart(QWidget):
 
     def set_running(self, running: bool, what: str = "", fraction: float = 0.0) -> None:
         self.run.setEnabled(not running)
+        self.mix.set_running(running)
         self.cancel.setEnabled(running)
         self.progress.setVisible(running)
         if running:
             self.progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
             self.progress.setFormat(f"{what} %p%")
 
-    def start(self) -> None:
-        """A sweep begins: clear the old points."""
+    def clear(self) -> None:
+        """Another model: no points, the empty state."""
         self.points = []
+        self.mix.choose(None)
+        self.status.setText("")
+        self._redraw()
+
+    def start(self) -> None:
+        """A sweep begins: clear the old presets' points (searched mixes stay)."""
+        self.points = [p for p in self.points if p.kind == "mix"]
         self._redraw()
         self.status.setText("Sweeping the presets… (each point appears as soon as it is measured)")
         self.set_running(True, "starting", 0.0)
@@ -165,11 +221,14 @@ class SweepChart(QWidget):
                                 f"Pareto front: {front}")
 
     def _redraw(self) -> None:
+        self.stack.setCurrentIndex(1 if self.points else 0)
         presets = [p for p in self.points if p.kind == "preset"]
-        others = [p for p in self.points if p.kind != "preset"]
+        others = [p for p in self.points if p.kind == "overrides"]
+        mixes = [p for p in self.points if p.kind == "mix"]
         floor = _floor(self.points)
         self.scatter.setData([p.nbytes / 2**20 for p in presets], [_y(p.kld_mean, floor) for p in presets], data=presets)
         self.special.setData([p.nbytes / 2**20 for p in others], [_y(p.kld_mean, floor) for p in others], data=others)
+        self.mixes.setData([p.nbytes / 2**20 for p in mixes], [_y(p.kld_mean, floor) for p in mixes], data=mixes)
         on_front = pareto_front(self.points)
         front = [self.points[i] for i in on_front]
         self.front.setData([p.nbytes / 2**20 for p in front], [_y(p.kld_mean, floor) for p in front])
@@ -199,7 +258,8 @@ class SweepChart(QWidget):
         order = on_front + [i for i in range(len(self.points)) if i not in on_front]
         for i in order:
             p = self.points[i]
-            name = (p.name if p.kind == "preset" else f"★ {p.name}") + (" (≈ file)" if p.kld_mean < floor else "")
+            mark = {"preset": "", "mix": "◆ "}.get(p.kind, "★ ")
+            name = f"{mark}{p.name}" + (" (≈ file)" if p.kld_mean < floor else "")
             px, py = marks[i]
             text = pg.TextItem(name, color=(20, 20, 20) if i in on_front else (120, 120, 120), anchor=(0, 0))
             font = QFont()
@@ -223,7 +283,8 @@ def _tip(x: float = 0.0, y: float = 0.0, data: SweepPoint | None = None) -> str:
     if p is None:
         return ""
     return (f"{p.name}: {p.nbytes / 2**20:.1f} MiB · {p.bpw:.3f} bpw\nKLD mean {p.kld_mean:.5f} · p99 {p.kld_p99:.4f}\n"
-            f"same top token {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}")
+            f"same top token {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}"
+            + (f"\n{p.detail}" if p.detail else "") + "\nclick: compare it in full")
 
 
 def _free_box(px: float, py: float, bw: float, bh: float, placed: list[tuple[float, float, float, float]],

@@ -346,5 +346,6 @@ class CompareView(QWidget):
     def set_other(self, path: str) -> None:
         """Use this GGUF file as B."""
         self.other_path = path
-        self.source.setItemText(2, f"GGUF: {Path(path).name}")
-        self.source.setCurrentIndex(2)
+        i = self.source.findData("gguf")
+        self.source.setItemText(i, f"GGUF: {Path(path).name}")
+        self.source.setCurrentIndex(i)

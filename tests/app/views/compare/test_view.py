@@ -176,7 +176,7 @@ def test_window_compare_apply_and_sweep_on_a_tiny_model(qtbot, data_dir: Path, t
     assert rec.b_bytes < rec.a_bytes and view.summary.rowCount() > 10
     view.heads.layer.setValue(1)
     qtbot.waitUntil(lambda: view.heads.pair.layer == 1, timeout=30_000)
-    view.source.setCurrentIndex(1)  # B: the file itself with the same F32 cache: identical
+    view.source.setCurrentIndex(view.source.findData("file"))  # B: the file itself with the same F32 cache: identical
     view.b_cache.setCurrentText("F32")
     view.run.click()
     qtbot.waitUntil(lambda: view.record is not rec, timeout=60_000)
