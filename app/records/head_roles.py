@@ -38,7 +38,8 @@ def make_head_roles_record(model: Any, recorder: Recorder, cache: KVCache, token
     t0 = time.perf_counter()
     tokens = list(cache.tokens)
     roles = head_roles(recorder, cache, tokens)
-    return HeadRolesRecord(roles, "chat", tuple(token_texts[: roles.n_tokens]), str(model.path), time.perf_counter() - t0)
+    return HeadRolesRecord(roles, "chat", tuple(token_texts[: roles.n_tokens]), str(getattr(model, "path", "")),
+                           time.perf_counter() - t0)
 
 
 def make_probe_record(model: Any, length: int = PROBE_LENGTH, seed: int = PROBE_SEED) -> HeadRolesRecord:

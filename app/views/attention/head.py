@@ -75,8 +75,8 @@ class HeadView(pg.GraphicsLayoutWidget):
         if self.record is not None and self.hide_sink:
             self.set_record(self.record)
 
-    def clear(self) -> None:
-        """Nothing to show (another chat or model)."""
+    def clear_record(self) -> None:
+        """Nothing to show (another chat or model); not `clear`, which GraphicsLayoutWidget binds per instance."""
         self.record = None
         self.shown = None
         self.image.clear()

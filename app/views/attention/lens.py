@@ -154,7 +154,7 @@ class AttentionLens(QWidget):
         self.hidden_keys = (0,)
         self.grid.record = None
         self.grid.redraw()
-        self.head_view.clear()
+        self.head_view.clear_record()
         self.text_view.clear()
         self.text_view.index = None
         self.end_spin.setRange(0, 0)

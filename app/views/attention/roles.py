@@ -125,7 +125,7 @@ class HeadRolesView(QWidget):
         root.addWidget(split, 1)
         self.chat_button.clicked.connect(lambda: self.roles_requested.emit("chat"))
         self.probe_button.clicked.connect(lambda: self.roles_requested.emit("probe"))
-        self.score_box.currentIndexChanged.connect(lambda _i: self._draw_map())
+        self.score_box.currentIndexChanged.connect(lambda _i: self._role_changed())
         self.clear()
 
     # ---- public API
@@ -215,6 +215,12 @@ class HeadRolesView(QWidget):
         self.sink_title.setText(f"Sinks in {where} ({len(rec.roles.sinks)}): tick the keys “hide sinks” hides")
         if rec.source == "chat":
             self.hidden_keys_changed.emit(self.hidden_keys())
+
+    def _role_changed(self) -> None:
+        """Another score: the map is coloured by it and the table sorted by it, highest first."""
+        if self.record is not None:
+            self.table.sortItems(2 + ROLES.index(self.role()), Qt.SortOrder.DescendingOrder)
+        self._draw_map()
 
     def _draw_map(self) -> None:
         role = self.role()
