@@ -351,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.quant import add_commands  # noqa: PLC0415 - quantize and compare
 
     add_commands(sub)
+    from engine.cli.imatrix import add_commands as add_imatrix  # noqa: PLC0415
+
+    add_imatrix(sub)
     return ap
 
 

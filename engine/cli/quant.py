@@ -58,9 +58,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise SettingError(f"output folder {Path(args.output).parent} does not exist")
     if args.threads < 1:
         raise SettingError(f"--threads {args.threads}: must be at least 1")
+    imatrix = None
+    if args.imatrix:
+        from engine.quality.imatrix import read_imatrix  # noqa: PLC0415
+
+        imatrix = read_imatrix(args.imatrix)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.threads) if args.threads > 1 else nullcontext() as pool:
-        plan = quantize_file(src, args.output, preset, rules, progress=_progress("quantize"), executor=pool)
+        plan = quantize_file(src, args.output, preset, rules, progress=_progress("quantize"), executor=pool,
+                             imatrix=imatrix, imatrix_file=args.imatrix or "")
     assert plan is not None  # no cancel event from the command line
     _warn_fallbacks(plan)
     if args.json:
@@ -139,6 +145,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-type", action="append", metavar="REGEX=TYPE",
                    help="give tensors matching REGEX this type (the first matching rule wins, as llama.cpp)")
     p.add_argument("--threads", type=int, default=1, help="requantize this many tensors at once (default 1)")
+    p.add_argument("--imatrix", metavar="F", help="an importance matrix (llama.cpp's GGUF or .dat format), as "
+                   "llama-quantize --imatrix")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_mix_arguments(p)
     p.set_defaults(func=cmd_quantize)

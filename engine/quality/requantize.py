@@ -218,17 +218,26 @@ class Requantizer:
       rq.apply(plan, progress=..., cancel=event)     # True when applied, False when cancelled
       rq.reset()                                     # the file's blocks again
       rq.save(path, progress=..., cancel=event)      # a GGUF llama.cpp loads
+    With `imatrix` set (set_imatrix), plans, applies and saves are llama-quantize's with --imatrix.
     """
 
     def __init__(self, model: Model):
         self.model = model
         self.gguf = model.gguf
         self.applied: Plan | None = None
+        self.imatrix: ImportanceMatrix | None = None
+        self.imatrix_file = ""  # the name written as quantize.imatrix.file
         self._held: dict[str, QTensor] = {}  # tensors whose blocks in the model are not the file's
+        self._held_imatrix: ImportanceMatrix | None = None  # the imatrix the held blocks were made with
+
+    def set_imatrix(self, imatrix: ImportanceMatrix | None, file_label: str = "") -> None:
+        """Use an importance matrix for the next plans, applies and saves (None: quantize without one)."""
+        self.imatrix = imatrix
+        self.imatrix_file = file_label if imatrix is not None else ""
 
     def plan(self, preset: str | Preset | None, rules: Sequence[str | Rule] = ()) -> Plan:
-        """The plan for this model's file (see make_plan)."""
-        return make_plan(self.gguf, preset, rules)
+        """The plan for this model's file (see make_plan), with or without the importance matrix."""
+        return make_plan(self.gguf, preset, rules, has_imatrix=self.imatrix is not None)
 
     def current_types(self) -> dict[str, GGMLType]:
         """The type each tensor has in memory now."""
@@ -281,7 +290,10 @@ class Requantizer:
         restore = [n for n in self._held if n not in plan.tensors or not plan.tensors[n].changed]
         jobs = [(tp, self.gguf.rows(tp.name), self._dense_source(tp.name)) for tp in plan.changed
                 if tp.name in setters and not _holds(self._held, tp)]
-        made = _run_jobs(jobs, say, cancel, executor)
+        if self.imatrix is not self._held_imatrix:  # blocks made with another imatrix are made again
+            jobs = [(tp, self.gguf.rows(tp.name), self._dense_source(tp.name)) for tp in plan.changed if tp.name in setters]
+        weights = _plan_weights(plan, self.imatrix) if self.imatrix is not None else None
+        made = _run_jobs(jobs, say, cancel, executor, weights)
         if made is None or (cancel is not None and cancel.is_set()):
             say("cancelled", 0.0)
             return False
@@ -290,6 +302,7 @@ class Requantizer:
         for tp, _, _ in jobs:
             self._swap(setters[tp.name], QTensor(tp.name, tp.new, setters[tp.name][0][0], made[tp.name]), tp.name)
         self.applied = plan if plan.changed else None
+        self._held_imatrix = self.imatrix
         say("done", 1.0)
         log.info("applied %s", plan.summary())
         return True
@@ -322,7 +335,9 @@ class Requantizer:
     ) -> bool:
         """Write the model as it is now (the applied plan, or the file) to a GGUF; False if cancelled."""
         plan = self.applied or make_plan(self.gguf, None)
-        if not _write(self.gguf, plan, self._held, path, progress, cancel, executor):
+        held = self._held if self._held_imatrix is self.imatrix else {}
+        used = (self.imatrix, self.imatrix_file) if self.imatrix is not None else None
+        if not _write(self.gguf, plan, held, path, progress, cancel, executor, used):
             return False
         if progress is not None:
             progress("saved", 1.0)
