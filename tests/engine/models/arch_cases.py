@@ -19,7 +19,7 @@ from engine.quality.requantize import quantize_file
 from tests.engine.golden import kld_topk, log_softmax
 from tools.make_arch_models import FIXTURES, N_CTX, PREFILL, write_arch
 
-QUANTS = ("F16", "Q8_0", "Q4_K_M")
+QUANTS = ("F16", "Q8_0", "Q4_K_M", "IQ4_XS")
 F32_BOUNDS = (0.005, 0.96)  # mean KLD, same top token: float32 numerics (the bar)
 GGML_BOUNDS = (0.001, 0.96)  # ggml numerics
 

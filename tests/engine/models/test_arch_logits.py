@@ -1,7 +1,7 @@
 """Every architecture and quantization against llama.cpp's logits on the same file (tools/make_arch_models.py).
 
 For each test model (llama as Llama 3 uses it, with linear and YaRN scaling; qwen2; qwen3; gemma2; phi3) in F16,
-Q8_0 and Q4_K_M: our quantizer writes llama.cpp's file byte for byte, and our logits at every position of 200
+Q8_0, Q4_K_M and IQ4_XS: our quantizer writes llama.cpp's file byte for byte, and our logits at every position of 200
 tokens (a 128-token prompt, then decode steps) are llama.cpp's within the issue's bounds in both numerics.
 """
 from __future__ import annotations
