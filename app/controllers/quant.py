@@ -14,7 +14,17 @@ from PySide6.QtCore import QObject
 from app.controllers.lenses import LensBridge
 from app.data.overrides import OverrideSpec, with_types
 from app.jobs.compare import CompareWorkspace, compare_job, head_job, release_job, sweep_job
-from app.jobs.quant import Applied, Saved, apply_job, reset_job, save_job
+from app.jobs.quant import (
+    Applied,
+    Saved,
+    apply_job,
+    imatrix_clear_job,
+    imatrix_compute_job,
+    imatrix_load_job,
+    reset_job,
+    save_job,
+)
+from app.records.imatrix import ImatrixRecord
 from app.records.logit_lens import LogitLensPair
 from app.records.compare import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress
 from app.state import AppState
@@ -39,6 +49,8 @@ class QuantBridge(QObject):
         self.compare = compare
         self.lenses = lenses
         self.editor: Any = None
+        self.lens: Any = None  # the Quantization lens and its imatrix panel, once built
+        self.imatrix_panel: Any = None
         self.file_record: Any = None  # the ModelRecord of the file as loaded (types before any Apply)
         self.workspace = CompareWorkspace()
         self.sweep_workspace = CompareWorkspace()
@@ -70,6 +82,17 @@ class QuantBridge(QObject):
         editor.save_requested.connect(self.save)
         editor.cancel_requested.connect(lambda: self.engine.cancel_task("quant"))
         editor.spec_changed.connect(self.compare.set_overrides)
+        self.lens = lens
+        panel = getattr(lens, "imatrix_panel", None)
+        if panel is not None:
+            self.imatrix_panel = panel
+            panel.load_requested.connect(lambda path: self._imatrix(
+                lambda emit, cancel: imatrix_load_job(self.engine.session, path, cancel, emit)))
+            panel.compute_requested.connect(lambda path, n_ctx: self._imatrix(
+                lambda emit, cancel: imatrix_compute_job(self.engine.session, path, n_ctx, cancel, emit)))
+            panel.clear_requested.connect(lambda: self._imatrix(
+                lambda emit, cancel: imatrix_clear_job(self.engine.session, cancel, emit)))
+            panel.cancel_requested.connect(lambda: self.engine.cancel_task("quant", "imatrix"))
         if self.file_record is not None:
             editor.set_model(self.file_record)
         self.compare.set_overrides(editor.spec())
@@ -79,6 +102,8 @@ class QuantBridge(QObject):
         if record is None:
             return
         self.file_record = record
+        if self.lens is not None and hasattr(self.lens, "set_imatrix"):
+            self.lens.set_imatrix(None)  # a new model has a new requantizer, without a matrix
         for lane, ws in (("compare", self.workspace), ("sweep", self.sweep_workspace)):
             if ws.path is not None and ws.path != record.path:
                 self.engine.run_task(lane, "release", lambda emit, cancel, w=ws: release_job(w))
@@ -105,6 +130,12 @@ class QuantBridge(QObject):
 
     def save(self, spec: OverrideSpec, path: str) -> None:
         self._quant("save", lambda emit, cancel: save_job(self.engine.session, spec, path, cancel, emit))
+
+    def _imatrix(self, job: Any) -> None:
+        """Load, compute or clear the importance matrix on the 'quant' lane (after any apply or save)."""
+        if self.imatrix_panel is not None:
+            self.imatrix_panel.set_busy(True, "waiting", 0.0)
+        self.engine.run_task("quant", "imatrix", job)
 
     def _quant(self, kind: str, job: Any) -> None:
         if self.editor is not None:
@@ -165,7 +196,10 @@ class QuantBridge(QObject):
 
     def _event(self, kind: str, item: object) -> None:
         if isinstance(item, TaskProgress):
-            if item.task in QUANT_TASKS:
+            if item.task == "imatrix":
+                if self.imatrix_panel is not None:
+                    self.imatrix_panel.set_busy(True, item.what, item.fraction)
+            elif item.task in QUANT_TASKS:
                 if self.editor is not None:
                     self.editor.set_busy(item.task, item.what, item.fraction)
             else:
@@ -188,6 +222,11 @@ class QuantBridge(QObject):
             self.compare.sweep_finished(item)
 
     def _done(self, kind: str, value: object) -> None:
+        if kind == "imatrix":
+            record = value if isinstance(value, ImatrixRecord) else None
+            if self.lens is not None:
+                self.lens.set_imatrix(record)
+            return
         if isinstance(value, Applied):
             self._applied(value)
         elif isinstance(value, Saved):
@@ -208,7 +247,10 @@ class QuantBridge(QObject):
             self.editor.show_message(f"Done: {what}. The chat uses them from the next reply (its KV cache was cleared).")
 
     def _failed(self, kind: str, message: str) -> None:
-        if kind in QUANT_TASKS:
+        if kind == "imatrix":
+            if self.imatrix_panel is not None:
+                self.imatrix_panel.show_message(message)
+        elif kind in QUANT_TASKS:
             if self.editor is not None:
                 self.editor.set_busy(None)
                 self.editor.show_message(message, error=True)

@@ -102,8 +102,57 @@ def save_job(session: Session, spec: OverrideSpec, path: str, cancel: threading.
     if same:  # the serialized lane runs no apply meanwhile, so the held blocks stay as planned
         ok = rq.save(path, progress=say, cancel=cancel)
     else:
-        ok = quantize_file(src, path, preset, rules, progress=say, cancel=cancel) is not None
+        ok = quantize_file(src, path, preset, rules, progress=say, cancel=cancel, imatrix=rq.imatrix,
+                           imatrix_file=rq.imatrix_file) is not None
     if not ok:
         Path(path).unlink(missing_ok=True)
         raise LensError("saving cancelled")
     return Saved(path, plan_summary(plan), time.perf_counter() - t0)
+
+
+def _use_imatrix(session: Session, im: Any, label: str, source: str) -> Any:
+    """Give the requantizer the matrix (the next Apply and Save use it); the record the lens draws."""
+    from app.records.imatrix import make_record  # noqa: PLC0415
+
+    with session.lock:
+        rq = requantizer(session)
+        rq.set_imatrix(im, label)
+        names = set(rq.gguf.tensors)
+    return make_record(im, source, names)
+
+
+def imatrix_load_job(session: Session, path: str, cancel: threading.Event, emit: Emit) -> Iterator[object]:
+    """Read an imatrix file (GGUF or legacy .dat) for the overrides to quantize with."""
+    from engine.quality.imatrix import read_imatrix  # noqa: PLC0415
+
+    yield TaskProgress("imatrix", f"reading {Path(path).name}", 0.0)
+    im = read_imatrix(path)
+    return _use_imatrix(session, im, path, Path(path).name)
+
+
+def imatrix_compute_job(session: Session, text_path: str, n_ctx: int, cancel: threading.Event,
+                        emit: Emit) -> Iterator[object]:
+    """Compute an importance matrix of the chat's model over a text, as llama-imatrix does (cancellable)."""
+    from engine.cli.options import read_text_file  # noqa: PLC0415
+    from engine.quality.imatrix_collect import compute_imatrix  # noqa: PLC0415
+
+    text = read_text_file(text_path, "calibration text")
+    yield from _wait_for_reply(session, "imatrix", cancel)
+    say = lambda what, frac: emit(TaskProgress("imatrix", what, frac))  # noqa: E731
+    with session.lock:
+        if session.model is None:
+            raise LensError("no model is loaded")
+        im = compute_imatrix(session.model, text, n_ctx=n_ctx, dataset=Path(text_path).name, progress=say,
+                             cancel=cancel)
+        session.fresh_cache()
+    if im is None:
+        raise LensError("computing the importance matrix cancelled")
+    return _use_imatrix(session, im, f"computed on {Path(text_path).name}", f"computed on {Path(text_path).name}")
+
+
+def imatrix_clear_job(session: Session, cancel: threading.Event, emit: Emit) -> Iterator[object]:
+    """Quantize without an importance matrix again."""
+    yield TaskProgress("imatrix", "clearing", 0.0)
+    with session.lock:
+        requantizer(session).set_imatrix(None)
+    return None

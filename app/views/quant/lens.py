@@ -24,6 +24,7 @@ from app.data.type_reasons import TypeReasons, explain_file_types, plan_reasons
 from app.records.model import ModelRecord, TensorRow
 from app.records.tensor import TensorRecord
 from app.views.common.colours import type_colour
+from app.views.quant.imatrix import ImatrixPanel
 from app.views.quant.overrides import OverrideEditor
 from app.views.quant.tensor import TensorDetail
 
@@ -86,9 +87,16 @@ class QuantLens(QWidget):
         left.setSizes([600, 300])
         self.detail = TensorDetail()
         self.overrides = OverrideEditor()
+        self.imatrix_panel = ImatrixPanel()
+        self.importance: dict[str, np.ndarray] = {}  # the loaded imatrix's column importance per tensor
+        editing = QWidget()
+        el = QVBoxLayout(editing)
+        el.setContentsMargins(0, 0, 0, 0)
+        el.addWidget(self.imatrix_panel)
+        el.addWidget(self.overrides, 1)
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.detail)
-        right.addWidget(self.overrides)
+        right.addWidget(editing)
         right.setSizes([380, 620])  # the override editor needs room for its preview table
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
@@ -135,6 +143,14 @@ class QuantLens(QWidget):
         """Show one tensor: why it has its type, its distributions and decoded block."""
         self.tensor = rec
         self.detail.set_record(rec, self.reasons.get(rec.name, ""))
+        self.detail.set_importance(rec.name, self.importance.get(rec.name))
+
+    def set_imatrix(self, record) -> None:
+        """An ImatrixRecord is in use (None: none): the panel says so, the detail draws its heat strip."""
+        self.importance = dict(record.importance) if record is not None else {}
+        self.imatrix_panel.set_record(record)
+        if self.tensor is not None:
+            self.detail.set_importance(self.tensor.name, self.importance.get(self.tensor.name))
 
     def why(self, name: str) -> str:
         """Why tensor `name` has the type shown now (the file's preset, a fallback, an applied rule)."""

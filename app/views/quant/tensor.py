@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.tensor import TensorRecord
+from app.views.quant.imatrix import ImportanceStrip
 from engine.quant.blocks import DecodedBlock
 
 FIELD_COLOURS = ((0, 114, 178), (230, 159, 0), (0, 158, 115), (204, 121, 167), (86, 180, 233), (213, 94, 0))
@@ -47,6 +48,8 @@ class TensorDetail(QWidget):
         self.why.setWordWrap(True)
         self.why.setStyleSheet("color: #444; background: #f4f6fa; border-radius: 3px; padding: 2px 4px;")
         self.why.hide()
+        self.importance = ImportanceStrip()  # the tensor's column importance when an imatrix is loaded
+        self.importance.hide()
         self.scale_box = QComboBox()
         self.scale_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.block_spin = QSpinBox()
@@ -100,6 +103,7 @@ class TensorDetail(QWidget):
         cl.setContentsMargins(0, 0, 0, 0)
         cl.addLayout(bar)
         cl.addWidget(self.why)
+        cl.addWidget(self.importance)
         cl.addWidget(self.tabs, 1)
         self.empty = QLabel(EMPTY_TEXT)  # no axes before there is something to plot
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -120,6 +124,10 @@ class TensorDetail(QWidget):
         self.reason = ""
         self.empty.setText(text or EMPTY_TEXT)
         self.stack.setCurrentWidget(self.empty)
+
+    def set_importance(self, name: str, values: np.ndarray | None) -> None:
+        """The imatrix's column importance of the shown tensor (None: no imatrix, or it has no entry)."""
+        self.importance.set_values(name, values)
 
     def loading(self, name: str) -> None:
         """A tensor was asked for: say so (in the empty state until the first record arrives)."""
