@@ -6,7 +6,6 @@ per position, the heads of both runs, the preset sweep's points).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -150,12 +149,11 @@ def top_union(logp_a: F32, logp_b: F32, k: int = TOP_K) -> tuple[npt.NDArray[np.
 
 def plan_label(name: str, plan: object) -> str:
     """What B really is: 'Q2_K preset: 180 tensors fell back to Q4_0 (rows of 576 are not a multiple of 256)'."""
-    groups: dict[tuple[str, str, str], int] = {}
+    groups: dict[tuple[str, int, int], int] = {}
     for tp in getattr(plan, "fallbacks", ()):
-        m = re.search(r"row of (\d+) is not a multiple of (\d+): \w+ falls back to (\w+)", tp.reason)
-        if m is not None:
-            key = (m.group(3), m.group(1), m.group(2))
-            groups[key] = groups.get(key, 0) + 1
+        # every fallback is from a type with 256-wide super-blocks (engine.quant.presets.FALLBACK)
+        key = (tp.new.name, int(tp.shape[0]), 256)
+        groups[key] = groups.get(key, 0) + 1
     notes = [f"{n} tensor{'s' * (n > 1)} fell back to {new} (rows of {cols} are not a multiple of {block})"
              for (new, cols, block), n in sorted(groups.items(), key=lambda kv: -kv[1])]
     return f"{name}: " + "; ".join(notes) if notes else name
