@@ -188,8 +188,9 @@ class LensBridge(QObject):
         self.deliver("Attention", "clear_chat")
 
     def model_loaded(self) -> None:
-        """A new model: every lens starts over with its ModelRecord."""
+        """A new model: every lens starts over with its ModelRecord (the old model's attention is gone)."""
         self.hidden_keys = (0,)
+        self.state.attention_record = None
         for slot in self.slots.values():
             self.feed(slot)
         st = self.state

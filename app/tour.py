@@ -1,0 +1,266 @@
+"""python -m app.tour MODEL --out DIR: drive the real window through issue 15's seven questions, a PNG per answer.
+
+    xvfb-run -a -s "-screen 0 1280x800x24" python -m app.tour smollm2-135m-instruct --out shots --size 1280x800
+
+It loads the model, sends one message, then for each question shows the tab (and the view) that answers it,
+waits until that view has computed its answer, and saves the whole window as DIR/qN_<name>.png:
+
+| q | answer | how it gets there |
+| --- | --- | --- |
+| q1 | Attention > Head roles on the induction probe, coloured by "previous" | Run induction probe |
+| q2 | Attention > Head roles on the chat, coloured by "sink", with the sinks listed | Score this chat |
+| q3 | the Positions lens (RoPE at a distance d, every base side by side) | the tab as it is |
+| q4 | Compare: per-layer divergence of A and B | the view's prepare_screenshot / screenshot_ready |
+| q5 | Compare: the preset sweep (KLD against MB) | the same run, after the sweep |
+| q6 | Quantization: a tensor whose type is a fallback, with the reason | the first tensor whose reason says so |
+| q7 | Attention > Logit lens at the last position | Decode layers |
+
+Any tab may offer `tour_prepare(question)` and `tour_ready(question) -> bool` to set itself up for a question;
+that is the only hook (Compare's prepare_screenshot / screenshot_ready are used when it has none).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+QUESTIONS = ("q1", "q2", "q3", "q4", "q5", "q6", "q7")
+NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": "compare_layers",
+         "q5": "compare_presets", "q6": "quant_fallback", "q7": "logit_lens"}
+TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
+       "q6": "Quantization", "q7": "Attention"}
+STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0}  # the comparison and the preset sweep run models; the rest is quick
+SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
+
+
+class Tour:
+    """Drives the window from a QTimer: load, one reply, then each question's tab until its answer is drawn."""
+
+    def __init__(self, window: Any, out: Path, prompt: str, questions: Sequence[str], timeout_s: float,
+                 suffix: str = ""):
+        from PySide6.QtCore import QTimer  # noqa: PLC0415
+
+        self.w = window
+        self.out = out
+        self.prompt = prompt
+        self.todo = list(questions)
+        self.suffix = suffix
+        self.deadline = time.monotonic() + timeout_s
+        self.sent = False
+        self.current: str | None = None
+        self.started = 0.0
+        self.ready_at = 0.0
+        self.saved: list[Path] = []
+        self.code = 0
+        self.timer = QTimer(interval=250)
+        self.timer.timeout.connect(self.tick)
+        self.timer.start()
+
+    # ---- the loop
+
+    def tick(self) -> None:
+        w, now = self.w, time.monotonic()
+        if now > self.deadline:
+            logging.error("tour: out of time; stopping")
+            return self.finish(1)
+        if not self.sent:
+            if getattr(w, "load_error_box", None) is not None and w.state.model is None:
+                logging.error("tour: the model could not be loaded")
+                return self.finish(1)
+            if w.state.model is not None and not w.engine.loading:
+                w.conversation.new_chat()
+                self._show("Attention")
+                self.sent = w.conversation.send(self.prompt)
+                logging.info("tour: model loaded, message sent")
+            return None
+        if w.conversation.generating or w.state.attention_record is None:
+            return None
+        if self.current is None:
+            if not self.todo:
+                return self.finish(self.code)
+            self.current = self.todo.pop(0)
+            self.started, self.ready_at = now, 0.0
+            logging.info("tour: %s (%s tab)", self.current, TAB[self.current])
+            self._show(TAB[self.current])
+            self._prepare(self.current)
+            return None
+        q = self.current
+        if not self.ready_at:
+            if self._ready(q) or now - self.started > STEP_TIMEOUT_S.get(q, 180.0):
+                if not self._ready(q):
+                    logging.warning("tour: %s not ready after %.0f s; saving what is on screen", q, now - self.started)
+                    self.code = 1
+                self.ready_at = now
+            return None
+        if now - self.ready_at >= SETTLE_S:
+            self._save(q)
+            self.current = None
+        return None
+
+    def finish(self, code: int) -> None:
+        from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+
+        self.timer.stop()
+        self.code = code
+        print(f"tour: {len(self.saved)} screenshots in {self.out}", file=sys.stderr)
+        self.w.close()
+        QApplication.instance().exit(code)
+
+    # ---- helpers
+
+    def _show(self, title: str) -> Any:
+        tabs = self.w.lens_tabs
+        for i in range(tabs.count()):
+            if tabs.tabText(i).lower() == title.lower():
+                tabs.setCurrentIndex(i)
+        return self._widget(title)
+
+    def _widget(self, title: str) -> Any:
+        slot = getattr(self.w, "lens_slots", {}).get(title)
+        if slot is not None:
+            return slot.widget
+        return self.w.lens_tabs.currentWidget()
+
+    def _save(self, q: str) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"{q}_{NAMES[q]}{self.suffix}.png"
+        ok = self.w.grab().save(str(path))
+        print(f"tour: {'saved' if ok else 'could not save'} {path}", file=sys.stderr)
+        if ok:
+            self.saved.append(path)
+        else:
+            self.code = 2
+
+    def _prepare(self, q: str) -> None:
+        widget = self._widget(TAB[q])
+        if widget is None:
+            return
+        if hasattr(widget, "tour_prepare"):
+            widget.tour_prepare(q)
+            return
+        prepare = PREPARE.get(q)
+        if prepare is not None:
+            prepare(self, widget)
+
+    def _ready(self, q: str) -> bool:
+        widget = self._widget(TAB[q])
+        if widget is None:
+            return False
+        if hasattr(widget, "tour_ready"):
+            return bool(widget.tour_ready(q))
+        ready = READY.get(q)
+        return True if ready is None else bool(ready(self, widget))
+
+
+# ---- the questions, for tabs without their own hooks
+
+
+def _roles(source: str, role: str) -> Callable[[Tour, Any], None]:
+    def prepare(tour: Tour, lens: Any) -> None:
+        lens.views.setCurrentWidget(lens.roles)
+        lens.roles.set_role(role)
+        lens.roles.roles_requested.emit(source)
+
+    return prepare
+
+
+def _roles_ready(source: str) -> Callable[[Tour, Any], bool]:
+    return lambda tour, lens: lens.roles.record is not None and lens.roles.record.source == source
+
+
+def _compare_prepare(tour: Tour, view: Any) -> None:
+    if getattr(view, "record", None) is None and hasattr(view, "prepare_screenshot"):
+        view.prepare_screenshot()
+
+
+def _compare_ready(tour: Tour, view: Any) -> bool:
+    return bool(view.screenshot_ready()) if hasattr(view, "screenshot_ready") else True
+
+
+def _quant_prepare(tour: Tour, lens: Any) -> None:
+    reasons: dict[str, str] = dict(getattr(lens, "reasons", {}) or {})
+    fallback = [n for n, why in reasons.items() if "fall" in why.lower() or "multiple" in why.lower()]
+    name = (fallback or sorted(reasons) or [None])[0]
+    if name is not None and hasattr(lens, "_request"):
+        lens._request(name)
+    tour.quant_tensor = name  # type: ignore[attr-defined]
+
+
+def _quant_ready(tour: Tour, lens: Any) -> bool:
+    name = getattr(tour, "quant_tensor", None)
+    rec = getattr(lens, "tensor", None)
+    return name is None or (rec is not None and rec.name == name)
+
+
+def _logit_prepare(tour: Tour, lens: Any) -> None:
+    lens.views.setCurrentWidget(lens.logit)
+    if not lens.logit.stale():
+        return
+    lens.logit.request()
+
+
+def _logit_ready(tour: Tour, lens: Any) -> bool:
+    rec = lens.logit.panel.record
+    return rec is not None and rec.n_tokens == lens.logit.n_tokens
+
+
+PREPARE: dict[str, Callable[[Tour, Any], None]] = {
+    "q1": _roles("probe", "induction"), "q2": _roles("chat", "sink"), "q4": _compare_prepare,
+    "q6": _quant_prepare, "q7": _logit_prepare,
+}
+READY: dict[str, Callable[[Tour, Any], bool]] = {
+    "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q4": _compare_ready, "q5": _compare_ready,
+    "q6": _quant_ready, "q7": _logit_ready,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m app.tour", description=__doc__.splitlines()[0])
+    p.add_argument("model", help="a .gguf path or catalog name")
+    p.add_argument("--out", required=True, type=Path, help="folder for the PNGs")
+    p.add_argument("--size", default="1280x800", help="window size WxH (run Xvfb with a screen at least this big)")
+    p.add_argument("--questions", default=",".join(QUESTIONS), help="which of q1..q7, comma-separated")
+    p.add_argument("--prompt", default="In two sentences, what does attention do in a transformer? "
+                                        "Attention lets every token look at the tokens before it.")
+    p.add_argument("--max-tokens", type=int, default=48, help="the reply's length (short keeps the tour quick)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole tour")
+    p.add_argument("--suffix", default="", help="appended to every file name (e.g. _1280)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    questions = [q.strip() for q in args.questions.split(",") if q.strip()]
+    bad = [q for q in questions if q not in QUESTIONS]
+    if bad:
+        print(f"unknown question(s) {', '.join(bad)}: choose from {', '.join(QUESTIONS)}", file=sys.stderr)
+        return 2
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        print(f"--size must be WxH, got {args.size!r}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+
+    from app.main_window import MainWindow  # noqa: PLC0415
+
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "gguf-lens"])
+    app.setApplicationName("GGUF Lens")
+    window = MainWindow(model=args.model)
+    window.state.settings = dataclasses.replace(window.state.settings, max_tokens=args.max_tokens, seed=0)
+    window.resize(width, height)
+    window.show()
+    tour = Tour(window, args.out, args.prompt, questions, args.timeout, args.suffix)
+    code = app.exec()
+    if not window.closed:
+        window.shutdown()
+    return tour.code or code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
