@@ -25,8 +25,9 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 QUESTIONS = ("q1", "q2", "q3", "q4", "q5", "q6", "q7")
 NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": "compare_layers",
@@ -35,6 +36,7 @@ TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare",
        "q6": "Quantization", "q7": "Attention"}
 STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0}  # the comparison and the preset sweep run models; the rest is quick
 SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
+log = logging.getLogger(__name__)
 
 
 class Tour:
@@ -42,7 +44,7 @@ class Tour:
 
     def __init__(self, window: Any, out: Path, prompt: str, questions: Sequence[str], timeout_s: float,
                  suffix: str = ""):
-        from PySide6.QtCore import QTimer  # noqa: PLC0415
+        from PySide6.QtCore import QTimer
 
         self.w = window
         self.out = out
@@ -65,17 +67,17 @@ class Tour:
     def tick(self) -> None:
         w, now = self.w, time.monotonic()
         if now > self.deadline:
-            logging.error("tour: out of time; stopping")
+            log.error("tour: out of time; stopping")
             return self.finish(1)
         if not self.sent:
             if getattr(w, "load_error_box", None) is not None and w.state.model is None:
-                logging.error("tour: the model could not be loaded")
+                log.error("tour: the model could not be loaded")
                 return self.finish(1)
             if w.state.model is not None and not w.engine.loading:
                 w.conversation.new_chat()
                 self._show("Attention")
                 self.sent = w.conversation.send(self.prompt)
-                logging.info("tour: model loaded, message sent")
+                log.info("tour: model loaded, message sent")
             return None
         if w.conversation.generating or w.state.attention_record is None:
             return None
@@ -84,7 +86,7 @@ class Tour:
                 return self.finish(self.code)
             self.current = self.todo.pop(0)
             self.started, self.ready_at = now, 0.0
-            logging.info("tour: %s (%s tab)", self.current, TAB[self.current])
+            log.info("tour: %s (%s tab)", self.current, TAB[self.current])
             self._show(TAB[self.current])
             self._prepare(self.current)
             return None
@@ -92,7 +94,7 @@ class Tour:
         if not self.ready_at:
             if self._ready(q) or now - self.started > STEP_TIMEOUT_S.get(q, 180.0):
                 if not self._ready(q):
-                    logging.warning("tour: %s not ready after %.0f s; saving what is on screen", q, now - self.started)
+                    log.warning("tour: %s not ready after %.0f s; saving what is on screen", q, now - self.started)
                     self.code = 1
                 self.ready_at = now
             return None
@@ -102,7 +104,7 @@ class Tour:
         return None
 
     def finish(self, code: int) -> None:
-        from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+        from PySide6.QtWidgets import QApplication
 
         self.timer.stop()
         self.code = code
@@ -245,9 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--size must be WxH, got {args.size!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+    from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow  # noqa: PLC0415
+    from app.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "gguf-lens"])
     app.setApplicationName("GGUF Lens")

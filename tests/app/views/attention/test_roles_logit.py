@@ -6,10 +6,9 @@ from PySide6.QtCore import Qt
 
 from app.records.attention import make_attention_record, make_head_record
 from app.records.head_roles import make_head_roles_record
-from app.records.logit_lens import LogitLensRecord
+from app.records.logit_lens import LogitLensPair, LogitLensRecord
 from app.views.attention.lens import AttentionLens
 from app.views.attention.logit_pair import LogitPairView
-from app.records.logit_lens import LogitLensPair
 from engine.observe.logit_lens import logit_lens
 from tests.app.test_lenses_common import fake_run, synthetic_model_record
 
