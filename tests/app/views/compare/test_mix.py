@@ -159,3 +159,17 @@ def test_window_finds_a_mix_and_compares_it(qtbot, data_dir: Path, tiny: Path, t
     assert float(view.record.own_l2.max()) < 1e-5  # the same weights: no layer adds anything
     w.close()
     assert w.engine.threads() == []
+
+
+def test_search_memory_is_checked_first(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.memory
+    from app.jobs.mix import check_search_memory
+    from engine.errors import InferenceError
+    from engine.model import load_model
+
+    model = load_model(tiny, warm=False)
+    check_search_memory(model, 128)  # fits
+    monkeypatch.setattr(engine.memory, "available_memory", lambda: 1 << 20)
+    with pytest.raises(InferenceError, match="needs|GiB"):
+        check_search_memory(model, 128)
+    model.close()
