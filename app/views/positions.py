@@ -1,17 +1,21 @@
-"""The Positions lens: the sinusoidal encoding of "Attention Is All You Need" next to RoPE as the model uses it."""
+"""The Positions lens: RoPE as the model uses it at a chosen distance d (every base side by side), token angles on
+the unit circle, q.k against distance, and the sinusoidal encoding of "Attention Is All You Need" with its M_k."""
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QTabWidget, QVBoxLayout, QWidget
 
 from app.records.model import ModelRecord
 from app.views.common.colours import colormap
+from app.views.common.flow import FlowBox
 from app.views.common.tokens import token_label
+from app.views.rope_distance import RopeDistancePanel, Series
 from engine.models.rope import rope_freqs
 from engine.observe.positions import (
     relative_rotation,
+    rope_relative_check,
     rope_pair_angles,
     rope_score_vs_distance,
     scaled_freqs,
@@ -26,6 +30,7 @@ MAX_POSITIONS = 4096
 MAX_CIRCLE_LABELS = 24
 MAX_CIRCLE_POINTS = 256  # the newest tokens placed on the circle (older ones only crowd it)
 M_K_SHOWN = 16  # dims of M_k drawn (it is block diagonal; the rest repeats the pattern)
+DEFAULT_DISTANCE = 64
 BASE_COLOURS = ((0, 114, 178), (213, 94, 0), (0, 158, 115), (204, 121, 167))  # Okabe-Ito, colour-blind safe
 GREY = (120, 120, 120)
 
@@ -46,42 +51,67 @@ class PositionsLens(QWidget):
         self.ratio: tuple[float, ...] = ()  # the model's RoPE scaling per pair (Llama 3's factor curve), () for none
         self.n_ctx = 2048
         self.last_error = float("nan")
+        self.rope_error = float("nan")
         self.pair_spin = QSpinBox()
         self.pair_spin.setPrefix("RoPE pair ")
         self.pair_spin.setRange(0, 31)
         self.offset_spin = QSpinBox()
         self.offset_spin.setRange(0, MAX_POSITIONS)
-        self.offset_spin.setValue(3)
-        self.offset_spin.setPrefix("offset k = ")
+        self.offset_spin.setValue(DEFAULT_DISTANCE)
+        self.offset_spin.setPrefix("distance d = offset k = ")
+        self.offset_spin.setToolTip("The distance m − n between query and key: RoPE's angles and q·k at d, and the "
+                                    "shift k of both checks (RoPE's and the sinusoid's M_k)")
         self.pos_spin = QSpinBox()
         self.pos_spin.setRange(8, MAX_POSITIONS)
         self.pos_spin.setValue(MIN_POSITIONS)
         self.pos_spin.setPrefix("positions ")
+        self.pos_spin.setToolTip("Positions plotted: the current chat's tokens (at least 128)")
         bar = QHBoxLayout()
         for w in (self.pos_spin, self.pair_spin, self.offset_spin):
             bar.addWidget(w)
+        bar.addStretch(1)
         self.summary = QLabel("")
         self.summary.setTextFormat(Qt.TextFormat.PlainText)  # it quotes general.name from the file
-        bar.addWidget(self.summary, 1)
-        self.plots = pg.GraphicsLayoutWidget()
-        self.plots.setBackground("w")
+        self.summary.setWordWrap(True)  # a long model line must never widen the lens
+        self.distance = RopeDistancePanel()
+        self.dot_widget = pg.PlotWidget(background="w")  # q.k against distance
+        self.circle_widget = pg.PlotWidget(background="w")  # token angles on the unit circle
+        for w in (self.dot_widget, self.circle_widget):
+            w.setMinimumSize(260, 220)
+        self.plots = FlowBox([self.dot_widget, self.circle_widget], min_width=400, stretches=[3, 2])
+        self.sinusoid_plots = pg.GraphicsLayoutWidget()  # the sinusoid, the wavelengths and M_k
+        self.sinusoid_plots.setBackground("w")
         self.check = QLabel("")
         self.check.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.check.setWordWrap(True)
         self.legend = QLabel("")  # one key for every panel: each RoPE base keeps its colour throughout
+        self.legend.setWordWrap(True)
+        sin_page = QWidget()
+        sl = QVBoxLayout(sin_page)
+        sl.setContentsMargins(0, 0, 0, 0)
+        sl.addWidget(self.sinusoid_plots, 1)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.distance, "RoPE at distance d")
+        self.tabs.addTab(self.plots, "q·k against distance, unit circle")
+        self.tabs.addTab(sin_page, "Wavelengths, sinusoid, M_k")
         root = QVBoxLayout(self)
         root.addLayout(bar)
+        root.addWidget(self.summary)
         root.addWidget(self.legend)
-        root.addWidget(self.plots, 1)
+        # Ignored: the word-wrapped labels make the scroll area ask the layout's height for its width, which adds up
+        # the plots' preferred heights; they take what is left instead, down to their minimum
+        self.tabs.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        root.addWidget(self.tabs, 1)
         root.addWidget(self.check)
         self._build_plots()
-        self.pair_spin.valueChanged.connect(lambda _: (self._draw_circle(), self._draw_pair_marker()))
-        self.offset_spin.valueChanged.connect(lambda _: self._draw_shift())
+        self.pair_spin.valueChanged.connect(lambda _: (self._draw_circle(), self._draw_pair_marker(), self._draw_distance()))
+        self.offset_spin.valueChanged.connect(lambda _: (self._draw_shift(), self._draw_distance()))
         self.pos_spin.valueChanged.connect(lambda _: (self._draw_pe(), self._draw_shift()))
         self.redraw()
 
     def _build_plots(self) -> None:
-        p = self.plots
-        self.pe_plot = p.addPlot(row=0, col=0)
+        p = self.sinusoid_plots
+        self.pe_plot = p.addPlot(row=0, col=0, rowspan=2)
         self.pe_plot.invertY(True)
         self.pe_plot.setLabel("left", "position")
         self.pe_plot.setLabel("bottom", "dimension (even: sin, odd: cos)")
@@ -100,9 +130,12 @@ class PositionsLens(QWidget):
         self.ctx_line = pg.InfiniteLine(angle=0, pen=pg.mkPen((200, 0, 0), style=Qt.PenStyle.DotLine), label="context",
                                         labelOpts={"position": 0.85, "color": (200, 0, 0)})
         self.pair_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((0, 0, 0, 90)))
+        self.cur_line = pg.InfiniteLine(angle=0, pen=pg.mkPen((0, 120, 0), style=Qt.PenStyle.DashLine),
+                                        label="this chat", labelOpts={"position": 0.15, "color": (0, 120, 0)})
         self.freq_plot.addItem(self.ctx_line)
+        self.freq_plot.addItem(self.cur_line)
         self.freq_plot.addItem(self.pair_line)
-        self.circle_plot = p.addPlot(row=0, col=2)
+        self.circle_plot = self.circle_widget.getPlotItem()
         self.circle_plot.setAspectLocked(True)
         t = np.linspace(0, 2 * np.pi, 200)
         self.circle_plot.plot(np.cos(t), np.sin(t), pen=pg.mkPen((180, 180, 180)))
@@ -111,15 +144,18 @@ class PositionsLens(QWidget):
         for item in self.rings + self.labels:
             self.circle_plot.addItem(item)
         self.circle_plot.setRange(xRange=(-1.55, 1.55), yRange=(-1.55, 1.55), padding=0)
-        self.dot_plot = p.addPlot(row=1, col=0, colspan=2)
+        self.dot_plot = self.dot_widget.getPlotItem()
         self.dot_plot.setLabel("bottom", "distance m − n (tokens)")
         self.dot_plot.setLabel("left", "q·k / q·k at distance 0")
         self.dot_sinusoid = self.dot_plot.plot(pen=pg.mkPen(GREY, width=1.5, style=Qt.PenStyle.DashLine))
         self.dot_curves = [self.dot_plot.plot(pen=pg.mkPen(c, width=1.5)) for c in BASE_COLOURS]
         self.dot_ctx = pg.InfiniteLine(angle=90, pen=pg.mkPen((200, 0, 0), style=Qt.PenStyle.DotLine), label="current context",
                                        labelOpts={"position": 0.9, "color": (200, 0, 0)})
+        self.dot_d = pg.InfiniteLine(angle=90, pen=pg.mkPen((0, 0, 0, 140), style=Qt.PenStyle.DashLine), label="d",
+                                     labelOpts={"position": 0.08, "color": (0, 0, 0)})
         self.dot_plot.addItem(self.dot_ctx)
-        self.mk_plot = p.addPlot(row=1, col=2)
+        self.dot_plot.addItem(self.dot_d)
+        self.mk_plot = p.addPlot(row=1, col=1)
         self.mk_plot.invertY(True)
         self.mk_plot.setAspectLocked(True)
         self.mk_image = pg.ImageItem(axisOrder="row-major")
@@ -130,7 +166,12 @@ class PositionsLens(QWidget):
     # ---- public API
 
     def set_model(self, model: ModelRecord) -> None:
-        """Use the model's width, RoPE dimensions and per-layer bases."""
+        """Use the model's width, RoPE dimensions and per-layer bases; another model's tokens are dropped."""
+        if self.model is None or self.model.path != model.path:
+            self.tokens = []
+            self.pos_spin.blockSignals(True)
+            self.pos_spin.setValue(MIN_POSITIONS)
+            self.pos_spin.blockSignals(False)
         self.model = model
         self.d_model = model.dim
         self.rope_dim = model.rope_dim
@@ -159,6 +200,25 @@ class PositionsLens(QWidget):
         self._draw_circle()
         self._draw_dots()
         self._draw_shift()
+        self._draw_distance()
+
+    def series(self) -> list[Series]:
+        """The frequency sets the distance panel compares: one per RoPE base (and the unscaled one, if scaled)."""
+        out = []
+        layers = self.model.layers if self.model is not None else ()
+        for k, b in enumerate(self.bases):
+            mine = [x for x in layers if x.rope_base == b]
+            windows = sorted({x.window for x in mine if x.window})
+            where = ""
+            if mine:
+                kind = f"local, sliding window {windows[0]:,}" if windows else ("global" if len(self.bases) > 1 else "")
+                where = f" · {len(mine)} layer{'s' if len(mine) != 1 else ''}" + (f" ({kind})" if kind else "")
+            scaled = " with the model's RoPE scaling" if self.ratio else ""
+            out.append(Series(f"base {b:,.0f}{where}{scaled}", BASE_COLOURS[k], self._freqs(k)))
+        if self.ratio:
+            out.append(Series(f"base {self.bases[0]:,.0f} before the scaling (no frequency factors)", BASE_COLOURS[0],
+                              rope_freqs(self.rope_dim, self.bases[0]), dashed=True))
+        return out
 
     # ---- panels
 
@@ -172,7 +232,7 @@ class PositionsLens(QWidget):
     def _draw_pe(self) -> None:
         pe = sinusoidal_encoding(self._positions(), self.d_model).astype(np.float32)
         self.pe_image.setImage(pe, autoLevels=False, levels=(-1.0, 1.0))
-        self.pe_plot.setTitle(f"Sinusoidal encoding at d_model = {self.d_model} (Vaswani et al. §3.5)")
+        self.pe_plot.setTitle(f"Sinusoid PE, d_model = {self.d_model} (Vaswani §3.5)")
 
     def _draw_freqs(self) -> None:
         w = wavelengths(sinusoid_freqs(self.d_model))
@@ -194,7 +254,7 @@ class PositionsLens(QWidget):
             keys.append(_key(BASE_COLOURS[0], f"base {self.bases[0]:,.0f} before the model's RoPE scaling", dashed=True))
         keys.append(_key(GREY, f"sinusoid, d_model {self.d_model}, base 10,000 (pair index rescaled to RoPE's)", dashed=True))
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(keys))
-        self.freq_plot.setTitle("Wavelength of each pair (tokens per turn)")
+        self.freq_plot.setTitle("Tokens per turn of each pair")
 
     def _draw_pair_marker(self) -> None:
         self.pair_line.setValue(self.pair_spin.value())
@@ -241,12 +301,26 @@ class PositionsLens(QWidget):
         w = sinusoid_freqs(self.d_model)
         pe_dot = np.cos(dist[:, None] * w[None, :]).sum(axis=1)  # PE(p) . PE(p + k) = sum_i cos(k w_i)
         self.dot_sinusoid.setData(dist, pe_dot / pe_dot[0])
-        self.dot_plot.setTitle("q·k after rotation vs distance m − n (q = k = 1, RoFormer §3.4.3); dashed: PE(p)·PE(p+k)")
+        self.dot_plot.setTitle("q·k vs distance m − n (q = k = 1, RoFormer §3.4.3); dashed: PE(p)·PE(p+k)")
         self._draw_context()
 
     def _draw_context(self) -> None:
+        """The current chat's length: on q.k against distance, and on the wavelengths (pairs slower than it have
+        not turned once within the chat)."""
+        self.cur_line.setValue(np.log10(max(2, len(self.tokens))))
+        self.cur_line.label.setFormat(f"this chat: {len(self.tokens):,} tokens")
+        self.cur_line.setVisible(bool(self.tokens))
         self.dot_ctx.setValue(len(self.tokens))
+        self.dot_ctx.label.setFormat(f"current context: {len(self.tokens):,}")
         self.dot_ctx.setVisible(bool(self.tokens))
+        self.dot_d.setValue(self.offset_spin.value())
+        self.dot_d.label.setFormat(f"d = {self.offset_spin.value():,}")
+
+    def _draw_distance(self) -> None:
+        """Every base's per-pair angle and q.k share at d = the offset k, and RoPE's own relative-position check."""
+        k = self.offset_spin.value()
+        self.distance.show_distance(self.series(), k, self.pair_spin.value())
+        self._draw_context()
 
     def _draw_shift(self) -> None:
         """M_k for the plotted encoding and the numeric check PE(pos + k) = M_k PE(pos)."""
@@ -256,11 +330,16 @@ class PositionsLens(QWidget):
         self.last_error = shift_error(pe, k, m_k)
         d = min(M_K_SHOWN, self.d_model)
         self.mk_image.setImage(m_k[:d, :d].astype(np.float32), autoLevels=False, levels=(-1.0, 1.0))
-        self.mk_plot.setTitle(f"M_k for k = {k} (first {d} of {self.d_model} dims; block diagonal)")
+        self.mk_plot.setTitle(f"M_k, k = {k} (first {d} of {self.d_model} dims)")
         pairs = max(0, self._positions() - k)
+        mode = self.model.rope_mode if self.model is not None else "norm"
+        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, mode, k, self._positions())
+                               for j in range(len(self.bases))), default=0.0)
         self.check.setText(
-            f"Check on the plotted data: max |PE(pos + {k}) − M_{k} · PE(pos)| over {pairs} positions × {self.d_model} dims "
-            f"= {self.last_error:.2e}   (M_k has one 2×2 rotation [[cos kω, sin kω], [−sin kω, cos kω]] per frequency ω)"
+            f"Checks at k = {k} over {pairs} positions: RoPE (the model's own rotation, {mode} pairs, every base): "
+            f"max |q_m·k_(m−{k}) − formula(k)| / (|q||k|) = {self.rope_error:.1e}, the same for every m: the score "
+            f"depends on the distance only.   Sinusoid: max |PE(pos + {k}) − M_{k} · PE(pos)| over {self.d_model} dims "
+            f"= {self.last_error:.2e} (M_k: one 2×2 rotation [[cos kω, sin kω], [−sin kω, cos kω]] per frequency ω)"
         )
 
 

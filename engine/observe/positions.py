@@ -190,3 +190,46 @@ def layer_rope_layout(md: dict[str, Any], n_layers: int, rope_base: float, head_
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class DistanceView:
+    """What RoPE does at one distance d for one set of frequencies: per pair, the angle and its share of q.k."""
+
+    distance: int
+    angles: F64  # d * theta_i, unwrapped (radians), (rope_dim/2,)
+    contributions: F64  # cos(d * theta_i): each pair's q.k at distance d over its q.k at 0 (q = k = 1)
+    score: float  # q.k(d) / q.k(0) with q = k = 1: the mean of the contributions (RoFormer's decay curve at d)
+    turned: int  # pairs that have turned at least once (d * theta_i >= 2 pi): they no longer order positions
+    still: int  # pairs that have turned less than 0.1 rad: they barely see the distance at all
+
+
+def rope_at_distance(freqs: F64, distance: int) -> DistanceView:
+    """Each pair's rotation angle and q.k share at distance d (RoFormer section 3.4.3 with q = k = 1)."""
+    ang = float(distance) * np.asarray(freqs, np.float64)
+    contrib = np.cos(ang)
+    return DistanceView(int(distance), ang, contrib, float(contrib.mean()) if contrib.size else 1.0,
+                        int(np.count_nonzero(ang >= 2.0 * np.pi)), int(np.count_nonzero(ang < 0.1)))
+
+
+def rope_relative_check(freqs: F64, rope_dim: int, mode: str, offset: int, n_pos: int, seed: int = 0) -> float:
+    """RoPE's relative-position property measured with the model's own rotation (engine.models.rope.apply_rope).
+
+    For a random q and k, q_m . k_n after RoPE at every pair of positions (m, n = m - offset) in [0, n_pos) is
+    compared with the closed form, which depends on the offset only; returns the largest difference relative to
+    |q| |k| (float32 arithmetic: about 1e-7 when the property holds).
+    """
+    from engine.models.rope import apply_rope, rope_angles  # noqa: PLC0415
+
+    if offset < 0 or offset >= n_pos:
+        return 0.0
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2, rope_dim)).astype(np.float32)
+    m = np.arange(offset, n_pos)
+    cos_m, sin_m = rope_angles(m, freqs)
+    cos_n, sin_n = rope_angles(m - offset, freqs)
+    qm = apply_rope(np.broadcast_to(q, (1, m.size, rope_dim)).copy(), cos_m, sin_m, mode)[0]  # (M, rope_dim)
+    kn = apply_rope(np.broadcast_to(k, (1, m.size, rope_dim)).copy(), cos_n, sin_n, mode)[0]
+    scores = np.einsum("td,td->t", qm.astype(np.float64), kn.astype(np.float64))
+    formula = rope_score_vs_distance(freqs, [offset], pairs_from_head(q, rope_dim, mode), pairs_from_head(k, rope_dim, mode))
+    return float(np.abs(scores - formula[0]).max() / (np.linalg.norm(q) * np.linalg.norm(k)))

@@ -92,7 +92,7 @@ def test_version_arrows_in_the_message(qtbot, conv) -> None:
     reply = view.widgets[-1]
     assert reply.version_label.isVisible() and reply.version_label.text() == "2/2"
     assert reply.prev_version.isEnabled() and not reply.next_version.isEnabled()
-    assert reply.model_label.text() == "· Tiny · Q4_1"
+    assert reply.model_label.text() == "written by Tiny · Q4_1"
     reply.prev_version.click()
     assert view.widgets[-1].message.content == "one" and view.widgets[-1].version_label.text() == "1/2"
 

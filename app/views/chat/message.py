@@ -53,9 +53,6 @@ class MessageWidget(QFrame):
         self.role_label = plain_label(ROLE_NAMES.get(self.role, self.role), "font-weight: bold; color: #444;")
         self.role_label.setWordWrap(False)
         head.addWidget(self.role_label)
-        self.model_label = plain_label("", "color: #777;")  # which model (and quantization) wrote the reply
-        self.model_label.setWordWrap(False)
-        head.addWidget(self.model_label)
         head.addStretch(1)
         self.prev_version = self._tool("‹", "The previous version of this reply")
         self.version_label = plain_label("", "color: #555;")
@@ -64,8 +61,6 @@ class MessageWidget(QFrame):
         self.next_version = self._tool("›", "The next version of this reply")
         self.prev_version.clicked.connect(lambda: self._step_version(-1))
         self.next_version.clicked.connect(lambda: self._step_version(1))
-        for w in (self.prev_version, self.version_label, self.next_version):
-            head.addWidget(w)
         self.tokens_button = self._tool("Tokens", "Show the reply token by token; click a token for its alternatives")
         self.tokens_button.setCheckable(True)
         self.tokens_button.toggled.connect(lambda _on: self.refresh(force=True))
@@ -87,7 +82,15 @@ class MessageWidget(QFrame):
         self.editor_bar: QWidget | None = None
         self.note = plain_label("", "color: #a05a00;")
         self.stats = plain_label("", "color: #777; font-size: 11px;")
+        self.model_label = plain_label("", "color: #555; font-size: 11px;")  # the model (and quantization) that wrote it
         lay.addWidget(self.note)
+        foot = QHBoxLayout()  # under the reply, as LM Studio: < 2/3 > and the model that wrote it
+        foot.setSpacing(2)
+        for w in (self.prev_version, self.version_label, self.next_version):
+            foot.addWidget(w)
+        foot.addSpacing(6)
+        foot.addWidget(self.model_label, 1)
+        lay.addLayout(foot)
         lay.addWidget(self.stats)
         self.popup: TokenPopup | None = None
         self.set_actions(last=False, idle=True)
@@ -151,8 +154,8 @@ class MessageWidget(QFrame):
         self.note.setVisible(bool(notes))
         self.stats.setText(m.stats.summary() if m.stats and not self.streaming else "")
         model = m.stats.model if m.stats is not None and self.role == "assistant" else ""
-        self.model_label.setText(f"· {model}" if model else "")
-        self.model_label.setToolTip(f"written by {model}" if model else "")
+        self.model_label.setText(f"written by {model}" if model else "")
+        self.model_label.setVisible(bool(model))
         self.stats.setVisible(bool(self.stats.text()))
         self.body.setStyleSheet("" if m.in_context else "color: #888;")
 

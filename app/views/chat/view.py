@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
-    QComboBox, QFrame, QHBoxLayout, QLabel, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QToolButton,
+    QComboBox, QFrame, QHBoxLayout, QLabel, QMessageBox, QSizePolicy, QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QToolButton,
     QVBoxLayout, QWidget,
 )
 
@@ -126,9 +126,10 @@ class ChatView(QWidget):
         self.kind_label.hide()
         v.addWidget(self.kind_label)
         self.prompt_mode = QComboBox()
-        self.prompt_mode.addItem("Prompt: the chat template", "template")
-        self.prompt_mode.addItem("Prompt: plain text (no template)", "plain")
+        self.prompt_mode.addItem("chat template", "template")
+        self.prompt_mode.addItem("plain text", "plain")
         self.prompt_mode.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.prompt_mode.setSizePolicy(QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Fixed)
         self.prompt_mode.setToolTip("How this chat's messages reach the model: wrapped in its chat template (for an "
                                     "instruct model), or as plain text that a base model continues")
         self.prompt_mode.activated.connect(lambda _i: self.prompt_mode_chosen.emit(self.prompt_mode.currentData()))
@@ -147,6 +148,7 @@ class ChatView(QWidget):
         row = QHBoxLayout()
         row.addWidget(self.system_toggle)
         row.addStretch(1)
+        row.addWidget(QLabel("Prompt:"))
         row.addWidget(self.prompt_mode)
         v.addLayout(row)
         v.addWidget(self.system_edit)
