@@ -5,6 +5,9 @@
   gemm_<type>(blocks, xq, out)   m activation rows (m, bytes) -> out (m, n_rows), every value the one gemv gives
                                  (each weight row decoded once for all m, iquant_tiles.py; IQ1_S / IQ1_M per pair)
 
+IQ4_XS and IQ4_NL run as SIMD code (iquant_simd.py: pshufb look-ups, maddubs / madd lanes), the other types as
+scalar lanes (iquant_rows.py); both give vec_dot's bits.
+
 `blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
 bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
 8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path (iquant_tiled.py,
@@ -18,11 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activations import fma32, njit, prange
+from .activations import njit, prange
 from .iquant_rows import (
-    Q80,
-    _f16,
-    _lanes_iq4_nl,
     row_iq1_m,
     row_iq1_s,
     row_iq2_s,
@@ -30,10 +30,11 @@ from .iquant_rows import (
     row_iq2_xxs,
     row_iq3_s,
     row_iq3_xxs,
-    row_iq4_nl,
-    row_iq4_xs,
 )
+from .iquant_simd import dot_iq4_nl, dot_iq4_nl_x8, dot_iq4_xs, tile_iq4_xs
 from .iquant_tiles import gemm_decoded
+
+u64 = np.uint64
 
 _KERNEL = {"parallel": True, "cache": True, "error_model": "numpy"}
 _CHECK = {"cache": True, "error_model": "numpy"}
@@ -176,61 +177,70 @@ def gemm_iq1_m(blocks, xq, out):
 
 @njit(**_KERNEL)
 def gemv_iq4_xs(blocks, xq, out):
-    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,) (iquant_simd)."""
     nb = _check(blocks, xq, out, 136, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq4_xs(blocks[r], 0, nb, xq, 0)
+        out[r] = dot_iq4_xs(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 
-@njit(**_CHECK)
+@njit(**_KERNEL)
 def gemm_iq4_xs(blocks, xq, out):
-    """out[a, r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
-    _check(blocks, xq, out, 136, 292)
-    return gemm_decoded(5, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+    """out[a, r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows); each super-block
+    decoded once for up to 16 activation rows (iquant_simd)."""
+    nb = _check(blocks, xq, out, 136, 292)
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + 15) // 16):
+        for a0 in range(0, m, 16):
+            for r in range(task * 16, min(n, (task + 1) * 16)):
+                tile_iq4_xs(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(16, m - a0), out,
+                            u64(a0) * os + u64(4 * r), os)
+    return out
 
 
 @njit(**_KERNEL)
 def gemv_iq4_nl(blocks, xq, out):
-    """out[r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq): blocks (n_rows, row_bytes), xq (nb * 34,)."""
+    """out[r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq): blocks (n_rows, row_bytes), xq (nb * 34,) (iquant_simd)."""
     nb = _check(blocks, xq, out, 18, 34)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq4_nl(blocks[r], 0, nb, xq, 0)
+        out[r] = dot_iq4_nl(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 
-@njit(**_CHECK)
+@njit(**_KERNEL)
 def gemm_iq4_nl(blocks, xq, out):
     """out[a, r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq[a]): xq (m, nb * 34), out (m, n_rows)."""
-    _check(blocks, xq, out, 18, 34)
-    return gemm_decoded(6, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+    nb = _check(blocks, xq, out, 18, 34)
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = dot_iq4_nl(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
 
 
 # ---- IQ4_NL as llama.cpp's repacked iq4_nl_8x8 path multiplies it (gemv_q4_b32_8x8_q8_0_lut_avx in
 # ggml-cpu/arch/x86/repack.cpp): per block acc = fma(float(sumi), d_w * d_x, acc), sumi the block's exact sum
 
 
-@njit(cache=True, forceinline=True, error_model="numpy")
-def _row_iq4_nl_x8(w, nb, x):
-    acc = np.float32(0.0)
-    for ib in range(nb):
-        p = _lanes_iq4_nl(w, 18 * ib, x, Q80 * ib)
-        sumi = p[0] + p[1] + p[2] + p[3] + p[4] + p[5] + p[6] + p[7]
-        acc = fma32(np.float32(sumi), _f16(w, 18 * ib) * _f16(x, Q80 * ib), acc)
-    return acc
-
-
 @njit(**_KERNEL)
 def gemv_iq4_nl_x8(blocks, xq, out):
     """out[r] = ggml_gemv_iq4_nl_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
     nb = _check(blocks, xq, out, 18, 34)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = _row_iq4_nl_x8(blocks[r], nb, xq)
+        out[r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 
-@njit(**_CHECK)
+@njit(**_KERNEL)
 def gemm_iq4_nl_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row)."""
-    _check(blocks, xq, out, 18, 34)
-    return gemm_decoded(7, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+    nb = _check(blocks, xq, out, 18, 34)
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
