@@ -8,7 +8,7 @@ into a float32 accumulator per input column, and the token count. Batches of few
 skipped, as collect_imatrix does; a chunk runs in ubatches of 512 tokens, llama.cpp's default n_ubatch.
 
 The inputs come from the forward pass through the Recorder's `on_input` hook (engine.observe), so normal
-inference pays nothing. `cancel` is checked between ubatches; progress is (what, fraction done).
+inference pays nothing; a model on the GPU is run by its CPU twin (the same numbers). `cancel` is checked between ubatches; progress is (what, fraction done).
 """
 from __future__ import annotations
 
@@ -123,15 +123,17 @@ def compute_imatrix_tokens(
     total = max(1, sum(len(c) for c in chunks))
     done = 0
     n_ctx = max((len(c) for c in chunks), default=1)
+    net = getattr(model.net, "cpu", model.net)  # a GPU runner's layers have no input hook: run its CPU model
     say("imatrix", 0.0)
     for i, chunk in enumerate(chunks):
-        cache = model.new_cache(n_ctx)
+        model.gguf.check_unchanged()
+        cache = net.new_cache(n_ctx)
         for s in range(0, len(chunk), UBATCH):
             if cancel is not None and cancel.is_set():
                 say("cancelled", 0.0)
                 return None
             piece = chunk[s : s + UBATCH]
-            model.forward(piece, cache, recorder)
+            net.forward(piece, cache, recorder)
             cache.commit(list(piece))
             recorder.commit()
             done += len(piece)

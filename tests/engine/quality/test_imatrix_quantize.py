@@ -1,0 +1,66 @@
+"""quantize --imatrix against llama-quantize --imatrix: the plan of every case, and the bytes of sample tensors.
+
+Fixture: tests/fixtures/imatrix/quantize.json and <model>.imatrix.gguf from tools/make_imatrix_fixtures.py
+(llama-quantize --allow-requantize [--imatrix <model>.imatrix.gguf] [--tensor-type ...] on the catalog models).
+The bytes of blk.0's matrices (and the output matrix where the file has one) are requantized here in every case;
+the whole files were compared once by hand (see the report in the commit that made the fixture).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.gguf import open_gguf
+from engine.quality.imatrix import quant_weights_for, read_imatrix
+from engine.quality.requantize import make_plan, output_metadata, requantize_rows
+from tests.conftest import GEMMA3_FILE, SMOLLM2_FILE, model_path
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "imatrix"
+GOLDEN = json.loads((FIX / "quantize.json").read_text()) if (FIX / "quantize.json").is_file() else None
+FILES = {"smollm2": SMOLLM2_FILE, "gemma3": GEMMA3_FILE}
+
+
+def _golden(key: str):
+    if GOLDEN is None:
+        pytest.skip("imatrix fixtures not made (tools/make_imatrix_fixtures.py)")
+    path = model_path(FILES[key])
+    if path is None:
+        pytest.skip(f"model {FILES[key]} not found")
+    return GOLDEN["models"][key], path, read_imatrix(FIX / f"{key}.imatrix.gguf")
+
+
+def _cases() -> list[str]:
+    return sorted(GOLDEN["cases"]) if GOLDEN is not None else ["none"]
+
+
+@pytest.mark.parametrize("key", list(FILES))
+@pytest.mark.parametrize("case", _cases())
+def test_plan_and_metadata_as_llama_quantize(key: str, case: str) -> None:
+    model, path, im = _golden(key)
+    spec, want = GOLDEN["cases"][case], model["cases"][case]
+    with open_gguf(path) as g:
+        plan = make_plan(g, spec["preset"], spec["rules"], has_imatrix=spec["imatrix"])
+        assert {n: t.new.name for n, t in plan.tensors.items()} == want["types"]
+        md, _ = output_metadata(g, plan, (im, f"{key}.imatrix.gguf") if spec["imatrix"] else None)
+    assert list(md) == want["metadata_keys"]
+    assert {k: v for k, v in md.items() if k.startswith("quantize.imatrix.")} == want["imatrix_keys"]
+
+
+@pytest.mark.parametrize("key", list(FILES))
+@pytest.mark.parametrize("case", _cases())
+def test_sample_tensors_byte_identical(key: str, case: str) -> None:
+    model, path, im = _golden(key)
+    spec, want = GOLDEN["cases"][case], model["cases"][case]
+    with open_gguf(path) as g:
+        plan = make_plan(g, spec["preset"], spec["rules"], has_imatrix=spec["imatrix"])
+        sample = [tp for n, tp in plan.tensors.items() if tp.changed and (n.startswith("blk.0.") or n == "output.weight")]
+        assert sample
+        weights = quant_weights_for(im, {tp.name: tp.shape for tp in sample}) if spec["imatrix"] else {}
+        for tp in sample:
+            blocks = requantize_rows(g.rows(tp.name), tp.old, tp.new, quant_weights=weights.get(tp.name))
+            got = hashlib.sha256(np.ascontiguousarray(blocks).tobytes()).hexdigest()[:16]
+            assert got == want["hashes"][tp.name], f"{tp.name} as {tp.new.name}"
