@@ -37,7 +37,7 @@ def test_splits_at_the_last_equals_sign() -> None:
         ("=Q8_0", "no tensor name pattern"),
         ("attn_v=", "no type after"),
         ("attn_v=Q9_9", "'Q9_9' is not a ggml type"),
-        ("attn_v=IQ4_NL", "cannot quantize to it"),
+        ("attn_v=IQ3_S", "cannot quantize to it"),
         ("attn_v=Q8_K", "cannot quantize to it"),
         ("blk.[0-=Q8_0", "not a valid regex"),
         ("(attn=Q4_0", "not a valid regex"),
