@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.observe.logit_lens import LogitLens, logit_lens, window_positions
 
-LENS_WIDTH = 48  # positions of the heatmap: a window ending at the selected position
+LENS_WIDTH = 32  # positions of the heatmap: a window ending at the selected position
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The Attention overview's controls: layer, head, row window, pooling, sinks, colours; and its empty state."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtCore import QPoint, QRect, QSize, Qt
+from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QLayout, QLayoutItem, QPushButton, QSpinBox, QWidget
 
 from app.records.model import ModelRecord
 from app.views.common.colours import COLORMAPS
@@ -40,18 +40,11 @@ class OverviewBar(QWidget):
         self.exact_button = QPushButton("Exact grid")
         self.exact_button.setToolTip("Recompute the grid from every query row (live updates sample rows)")
         self.export_button = QPushButton("Export PNG…")
-        rows = QVBoxLayout(self)
-        rows.setContentsMargins(0, 0, 0, 0)
-        rows.setSpacing(2)
-        for group in ((QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
-                       self.pool_box),
-                      (self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box, self.follow_check,
-                       self.exact_button, self.export_button)):
-            bar = QHBoxLayout()
-            for w in group:
-                bar.addWidget(w)
-            bar.addStretch(1)
-            rows.addLayout(bar)
+        flow = FlowLayout(self)
+        for w in (QLabel("Layer"), self.layer_box, QLabel("Head"), self.head_box, self.rows_box, self.end_spin,
+                  self.pool_box, self.norm_check, self.sink_check, QLabel("Colours"), self.cmap_box, self.follow_check,
+                  self.exact_button, self.export_button):
+            flow.addWidget(w)
 
     def set_model(self, model: ModelRecord) -> None:
         """Fill the layer and head pickers for a new model."""
@@ -76,3 +69,58 @@ def empty_state(text: str = EMPTY_TEXT) -> QLabel:
     label.setWordWrap(True)
     label.setStyleSheet("color:#666; font-size:13pt")
     return label
+
+
+class FlowLayout(QLayout):
+    """Widgets left to right, wrapping onto the next line when the pane is narrow (Qt's flow layout example)."""
+
+    def __init__(self, parent: QWidget | None = None, spacing: int = 6):
+        super().__init__(parent)
+        self._items: list[QLayoutItem] = []
+        self.setContentsMargins(0, 0, 0, 0)
+        self.setSpacing(spacing)
+
+    def addItem(self, item: QLayoutItem) -> None:  # noqa: N802 - Qt override
+        self._items.append(item)
+
+    def count(self) -> int:
+        return len(self._items)
+
+    def itemAt(self, i: int) -> QLayoutItem | None:  # noqa: N802 - Qt override
+        return self._items[i] if 0 <= i < len(self._items) else None
+
+    def takeAt(self, i: int) -> QLayoutItem | None:  # noqa: N802 - Qt override
+        return self._items.pop(i) if 0 <= i < len(self._items) else None
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
+        return self._place(QRect(0, 0, width, 0), move=False)
+
+    def setGeometry(self, rect: QRect) -> None:  # noqa: N802 - Qt override
+        super().setGeometry(rect)
+        self._place(rect, move=True)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return self.minimumSize()
+
+    def minimumSize(self) -> QSize:  # noqa: N802 - Qt override
+        """As wide as the widest widget: everything else wraps."""
+        size = QSize()
+        for item in self._items:
+            size = size.expandedTo(item.minimumSize())
+        return size
+
+    def _place(self, rect: QRect, move: bool) -> int:
+        x, y, line = rect.x(), rect.y(), 0
+        gap = self.spacing()
+        for item in self._items:
+            hint = item.sizeHint()
+            if x + hint.width() > rect.right() + 1 and line > 0:
+                x, y, line = rect.x(), y + line + gap, 0
+            if move:
+                item.setGeometry(QRect(QPoint(x, y), hint))
+            x += hint.width() + gap
+            line = max(line, hint.height())
+        return y + line - rect.y()

@@ -313,7 +313,7 @@ class AttentionLens(QWidget):
         current, rec = self.views.currentWidget(), self.attention
         if rec is None or rec.n_tokens < 2:
             return
-        if current is self.roles:
+        if current is self.roles and self.roles.asked is None:  # nothing on its way already (the probe, say)
             have = self.roles.record
             if have is None or (have.source == "chat" and have.roles.n_tokens != rec.n_tokens):
                 self.roles_requested.emit("chat")

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.logit_lens import LogitLensPair
+from app.views.attention.controls import FlowLayout
 from app.views.attention.logit_view import METRICS, LogitLensPanel
 from app.views.common.tokens import token_label
 
@@ -48,17 +49,18 @@ class LogitPairView(QWidget):
         self.summary = QLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
-        bar = QHBoxLayout()
+        bar = QWidget()
+        flow = FlowLayout(bar)
         for w in (self.run, self.width_spin, self.metric):
-            bar.addWidget(w)
-        bar.addWidget(self.summary, 1)
+            flow.addWidget(w)
         self.a, self.b = LogitLensPanel(vertical=True), LogitLensPanel(vertical=True)
         sides = QHBoxLayout()
         sides.addWidget(self.a)
         sides.addWidget(self.b)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
-        root.addLayout(bar)
+        root.addWidget(bar)
+        root.addWidget(self.summary)
         root.addLayout(sides, 1)
         self.run.clicked.connect(self.request)
         self.metric.currentIndexChanged.connect(lambda _i: self._metric())

@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QGraphicsRectItem,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
@@ -27,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.logit_lens import LENS_WIDTH, LogitLensRecord
+from app.views.attention.controls import FlowLayout
 from app.views.common.colours import colormap
 from app.views.common.tokens import TokenAxis, token_label
 
@@ -49,7 +49,7 @@ class LogitLensPanel(QWidget):
     position_clicked = Signal(int)  # a position of the heatmap (a context index)
     hovered = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None, vertical: bool = False):
+    def __init__(self, parent: QWidget | None = None, vertical: bool = True):
         super().__init__(parent)
         self.record: LogitLensRecord | None = None
         self.metric = "prob"
@@ -86,7 +86,7 @@ class LogitLensPanel(QWidget):
         split = QSplitter(Qt.Orientation.Vertical if vertical else Qt.Orientation.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
-        split.setSizes([500, 420])
+        split.setSizes([460, 300])
         split.setChildrenCollapsible(False)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
@@ -235,14 +235,14 @@ class LogitLensView(QWidget):
         self.run = QPushButton("Decode layers")
         self.run.setToolTip("Re-run the context once recording every layer's residual stream, "
                             "and decode each through the final norm and output head")
-        bar = QHBoxLayout()
+        bar = QWidget()
+        flow = FlowLayout(bar)
         for w in (self.position, self.width_spin, self.metric, self.run):
-            bar.addWidget(w)
-        bar.addStretch(1)
+            flow.addWidget(w)
         self.panel = LogitLensPanel()
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
-        root.addLayout(bar)
+        root.addWidget(bar)
         root.addWidget(self.panel, 1)
         self.run.clicked.connect(self.request)
         self.position.valueChanged.connect(lambda _v: self._position_changed())

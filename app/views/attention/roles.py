@@ -13,7 +13,6 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QListWidget,
@@ -28,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.records.head_roles import PROBE_LENGTH, HeadRolesRecord
 from app.records.model import ModelRecord
+from app.views.attention.controls import FlowLayout
 from app.views.common.colours import colormap
 from app.views.common.tokens import token_label
 from engine.observe.head_roles import ROLE_TEXT, ROLES
@@ -73,10 +73,10 @@ class HeadRolesView(QWidget):
         self.about = QLabel("")
         self.about.setWordWrap(True)
         self.about.setTextFormat(Qt.TextFormat.PlainText)
-        bar = QHBoxLayout()
+        bar = QWidget()
+        flow = FlowLayout(bar)
         for w in (self.chat_button, self.probe_button, QLabel("Colour by"), self.score_box):
-            bar.addWidget(w)
-        bar.addStretch(1)
+            flow.addWidget(w)
         self.map = pg.PlotWidget()
         self.map.setBackground("w")
         self.map.setMenuEnabled(False)
@@ -107,22 +107,29 @@ class HeadRolesView(QWidget):
                               "ticked keys are what “hide sinks” hides in the overview")
         self.sinks.itemChanged.connect(lambda _i: self.hidden_keys_changed.emit(self.hidden_keys()))
         self.sink_title = QLabel("Sinks")
-        left = QWidget()
-        lay = QVBoxLayout(left)
+        self.sink_title.setWordWrap(True)
+        sinks = QWidget()
+        lay = QVBoxLayout(sinks)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.map, 3)
         lay.addWidget(self.sink_title)
         lay.addWidget(self.sinks, 1)
-        split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(left)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.map)
+        top.addWidget(sinks)
+        top.setSizes([300, 300])
+        top.setChildrenCollapsible(False)
+        split = QSplitter(Qt.Orientation.Vertical)  # the table gets the pane's whole width for its columns
+        split.addWidget(top)
         split.addWidget(self.table)
-        split.setSizes([380, 520])
+        split.setSizes([420, 300])
         split.setChildrenCollapsible(False)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
-        root.addLayout(bar)
+        root.addWidget(bar)
         root.addWidget(self.about)
         root.addWidget(split, 1)
+        self.asked: str | None = None  # the source asked for and not answered yet
+        self.roles_requested.connect(self._asked)
         self.chat_button.clicked.connect(lambda: self.roles_requested.emit("chat"))
         self.probe_button.clicked.connect(lambda: self.roles_requested.emit("probe"))
         self.score_box.currentIndexChanged.connect(lambda _i: self._role_changed())
@@ -137,6 +144,7 @@ class HeadRolesView(QWidget):
     def clear(self, message: str = "Send a message, then Score this chat, or Run induction probe.") -> None:
         """Forget the scores (a new model or another chat)."""
         self.record = None
+        self.asked = None
         self.table.setRowCount(0)
         self.sinks.blockSignals(True)
         self.sinks.clear()
@@ -147,6 +155,10 @@ class HeadRolesView(QWidget):
         self.empty.setPos(0.5, 0.5)
         self.map.setRange(QRectF(0, 0, 1, 1), padding=0)
         self.about.setText("Every head scored by the pattern it follows. " + ROLE_TEXT[self.role()] + ".")
+
+    def _asked(self, source: str) -> None:
+        self.asked = source
+        self.empty.setText("running the induction probe…" if source == "probe" else "scoring every head…")
 
     def role(self) -> str:
         return str(self.score_box.currentData() or "previous")
@@ -159,6 +171,7 @@ class HeadRolesView(QWidget):
     def set_record(self, rec: HeadRolesRecord) -> None:
         """Show a new set of scores."""
         self.record = rec
+        self.asked = None
         self._fill_table(rec)
         self._fill_sinks(rec)
         self._draw_map()

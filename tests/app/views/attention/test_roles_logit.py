@@ -199,3 +199,15 @@ def test_logit_pair_side_by_side(qtbot) -> None:
     assert view.a.column == 3 and view.b.column == 3
     view.clear()
     assert view.a.record is None and view.b.record is None
+
+
+def test_a_probe_on_its_way_is_not_replaced_by_the_chat_scores(qtbot) -> None:
+    run = fake_run(30)
+    lens, _ = _lens(qtbot, run)
+    lens.set_attention(_attention(run))
+    wanted: list[str] = []
+    lens.roles_requested.connect(wanted.append)
+    lens.views.setCurrentWidget(lens.roles)
+    lens.roles.probe_button.click()
+    lens.set_attention(_attention(run))  # the grid after the reply lands while the probe runs
+    assert wanted == ["chat", "probe"] and lens.roles.asked == "probe"
