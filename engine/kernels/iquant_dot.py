@@ -5,8 +5,9 @@
   gemm_<type>(blocks, xq, out)   m activation rows (m, bytes) -> out (m, n_rows), every value the one gemv gives
                                  (each weight row decoded once for all m, iquant_tiles.py; IQ1_S / IQ1_M per pair)
 
-IQ4_XS and IQ4_NL run as SIMD code (iquant_simd.py: pshufb look-ups, maddubs / madd lanes), the other types as
-scalar lanes (iquant_rows.py); both give vec_dot's bits.
+The one-row products (and IQ4_XS's small batches) run as SIMD code (iquant_simd.py: table look-ups, exact maddubs /
+madd lanes), IQ1_S / IQ1_M and the other small batches as scalar lanes (iquant_rows.py, iquant_tiles.py); all give
+vec_dot's bits.
 
 `blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
 bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
@@ -25,13 +26,18 @@ from .activations import njit, prange
 from .iquant_rows import (
     row_iq1_m,
     row_iq1_s,
-    row_iq2_s,
-    row_iq2_xs,
-    row_iq2_xxs,
-    row_iq3_s,
-    row_iq3_xxs,
 )
-from .iquant_simd import dot_iq4_nl, dot_iq4_nl_x8, dot_iq4_xs, tile_iq4_xs
+from .iquant_simd import (
+    dot_iq2_s,
+    dot_iq2_xs,
+    dot_iq2_xxs,
+    dot_iq3_s,
+    dot_iq3_xxs,
+    dot_iq4_nl,
+    dot_iq4_nl_x8,
+    dot_iq4_xs,
+    tile_iq4_xs,
+)
 from .iquant_tiles import gemm_decoded
 
 u64 = np.uint64
@@ -61,8 +67,9 @@ def _check(blocks, xq, out, type_size, act_size):
 def gemv_iq2_xxs(blocks, xq, out):
     """out[r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
     nb = _check(blocks, xq, out, 66, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq2_xxs(blocks[r], 0, nb, xq, 0)
+        out[r] = np.float32(0.125) * dot_iq2_xxs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
     return out
 
 
@@ -77,8 +84,9 @@ def gemm_iq2_xxs(blocks, xq, out):
 def gemv_iq2_xs(blocks, xq, out):
     """out[r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
     nb = _check(blocks, xq, out, 74, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq2_xs(blocks[r], 0, nb, xq, 0)
+        out[r] = np.float32(0.125) * dot_iq2_xs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
     return out
 
 
@@ -93,8 +101,9 @@ def gemm_iq2_xs(blocks, xq, out):
 def gemv_iq2_s(blocks, xq, out):
     """out[r] = ggml_vec_dot_iq2_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
     nb = _check(blocks, xq, out, 82, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq2_s(blocks[r], 0, nb, xq, 0)
+        out[r] = np.float32(0.125) * dot_iq2_s(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
     return out
 
 
@@ -109,8 +118,9 @@ def gemm_iq2_s(blocks, xq, out):
 def gemv_iq3_xxs(blocks, xq, out):
     """out[r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
     nb = _check(blocks, xq, out, 98, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq3_xxs(blocks[r], 0, nb, xq, 0)
+        out[r] = np.float32(0.25) * dot_iq3_xxs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
     return out
 
 
@@ -125,8 +135,9 @@ def gemm_iq3_xxs(blocks, xq, out):
 def gemv_iq3_s(blocks, xq, out):
     """out[r] = ggml_vec_dot_iq3_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
     nb = _check(blocks, xq, out, 110, 292)
+    rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
-        out[r] = row_iq3_s(blocks[r], 0, nb, xq, 0)
+        out[r] = np.float32(1.0) * dot_iq3_s(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
     return out
 
 
