@@ -62,9 +62,16 @@ class OverviewBar(QWidget):
         self.end_spin.setRange(0, 0)
 
 
+class NoHfwLabel(QLabel):
+    """A word-wrapped label without height-for-width (a scroll area would turn it into a tall minimum height)."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
+        return False
+
+
 def empty_state(text: str = EMPTY_TEXT) -> QLabel:
     """What the overview shows before there is any attention to draw."""
-    label = QLabel(text)
+    label = NoHfwLabel(text)
     label.setAlignment(Qt.AlignmentFlag.AlignCenter)
     label.setWordWrap(True)
     label.setStyleSheet("color:#666; font-size:13pt")
@@ -77,6 +84,7 @@ class FlowLayout(QLayout):
     def __init__(self, parent: QWidget | None = None, spacing: int = 6):
         super().__init__(parent)
         self._items: list[QLayoutItem] = []
+        self._height = 0
         self.setContentsMargins(0, 0, 0, 0)
         self.setSpacing(spacing)
 
@@ -92,25 +100,24 @@ class FlowLayout(QLayout):
     def takeAt(self, i: int) -> QLayoutItem | None:  # noqa: N802 - Qt override
         return self._items.pop(i) if 0 <= i < len(self._items) else None
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
-        return True
-
-    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
-        return self._place(QRect(0, 0, width, 0), move=False)
-
     def setGeometry(self, rect: QRect) -> None:  # noqa: N802 - Qt override
+        """Place the widgets; a change in the lines they need becomes the height asked for (no height-for-width,
+        which would make every layout above ask for its children's preferred heights and scroll)."""
         super().setGeometry(rect)
-        self._place(rect, move=True)
+        height = self._place(rect, move=True)
+        if height != self._height:
+            self._height = height
+            self.invalidate()
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return self.minimumSize()
 
     def minimumSize(self) -> QSize:  # noqa: N802 - Qt override
-        """As wide as the widest widget: everything else wraps."""
+        """As wide as the widest widget (everything else wraps), as tall as the lines at the last width."""
         size = QSize()
         for item in self._items:
             size = size.expandedTo(item.minimumSize())
-        return size
+        return QSize(size.width(), max(size.height(), self._height))
 
     def _place(self, rect: QRect, move: bool) -> int:
         x, y, line = rect.x(), rect.y(), 0

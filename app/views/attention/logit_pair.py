@@ -10,7 +10,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
-    QLabel,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
@@ -18,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.logit_lens import LogitLensPair
-from app.views.attention.controls import FlowLayout
+from app.views.attention.controls import FlowLayout, NoHfwLabel
 from app.views.attention.logit_view import METRICS, LogitLensPanel
 from app.views.common.tokens import token_label
 
@@ -46,7 +45,7 @@ class LogitPairView(QWidget):
         self.metric = QComboBox()
         for text, key in METRICS:
             self.metric.addItem(text, key)
-        self.summary = QLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
+        self.summary = NoHfwLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         bar = QWidget()

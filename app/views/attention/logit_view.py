@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QGraphicsRectItem,
     QHeaderView,
-    QLabel,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -26,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.logit_lens import LENS_WIDTH, LogitLensRecord
-from app.views.attention.controls import FlowLayout
+from app.views.attention.controls import FlowLayout, NoHfwLabel
 from app.views.common.colours import colormap
 from app.views.common.tokens import TokenAxis, token_label
 
@@ -54,7 +53,8 @@ class LogitLensPanel(QWidget):
         self.record: LogitLensRecord | None = None
         self.metric = "prob"
         self.column = 0
-        self.title = QLabel("")
+        self.title = NoHfwLabel("")
+        self.title.setMinimumHeight(32)
         self.title.setTextFormat(Qt.TextFormat.PlainText)
         self.title.setWordWrap(True)
         self.axis = TokenAxis("bottom")

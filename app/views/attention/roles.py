@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.records.head_roles import PROBE_LENGTH, HeadRolesRecord
 from app.records.model import ModelRecord
-from app.views.attention.controls import FlowLayout
+from app.views.attention.controls import FlowLayout, NoHfwLabel
 from app.views.common.colours import colormap
 from app.views.common.tokens import token_label
 from engine.observe.head_roles import ROLE_TEXT, ROLES
@@ -70,7 +70,8 @@ class HeadRolesView(QWidget):
         for role in ROLES:
             self.score_box.addItem(role, role)
         self.score_box.setCurrentIndex(ROLES.index("previous"))
-        self.about = QLabel("")
+        self.about = NoHfwLabel("")
+        self.about.setMinimumHeight(44)
         self.about.setWordWrap(True)
         self.about.setTextFormat(Qt.TextFormat.PlainText)
         bar = QWidget()
@@ -105,8 +106,10 @@ class HeadRolesView(QWidget):
         self.sinks = QListWidget()
         self.sinks.setToolTip("Keys whose mean received attention is far above uniform in some head; "
                               "ticked keys are what “hide sinks” hides in the overview")
+        self.sinks.setWordWrap(True)
         self.sinks.itemChanged.connect(lambda _i: self.hidden_keys_changed.emit(self.hidden_keys()))
-        self.sink_title = QLabel("Sinks")
+        self.sink_title = NoHfwLabel("Sinks")
+        self.sink_title.setMinimumHeight(30)
         self.sink_title.setWordWrap(True)
         sinks = QWidget()
         lay = QVBoxLayout(sinks)
@@ -216,8 +219,8 @@ class HeadRolesView(QWidget):
         self.sinks.blockSignals(True)
         self.sinks.clear()
         for s in rec.roles.sinks:
-            text = (f"key {s.key} “{token_label(rec.sink_text(s.key), 16)}”: sink in {s.n_heads} heads, "
-                    f"up to {s.weight:.2f} (L{s.layer} h{s.head}, {s.ratio:.0f}× uniform)")
+            text = (f"key {s.key} “{token_label(rec.sink_text(s.key), 12)}”: {s.n_heads} heads, "
+                    f"≤ {s.weight:.2f} (L{s.layer} h{s.head}, {s.ratio:.0f}× uniform)")
             item = QListWidgetItem(text)
             item.setData(Qt.ItemDataRole.UserRole, s.key)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
