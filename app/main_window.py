@@ -357,7 +357,8 @@ class MainWindow(QMainWindow):
     def _default_docks(self) -> None:
         self.resizeDocks([self.chat_dock], [250], Qt.Orientation.Horizontal)
         self.resizeDocks([self.chat_dock, self.sampling_dock], [300, 400], Qt.Orientation.Vertical)
-        self.split.setSizes([470, max(600, self.split.width() - 470)])
+        chat = 470 if self.width() >= 1600 else 390  # a narrow window leaves the lenses the room they need
+        self.split.setSizes([chat, max(600, self.split.width() - chat)])
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
         """Stop the reply, wait for every worker thread, then save chats and settings."""

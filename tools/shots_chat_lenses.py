@@ -70,6 +70,12 @@ def main() -> int:
             w.grab().save(str(args.out / f"{name}-{size}.png"))
             if tab == "Positions":
                 w.grab().save(str(args.out / f"chat-{size}.png"))
+                lens = w.lens_slots["Positions"].widget
+                lens.tabs.setCurrentIndex(1)  # q.k against distance and the unit circle
+                end = time.monotonic() + 0.5
+                _wait(app, lambda end=end: time.monotonic() > end, 5, "the repaint")
+                w.grab().save(str(args.out / f"positions-qk-{size}.png"))
+                lens.tabs.setCurrentIndex(0)
     w.close()
     print(f"saved to {args.out}", file=sys.stderr)
     return 0

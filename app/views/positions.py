@@ -247,7 +247,7 @@ class PositionsLens(QWidget):
         self.unscaled_curve.setData(np.arange(len(plain)), plain)
         self.unscaled_curve.setVisible(bool(self.ratio))
         self.ctx_line.setValue(np.log10(max(2, self.n_ctx)))
-        self.ctx_line.label.setFormat(f"context {self.n_ctx:,}")
+        _line_text(self.ctx_line, f"context {self.n_ctx:,}")
         self._draw_pair_marker()
         keys = [_key(c, f"RoPE base {b:,.0f} ({self.rope_dim // 2} pairs)") for c, b in zip(BASE_COLOURS, self.bases)]
         if self.ratio:
@@ -301,20 +301,20 @@ class PositionsLens(QWidget):
         w = sinusoid_freqs(self.d_model)
         pe_dot = np.cos(dist[:, None] * w[None, :]).sum(axis=1)  # PE(p) . PE(p + k) = sum_i cos(k w_i)
         self.dot_sinusoid.setData(dist, pe_dot / pe_dot[0])
-        self.dot_plot.setTitle("q·k vs distance m − n (q = k = 1, RoFormer §3.4.3); dashed: PE(p)·PE(p+k)")
+        self.dot_plot.setTitle("q·k against distance m − n (q = k = 1); dashed: sinusoid")
         self._draw_context()
 
     def _draw_context(self) -> None:
         """The current chat's length: on q.k against distance, and on the wavelengths (pairs slower than it have
         not turned once within the chat)."""
         self.cur_line.setValue(np.log10(max(2, len(self.tokens))))
-        self.cur_line.label.setFormat(f"this chat: {len(self.tokens):,} tokens")
+        _line_text(self.cur_line, f"this chat: {len(self.tokens):,} tokens")
         self.cur_line.setVisible(bool(self.tokens))
         self.dot_ctx.setValue(len(self.tokens))
-        self.dot_ctx.label.setFormat(f"current context: {len(self.tokens):,}")
+        _line_text(self.dot_ctx, f"current context: {len(self.tokens):,}")
         self.dot_ctx.setVisible(bool(self.tokens))
         self.dot_d.setValue(self.offset_spin.value())
-        self.dot_d.label.setFormat(f"d = {self.offset_spin.value():,}")
+        _line_text(self.dot_d, f"d = {self.offset_spin.value():,}")
 
     def _draw_distance(self) -> None:
         """Every base's per-pair angle and q.k share at d = the offset k, and RoPE's own relative-position check."""
@@ -341,6 +341,12 @@ class PositionsLens(QWidget):
             f"depends on the distance only.   Sinusoid: max |PE(pos + {k}) − M_{k} · PE(pos)| over {self.d_model} dims "
             f"= {self.last_error:.2e} (M_k: one 2×2 rotation [[cos kω, sin kω], [−sin kω, cos kω]] per frequency ω)"
         )
+
+
+def _line_text(line: pg.InfiniteLine, text: str) -> None:
+    """Set a line's label now (pyqtgraph's setFormat skips a label that is not on screen, e.g. in a hidden tab)."""
+    line.label.format = text.replace("{", "{{").replace("}", "}}")
+    line.label.setText(text)
 
 
 def _key(colour: tuple[int, int, int], text: str, dashed: bool = False) -> str:

@@ -72,7 +72,7 @@ class MessageWidget(QFrame):
         self.regen_button.clicked.connect(self.regenerate)
         self.continue_button = self._tool("Continue", "Let the model continue this reply")
         self.continue_button.clicked.connect(self.continue_reply)
-        for b in (self.tokens_button, self.copy_button, self.edit_button, self.regen_button, self.continue_button):
+        for b in (self.tokens_button, self.copy_button, self.edit_button, self.regen_button):
             head.addWidget(b)
         lay.addLayout(head)
         self.body = RichView()
@@ -90,6 +90,7 @@ class MessageWidget(QFrame):
             foot.addWidget(w)
         foot.addSpacing(6)
         foot.addWidget(self.model_label, 1)
+        foot.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignTop)
         lay.addLayout(foot)
         lay.addWidget(self.stats)
         self.popup: TokenPopup | None = None

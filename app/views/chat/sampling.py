@@ -36,6 +36,9 @@ CONTROLS = (
 )
 
 
+POLICY_LABELS = {"refuse": "Refuse", "drop_oldest": "Drop oldest turns"}  # short: the dock stays narrow
+
+
 class SamplingPanel(QWidget):
     """Edits the sampling settings; every change replaces AppState.settings with a new record."""
 
@@ -65,10 +68,11 @@ class SamplingPanel(QWidget):
             form.addRow(label, box)
         self.policy = QComboBox()
         for key, text in OVERFLOW_POLICIES.items():
-            self.policy.addItem(text, key)
-        self.policy.setToolTip("What happens when the conversation no longer fits the context")
-        self.policy.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.policy.setMinimumContentsLength(14)
+            self.policy.addItem(POLICY_LABELS.get(key, text), key)
+            self.policy.setItemData(self.policy.count() - 1, text, Qt.ItemDataRole.ToolTipRole)
+        self.policy.setToolTip("What happens when the conversation no longer fits the context: "
+                               + "; ".join(OVERFLOW_POLICIES.values()))
+        self.policy.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)  # never cut ("Refuse with a messag")
         self.policy.currentIndexChanged.connect(lambda _i: self._set("overflow_policy", self.policy.currentData()))
         form.addRow("Context full", self.policy)
         self.cache_type = QComboBox()

@@ -1,9 +1,9 @@
-"""FlowBox: widgets side by side when there is room, one above the other when the pane is narrow."""
+"""FlowBox: widgets side by side when there is room, one above the other when the pane is narrow; FillLayout."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSize
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QBoxLayout, QWidget
+from PySide6.QtWidgets import QBoxLayout, QVBoxLayout, QWidget
 
 
 class FlowBox(QWidget):
@@ -41,3 +41,13 @@ class FlowBox(QWidget):
             self.box.setDirection(want)
             self.updateGeometry()  # the minimum height changes with the direction
         super().resizeEvent(event)
+
+
+class FillLayout(QVBoxLayout):
+    """A vertical layout that tells a QScrollArea it has no height-for-width: the scroll area then gives the
+    widget the viewport's height (down to the minimum) instead of the sum of its children's preferred heights,
+    which a word-wrapped label anywhere inside would otherwise ask for. The children are still laid out with
+    their heights for the width."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
+        return False

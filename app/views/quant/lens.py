@@ -7,7 +7,7 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -24,12 +24,14 @@ from app.data.type_reasons import TypeReasons, explain_file_types, plan_reasons
 from app.records.model import ModelRecord, TensorRow
 from app.records.tensor import TensorRecord
 from app.views.common.colours import type_colour
+from app.views.common.flow import FillLayout
 from app.views.quant.imatrix import ImatrixPanel
 from app.views.quant.overrides import OverrideEditor
 from app.views.quant.tensor import TensorDetail
 
 ROLE_ORDER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 GLOBAL_ROW = "model"  # the row for tensors outside blk.N (token_embd, output, output_norm)
+NARROW_WIDTH = 1000  # below this the lens shows its three parts as tabs
 
 
 def human_bytes(n: float) -> str:
@@ -102,14 +104,49 @@ class QuantLens(QWidget):
         split.addWidget(left)
         split.addWidget(right)
         split.setSizes([700, 900])
-        root = QVBoxLayout(self)
+        # a narrow pane (1280x800 beside the chat) shows the three parts as tabs instead of side by side
+        self.left, self.right, self.editing, self.split = left, right, editing, split
+        self.narrow = QTabWidget()
+        self.narrow.hide()
+        self.narrow_mode = False
+        root = FillLayout(self)  # the lens takes the pane's height; its wrapped summary does not stretch it
         root.addWidget(self.summary)
         root.addWidget(split, 1)
+        root.addWidget(self.narrow, 1)
         self.grid.cellClicked.connect(self._grid_clicked)
         self.flat.cellClicked.connect(lambda r, _c: self._request(self.flat.item(r, 0).text()))
         self.detail.block_requested.connect(self.block_requested)
         self.overrides.spec_changed.connect(lambda _spec: self._mark_plan())
         self.overrides.applied_changed.connect(lambda _spec: self._explain())
+
+    # ---- layout
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
+        self.set_narrow(event.size().width() < NARROW_WIDTH)
+        super().resizeEvent(event)
+
+    def set_narrow(self, on: bool) -> None:
+        """Tables, the tensor and the overrides as three tabs (a narrow pane), or side by side."""
+        if on == self.narrow_mode:
+            return
+        self.narrow_mode = on
+        if on:
+            for w, title in ((self.left, "Tensors"), (self.detail, "Tensor"), (self.editing, "Overrides")):
+                self.narrow.addTab(w, title)
+            self.split.hide()
+            self.narrow.show()
+        else:
+            self.right.insertWidget(0, self.detail)
+            self.right.insertWidget(1, self.editing)
+            self.split.insertWidget(0, self.left)
+            self.split.insertWidget(1, self.right)
+            for w in (self.detail, self.editing, self.left, self.right):
+                w.show()  # a tab page that was not the current one comes back hidden
+            self.right.setSizes([380, 620])
+            self.split.setSizes([700, 900])
+            self.narrow.hide()
+            self.split.show()
+        self.updateGeometry()  # the minimum size changed: the scroll area around the lens re-checks its scroll bars
 
     # ---- public API
 
@@ -241,14 +278,15 @@ class QuantLens(QWidget):
             r, g, b = type_colour(name)
             keys.append(f"<span style='color:rgb({r},{g},{b})'>■</span>&nbsp;{name} {human_bytes(h.sum())}")
             bottom = bottom + h
+        outside = sum(t.nbytes for t in model.tensors if t.layer is None)
+        keys.append(f"outside the layers (token_embd, output, norms): {human_bytes(outside)}")
         self.bars_key.setText("&nbsp;&nbsp; ".join(keys))
         n = model.n_layers
         self.bars.setXRange(-0.6, n - 0.4, padding=0)  # every layer, the last one included
         self.bars.setYRange(0, float(bottom.max()) * 1.05 if n else 1.0, padding=0)
         step = 1 if n <= 32 else 2 if n <= 64 else 4
         self.bars.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)], []])
-        outside = sum(t.nbytes for t in model.tensors if t.layer is None)
-        self.bars.setTitle(f"Bytes per layer by type (outside the layers: {human_bytes(outside)}, e.g. token_embd)")
+        self.bars.setTitle("Bytes per layer by type")  # short: a long title would widen the plot past its pane
 
     def _grid_clicked(self, r: int, c: int) -> None:
         name = self._cells.get((r, c))
@@ -275,4 +313,6 @@ class QuantLens(QWidget):
     def _request(self, name: str) -> None:
         self.overrides.pick_tensor(name)
         self.detail.loading(name)
+        if self.narrow_mode:
+            self.narrow.setCurrentWidget(self.detail)  # the table and the tensor share the pane: show what was asked
         self.tensor_requested.emit(name)

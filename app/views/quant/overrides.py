@@ -136,12 +136,16 @@ class OverrideEditor(QGroupBox):
         top.addWidget(self.preset)
         top.addStretch(1)
         top.addWidget(self.in_memory)
-        pick = QHBoxLayout()
-        for label, w in (("Layer", self.layer), ("tensor", self.role), ("→", self.qtype)):
+        pick = QHBoxLayout()  # two rows: the menus hold long names (token_embd.weight) and must not be cut
+        for label, w in (("Layer", self.layer), ("tensor", self.role)):
             pick.addWidget(QLabel(label))
             pick.addWidget(w)
-        pick.addWidget(self.add)
-        pick.addWidget(self.text, 1)
+        pick.addStretch(1)
+        typed = QHBoxLayout()
+        typed.addWidget(QLabel("→"))
+        typed.addWidget(self.qtype)
+        typed.addWidget(self.add)
+        typed.addWidget(self.text, 1)
         edit = QHBoxLayout()
         edit.addWidget(self.remove)
         edit.addWidget(self.up)
@@ -158,6 +162,7 @@ class OverrideEditor(QGroupBox):
         box.addWidget(self.message)
         box.addWidget(self.rules)
         box.addLayout(pick)
+        box.addLayout(typed)
         box.addLayout(edit)
         box.addWidget(self.summary)
         box.addWidget(self.preview, 1)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.tensor import TensorRecord
+from app.views.common.flow import FlowBox
 from app.views.quant.imatrix import ImportanceStrip
 from engine.quant.blocks import DecodedBlock
 
@@ -55,14 +56,17 @@ class TensorDetail(QWidget):
         self.block_spin = QSpinBox()
         self.block_spin.setPrefix("block ")
         self.block_spin.setKeyboardTracking(False)
-        self.plots = pg.GraphicsLayoutWidget()  # the histograms side by side
-        self.plots.setBackground("w")
-        self.weight_plot = self.plots.addPlot(row=0, col=0, title="Dequantized weights")
-        self.scale_plot = self.plots.addPlot(row=0, col=1, title="Block scales")
+        weights, scales = pg.PlotWidget(background="w"), pg.PlotWidget(background="w")
+        for w in (weights, scales):
+            w.setMinimumSize(240, MIN_PLOT_HEIGHT)
+        self.plots = FlowBox([weights, scales], min_width=300)  # side by side, or one above the other when narrow
+        self.weight_plot = weights.getPlotItem()
+        self.weight_plot.setTitle("Dequantized weights")
+        self.scale_plot = scales.getPlotItem()
+        self.scale_plot.setTitle("Block scales")
         for p in (self.weight_plot, self.scale_plot):
             p.setLabel("left", "count")
             p.getAxis("bottom").setStyle(maxTickLevel=1)  # fewer, wider-spaced tick labels: none overlap
-        self.plots.setMinimumHeight(MIN_PLOT_HEIGHT)
         self.block_plots = pg.GraphicsLayoutWidget()  # one block: its bytes and its weights
         self.block_plots.setBackground("w")
         self.layout_plot = self.block_plots.addPlot(row=0, col=0, title="Raw layout of one block (bytes)")
@@ -155,7 +159,8 @@ class TensorDetail(QWidget):
         _histogram(self.weight_plot, rec.weight_counts, rec.weight_edges, (0, 114, 178))
         lo, hi = _central_range(rec.weight_counts, rec.weight_edges)
         self.weight_plot.setXRange(lo, hi, padding=0.05)
-        self.weight_plot.setTitle(f"Dequantized weights (central 99.9%; full range {st.get('min', 0):.3g} … {st.get('max', 0):.3g})")
+        self.weight_plot.setTitle("Weights (central 99.9%)")  # short: a long title would widen the plot past its pane
+        self.weight_plot.setToolTip(f"all weights: {st.get('min', 0):.4g} … {st.get('max', 0):.4g}; drag to see the tails")
         current = self.scale_box.currentText()
         self.scale_box.blockSignals(True)
         self.scale_box.clear()
@@ -180,7 +185,7 @@ class TensorDetail(QWidget):
         key = self.scale_box.currentText()
         if rec is None or key not in rec.scale_counts:
             self.scale_plot.clear()
-            self.scale_plot.setTitle("Block scales (none: this type stores plain floats)")
+            self.scale_plot.setTitle("No block scales (plain floats)")
             return
         _histogram(self.scale_plot, rec.scale_counts[key], rec.scale_edges[key], (213, 94, 0))
         lo, hi = _central_range(rec.scale_counts[key], rec.scale_edges[key])
@@ -215,8 +220,8 @@ class TensorDetail(QWidget):
         if block.block_size > 1:
             self.block_plot.plot(x, block.offsets, pen=pg.mkPen((213, 94, 0), width=1.5, style=Qt.PenStyle.DashLine))
             n_scales = np.unique(block.scales).size
-            self.block_plot.setTitle(f"Block {index}: dots w, grey scale·q + offset, dashes offset · "
-                                     f"{n_scales} scale(s), q {block.quants.min()}…{block.quants.max()}")
+            self.block_plot.setTitle(f"Block {index}: {n_scales} scale(s), q {block.quants.min()}…{block.quants.max()}")
+            self.block_plot.setToolTip("dots: the weights w; grey: scale · q + offset; dashes: the offset")
         else:
             self.block_plot.setTitle(f"Element {index}: a plain float, w = {block.weights[0]:.6g}")
 

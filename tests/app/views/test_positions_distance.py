@@ -65,6 +65,9 @@ def test_tokens_cleared_on_another_model(qtbot) -> None:
     lens = _lens(qtbot, synthetic_model_record())
     lens.set_tokens([f"t{i}" for i in range(200)])
     assert lens.dot_ctx.isVisible() and lens.cur_line.isVisible() and lens.pos_spin.value() == 200
+    # the labels say it even though the lens was never on screen (pyqtgraph skips hidden labels)
+    assert lens.dot_ctx.label.textItem.toPlainText() == "current context: 200"
+    assert lens.cur_line.label.textItem.toPlainText() == "this chat: 200 tokens"
     lens.set_model(dataclasses.replace(synthetic_model_record(n_layers=4), path="/tmp/other.gguf"))
     assert lens.tokens == [] and not lens.dot_ctx.isVisible() and not lens.cur_line.isVisible()
     assert lens.labels[0].textItem.toPlainText() == "0:0"  # positions, not the old model's tokens

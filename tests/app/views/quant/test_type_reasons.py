@@ -119,4 +119,52 @@ def test_bars_show_every_layer_and_combos_fit(qtbot, gemma) -> None:
     assert ed.apply.mapTo(ed, ed.apply.rect().topLeft()).y() < ed.rules.mapTo(ed, ed.rules.rect().topLeft()).y()
     d = lens.detail
     lens.set_tensor(_tensor_record())
-    assert d.plots.height() >= 200 and d.plots.minimumHeight() >= 200
+    assert d.plots.height() >= 200 and d.plots.minimumSizeHint().height() >= 200
+
+
+def test_narrow_pane_uses_tabs_and_comes_back(qtbot) -> None:
+    lens = QuantLens()
+    qtbot.addWidget(lens)
+    lens.resize(1300, 760)
+    lens.show()
+    lens.set_model(synthetic_model_record())
+    qtbot.wait(20)
+    assert not lens.narrow_mode and lens.split.isVisible()
+    lens.resize(600, 760)
+    qtbot.wait(20)
+    assert lens.narrow_mode and lens.narrow.count() == 3 and not lens.split.isVisible()
+    lens._request("blk.0.attn_q.weight")
+    assert lens.narrow.currentWidget() is lens.detail  # the tensor asked for is shown
+    lens.resize(1300, 760)
+    qtbot.wait(20)
+    assert not lens.narrow_mode and lens.narrow.count() == 0
+    assert all(w.isVisible() for w in (lens.left, lens.detail, lens.editing, lens.overrides.apply))
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_quant_lens_fits_the_window(qtbot, data_dir, size) -> None:
+    from PySide6.QtWidgets import QScrollArea
+
+    from app.main_window import MainWindow
+
+    w = MainWindow(load=False)
+    qtbot.addWidget(w)
+    w.resize(*size)
+    w.show()
+    qtbot.wait(30)
+    w.reset_layout()
+    slot = w.lens_slots["Quantization"]
+    w.lens_tabs.setCurrentWidget(slot)
+    rec = dataclasses.replace(synthetic_model_record(n_layers=30), path="/tmp/t30.gguf")
+    slot.widget.overrides.set_model(rec)
+    slot.widget.set_model(rec)
+    qtbot.wait(50)
+    area = slot.findChild(QScrollArea)
+    assert not area.horizontalScrollBar().isVisible() and not area.verticalScrollBar().isVisible()
+    ed = slot.widget.overrides
+    if slot.widget.narrow_mode:
+        slot.widget.narrow.setCurrentWidget(slot.widget.editing)
+        qtbot.wait(20)
+    top_left = ed.apply.mapTo(area.viewport(), ed.apply.rect().bottomRight())
+    assert ed.apply.isVisible() and 0 < top_left.y() < area.viewport().height()  # Apply in sight, no scrolling
+    w.close()
