@@ -62,3 +62,26 @@ def test_smollm2_last_layer_is_the_models_own_logits(smollm2_path) -> None:
     assert rec.text(lens.targets[-1]).strip() == "Rome" and lens.rank[-1, -1] == 0
     assert lens.rank[0, -1] > 100  # the embedding layer's stream does not know yet
     assert again.lens.positions[-1] == len(ids) - 3 and memo["key"][2] == tuple(ids)
+
+
+def test_gemma2_lens_goes_through_the_final_soft_cap(tmp_path) -> None:
+    """Gemma 2 caps its logits (tanh(x / cap) * cap): the last layer's lens is the capped logits, as the model's."""
+    from app.records.logit_lens import make_logit_lens_record
+    from engine.generate import prefill
+    from engine.model import load_model
+    from tests.engine.models.arch_cases import model_file
+
+    model = load_model(model_file(tmp_path, "gemma2", "F16"))
+    try:
+        cap = model.args.final_softcap
+        assert cap is not None
+        ids = list(range(3, 40))
+        logits = prefill(model, ids, model.new_cache(64), all_logits=True)
+        lens = make_logit_lens_record(model, ids, None, width=8).lens
+    finally:
+        model.close()
+    assert np.abs(logits).max() <= cap
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_array_equal(lens.top_ids[-1, :, 0], logits[lens.positions].argmax(1))
+    np.testing.assert_allclose(lens.top_probs[-1], np.sort(p[lens.positions], 1)[:, ::-1][:, :5], rtol=1e-3)  # another batch shape: float sums in another order
