@@ -207,7 +207,8 @@ class AttentionLens(QWidget):
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
-        self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
+        if self.views.currentWidget() is self.overview:  # the old hover text described another selection
+            self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid
             self.steps.set_tokens(rec.token_texts)
         if isinstance(rec.layer, int) and isinstance(rec.head, int):

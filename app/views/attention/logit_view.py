@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 from app.records.logit_lens import LENS_WIDTH, LogitLensRecord
 from app.views.attention.controls import FlowLayout, NoHfwLabel
 from app.views.common.colours import colormap
-from app.views.common.tokens import TokenAxis, token_label
+from app.views.common.tokens import token_label
 
 METRICS = (("probability of the produced token", "prob"), ("rank of the produced token (log)", "rank"))
 RANK_DECADES = 4.0  # the rank colour scale runs from rank 1 to rank 10^4 and beyond
@@ -57,7 +57,7 @@ class LogitLensPanel(QWidget):
         self.title.setMinimumHeight(32)
         self.title.setTextFormat(Qt.TextFormat.PlainText)
         self.title.setWordWrap(True)
-        self.axis = TokenAxis("bottom")
+        self.axis = pg.AxisItem("bottom")
         self.plot = pg.PlotWidget(axisItems={"bottom": self.axis})
         self.plot.setBackground("w")
         self.plot.setMenuEnabled(False)
@@ -99,7 +99,7 @@ class LogitLensPanel(QWidget):
         self.image.clear()
         self.marker.setVisible(False)
         self.table.setRowCount(0)
-        self.axis.set_tokens(())
+        self.axis.setTicks([[], []])
         self.empty.setText(message)
         self.empty.setPos(0.5, 0.5)
         self.plot.setRange(QRectF(0, 0, 1, 1), padding=0)
@@ -136,12 +136,16 @@ class LogitLensPanel(QWidget):
         self.colorbar.setColorMap(_colours("viridis", reverse=rank))
         self.colorbar.setLevels((0.0, top))
         self.colorbar.getAxis("left").setLabel("log₁₀(rank + 1)" if rank else "p (softmax, temperature 1)")
-        self.axis.set_tokens([rec.token_texts[p] for p in lens.positions])
+        # positions every few columns, the tokens themselves where there is room (pyqtgraph drops texts that collide)
+        every = max(1, n_p // 8)
+        major = [(c + 0.5, str(int(p))) for c, p in enumerate(lens.positions) if c % every == 0]
+        minor = [(c + 0.5, token_label(rec.token_texts[int(p)], 6)) for c, p in enumerate(lens.positions)]
+        self.axis.setTicks([major, minor])
         step = max(1, n_l // 12)
         self.plot.getAxis("left").setTicks([[(li + 0.5, str(lens.layers[li])) for li in range(0, n_l, step)]])
         self.plot.setRange(QRectF(0, 0, n_p, n_l), padding=0)
         first = int(lens.positions[0]) if n_p else 0
-        self.plot.setLabel("bottom", f"position {first}–{first + n_p - 1}: the token read there")
+        self.plot.setLabel("bottom", f"positions {first}–{first + n_p - 1} (and the token read there)")
 
     def select(self, position: int) -> None:
         """Fill the table with the layers' top 5 at `position` (one of the decoded positions)."""
