@@ -14,6 +14,7 @@ waits until that view has computed its answer, and saves the whole window as DIR
 | q5 | Compare: the preset sweep (KLD against MB) | the same run, after the sweep |
 | q6 | Quantization: a tensor whose type is a fallback, with the reason | the first tensor whose reason says so |
 | q7 | Attention > Logit lens at the last position | Decode layers |
+| q7c | Compare > Logit lens: A and B side by side (after q4's comparison) | Logit lens of A and B |
 
 Any tab may offer `tour_prepare(question)` and `tour_ready(question) -> bool` to set itself up for a question;
 that is the only hook (Compare's prepare_screenshot / screenshot_ready are used when it has none).
@@ -29,12 +30,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-QUESTIONS = ("q1", "q2", "q3", "q4", "q5", "q6", "q7")
+QUESTIONS = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q7c")
 NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": "compare_layers",
-         "q5": "compare_presets", "q6": "quant_fallback", "q7": "logit_lens"}
+         "q5": "compare_presets", "q6": "quant_fallback", "q7": "logit_lens", "q7c": "compare_logit_lens"}
 TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
-       "q6": "Quantization", "q7": "Attention"}
-STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0}  # the comparison and the preset sweep run models; the rest is quick
+       "q6": "Quantization", "q7": "Attention", "q7c": "Compare"}
+STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0, "q7c": 600.0}  # the comparison and the preset sweep run models; the rest is quick
 SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
 log = logging.getLogger(__name__)
 
@@ -210,13 +211,36 @@ def _logit_ready(tour: Tour, lens: Any) -> bool:
     return rec is not None and rec.n_tokens == lens.logit.n_tokens
 
 
+def _pair_prepare(tour: Tour, view: Any) -> None:
+    pair = getattr(view, "logit_pair", None)
+    if pair is None:
+        return
+    if hasattr(view, "middle"):
+        view.middle.setCurrentWidget(pair)
+    if getattr(view, "record", None) is None and hasattr(view, "compare_requested"):
+        view.compare_requested.emit(view.options())  # q7c alone: run the comparison first (not the sweep)
+    tour.pair_asked = False  # type: ignore[attr-defined]
+
+
+def _pair_ready(tour: Tour, view: Any) -> bool:
+    pair = getattr(view, "logit_pair", None)
+    if pair is None:
+        return True
+    if pair.pair is not None:
+        return True
+    if not getattr(tour, "pair_asked", False) and pair.n_tokens:
+        tour.pair_asked = True  # type: ignore[attr-defined]
+        pair.request()
+    return False
+
+
 PREPARE: dict[str, Callable[[Tour, Any], None]] = {
     "q1": _roles("probe", "induction"), "q2": _roles("chat", "sink"), "q4": _compare_prepare,
-    "q6": _quant_prepare, "q7": _logit_prepare,
+    "q6": _quant_prepare, "q7": _logit_prepare, "q7c": _pair_prepare,
 }
 READY: dict[str, Callable[[Tour, Any], bool]] = {
     "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q4": _compare_ready, "q5": _compare_ready,
-    "q6": _quant_ready, "q7": _logit_ready,
+    "q6": _quant_ready, "q7": _logit_ready, "q7c": _pair_ready,
 }
 
 
@@ -225,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a .gguf path or catalog name")
     p.add_argument("--out", required=True, type=Path, help="folder for the PNGs")
     p.add_argument("--size", default="1280x800", help="window size WxH (run Xvfb with a screen at least this big)")
-    p.add_argument("--questions", default=",".join(QUESTIONS), help="which of q1..q7, comma-separated")
+    p.add_argument("--questions", default=",".join(QUESTIONS), help="which of q1..q7 and q7c, comma-separated")
     p.add_argument("--prompt", default="In two sentences, what does attention do in a transformer? "
                                         "Attention lets every token look at the tokens before it.")
     p.add_argument("--max-tokens", type=int, default=48, help="the reply's length (short keeps the tour quick)")
