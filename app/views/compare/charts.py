@@ -124,7 +124,7 @@ class SweepChart(QWidget):
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
         self.plot = pg.PlotWidget(background="w", title="Presets and searched mixes: size vs KLD to the file")
         self.plot.setLabel("bottom", "size of the tensors", units="MiB")
-        self.plot.setLabel("left", "mean KLD to the file, not to full precision")
+        self.plot.setLabel("left", "mean KLD")
         self.mix = MixBar()
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         # y is drawn as log10(KLD), with decade ticks written as KLD values
@@ -170,7 +170,9 @@ class SweepChart(QWidget):
 
     def set_file_type(self, name: str) -> None:
         """Say what the KLD is measured against: 'mean KLD to the file (Q4_1), not to full precision'."""
-        self.plot.setLabel("left", f"mean KLD to the file ({name}), not to full precision")
+        self.plot.setTitle(f"Presets and searched mixes: size vs KLD to the file ({name}), not to full precision",
+                           size="9pt")
+        self.plot.setLabel("left", "mean KLD (log)")
 
     def _clicked(self, _item: object, spots: object) -> None:
         spots = list(spots)  # type: ignore[call-overload]

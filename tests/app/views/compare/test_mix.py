@@ -51,8 +51,8 @@ def test_axis_own_share_and_b_from_a_preset(qtbot) -> None:
     view = CompareView()
     qtbot.addWidget(view)
     view.set_model(synthetic_model_record())
-    label = view.sweep.plot.getAxis("left").labelText
-    assert "KLD to the file (mostly Q4_K), not to full precision" in label
+    title = view.sweep.plot.getPlotItem().titleLabel.text
+    assert "KLD to the file (mostly Q4_K), not to full precision" in title
     rec = synthetic_record(n_layers=3)
     rec = dataclasses.replace(rec, own_l2=np.array([0.01, 0.1, 0.02], np.float32), own_cosine=np.ones(3, np.float32))
     view.set_record(rec)
