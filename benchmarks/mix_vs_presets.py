@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128, help="calibration tokens")
     ap.add_argument("--eval-tokens", type=int, default=512)
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--group-layers", type=int, default=1, help="measure one role in N neighbouring layers at once")
     args = ap.parse_args()
     calib = (ROOT / "assets" / "calibration_text.txt").read_text(encoding="utf-8")
     held_out = (ROOT / "assets" / "eval_text.txt").read_text(encoding="utf-8")
@@ -42,12 +43,13 @@ def main() -> int:
         other = load_model(path, warm=False)
         ids = base.tokenizer.encode(calib, add_special=True, parse_special=False)[: args.tokens]
         eval_ids = base.tokenizer.encode(held_out, add_special=True, parse_special=False)[: args.eval_tokens]
-        cache = None if args.no_cache else SensitivityCache(cache_key(path, ids, base.numerics), label=path.name)
+        cache = None if args.no_cache else SensitivityCache(
+            cache_key(path, ids, base.numerics, group_layers=args.group_layers), label=path.name)
         rq = Requantizer(other)
         for preset in args.presets.split(","):
             plan = make_plan(base.gguf, preset)
             t0 = time.perf_counter()
-            result = find_mix(other, ids, plan.new_bpw, cache=cache,
+            result = find_mix(other, ids, plan.new_bpw, cache=cache, group_layers=args.group_layers,
                               progress=lambda what, frac: print(f"  {frac * 100:5.1f}% {what}", file=sys.stderr)
                               if int(frac * 1000) % 50 == 0 else None)
             seconds = time.perf_counter() - t0
@@ -67,7 +69,7 @@ def main() -> int:
                 "calibration_kld_mix": mix.measured_kld, "predicted_kld_mix": mix.predicted_kld,
                 "variants": [(v.exponent, v.measured_kld) for v in result.variants],
                 "search_seconds": seconds, "resumed_tensors": result.sensitivities.resumed if result.sensitivities else 0,
-                "calibration_tokens": len(ids), "eval_tokens": len(eval_ids), "counts": mix.counts(),
+                "calibration_tokens": len(ids), "group_layers": args.group_layers, "eval_tokens": len(eval_ids), "counts": mix.counts(),
             }), flush=True)
         base.close()
         other.close()

@@ -25,6 +25,7 @@ def main() -> int:
     ap.add_argument("--budgets", default="4.9")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--timeout", type=float, default=3000)
+    ap.add_argument("--also-small", action="store_true", help="save a 1280x800 grab too (OUT_1280x800.png)")
     args = ap.parse_args()
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
@@ -75,6 +76,11 @@ def main() -> int:
     def finish() -> None:
         app.processEvents()
         w.grab().save(args.out)
+        if args.also_small:
+            w.resize(1280, 800)
+            for _ in range(20):
+                app.processEvents()
+            w.grab().save(str(Path(args.out).with_suffix("")) + "_1280x800.png")
         print(view.sweep.status.text())
         w.close()
         app.quit()

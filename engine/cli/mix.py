@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the searched plan as --tensor-type rules for llama-quantize and write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip running the whole mix to check its KLD")
+    p.add_argument("--group-layers", type=int, default=1, metavar="N",
+                   help="measure each tensor role in N neighbouring layers at once (N times fewer runs; default 1)")
     p.add_argument("--no-cache", action="store_true",
                    help="measure every tensor again (by default measured sensitivities are kept in the user cache)")
 
@@ -80,6 +82,8 @@ def cmd_mix(args: argparse.Namespace) -> int:
         raise SettingError("--budget-bpw searches every tensor's type; it cannot be combined with --tensor-type")
     if not args.calibration_text:
         raise SettingError("--budget-bpw needs --calibration-text F (the text the KLD is measured on)")
+    if not 1 <= args.group_layers <= 64:
+        raise SettingError(f"--group-layers {args.group_layers}: must be between 1 and 64")
     if not 2 <= args.calibration_tokens <= 256:
         raise SettingError(f"--calibration-tokens {args.calibration_tokens}: must be between 2 and 256")
     text = read_text_file(args.calibration_text)
@@ -95,10 +99,10 @@ def cmd_mix(args: argparse.Namespace) -> int:
     if len(ids) < 2:
         raise SettingError(f"--calibration-text {args.calibration_text}: needs at least 2 tokens")
     cache = None if args.no_cache else SensitivityCache(
-        cache_key(src, ids, model.numerics, importance), label=f"{Path(src).name} on {Path(args.calibration_text).name}")
+        cache_key(src, ids, model.numerics, importance, args.group_layers), label=f"{Path(src).name} on {Path(args.calibration_text).name}")
     t0 = time.perf_counter()
     result = find_mix(model, ids, args.budget_bpw, importance=importance, cache=cache, verify=not args.no_verify,
-                      progress=_progress("search"))
+                      progress=_progress("search"), group_layers=args.group_layers)
     assert result is not None  # no cancel event from the command line
     seconds = time.perf_counter() - t0
     plan = result.plan

@@ -241,13 +241,14 @@ def search(meas: Measurer, sens: Sensitivities, budget_bpw: float, *, exponents:
 
 def find_mix(model: Model, ids: Sequence[int], budget_bpw: float, *, importance: Mapping[str, np.ndarray] | None = None,
              quantizer: Quantizer = plain_quantizer, cache: Any = None, verify: bool = True,
-             progress: Progress | None = None, cancel: threading.Event | None = None) -> SearchResult | None:
+             progress: Progress | None = None, cancel: threading.Event | None = None,
+             group_layers: int = 1) -> SearchResult | None:
     """Measure (or resume) the sensitivities, then search and verify; None if cancelled."""
     from engine.quality.sensitivity import measure_all
 
     say = progress or (lambda what, frac: None)
     sens = measure_all(model, ids, importance=importance, quantizer=quantizer, cache=cache, cancel=cancel,
-                       progress=lambda what, frac: say(what, 0.8 * frac))
+                       progress=lambda what, frac: say(what, 0.8 * frac), group_layers=group_layers)
     if sens is None:
         return None
     meas = Measurer(model, ids, importance, quantizer)

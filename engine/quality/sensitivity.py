@@ -182,8 +182,8 @@ class Measurer:
             else:
                 put(QTensor(name, qtype, shape, blocks))
 
-    def measure(self, name: str, cancel: threading.Event | None = None) -> TensorSensitivity | None:
-        """One tensor: every candidate's size and weighted error, and the KLD at the probe type; None if cancelled."""
+    def prepare(self, name: str, cancel: threading.Event | None = None) -> tuple[TensorSensitivity, np.ndarray | None] | None:
+        """One tensor's candidates (size, weighted error) and its probe's blocks, the KLD not yet measured."""
         info = self.gguf.tensors[name]
         shape = tuple(int(s) for s in info.shape)
         n_cols, n_rows = shape[0], math.prod(shape[1:])
@@ -206,19 +206,58 @@ class Measurer:
             sq = np.einsum("ij,ij->j", d, d, dtype=np.float64)
             error[q.name] = float(sq @ col_w) if col_w is not None else float(sq.sum())
             blocks_of[q] = blocks
-        others = [q for q in blocks_of]
-        if not others or name not in self._setters:
-            probe, probe_kld = file_type, 0.0
+        if not blocks_of or name not in self._setters:
+            probe, blocks = file_type, None
         else:
-            probe = min(others, key=lambda q: (abs(TYPES[q].bits_per_weight - PROBE_BPW), -TYPES[q].bits_per_weight))
-            layer = layer_of(name)
-            self.swap(name, probe, blocks_of[probe].reshape(n_rows, -1))
-            try:
-                probe_kld = self.kld_now(layer)
-            finally:
-                self.swap(name, None, None)
-        return TensorSensitivity(name, layer_of(name), n_rows * n_cols, file_type.name, probe.name, probe_kld,
-                                 nbytes, error)
+            probe = min(blocks_of, key=lambda q: (abs(TYPES[q].bits_per_weight - PROBE_BPW), -TYPES[q].bits_per_weight))
+            blocks = blocks_of[probe].reshape(n_rows, -1)
+        s = TensorSensitivity(name, layer_of(name), n_rows * n_cols, file_type.name, probe.name, 0.0, nbytes, error)
+        return s, blocks
+
+    def measure_group(self, names: Sequence[str], cancel: threading.Event | None = None) -> list[TensorSensitivity] | None:
+        """Tensors measured together: all at their probe types in one run, the KLD shared by their probe errors.
+
+        One tensor alone is the exact measurement; a group (one role in a few neighbouring layers) costs one
+        run instead of several and assumes its tensors matter alike per unit of weighted error.
+        """
+        prepared = []
+        for name in names:
+            got = self.prepare(name, cancel)
+            if got is None:
+                return None
+            prepared.append(got)
+        probed = [(s, b) for s, b in prepared if b is not None]
+        if not probed:
+            return [s for s, _ in prepared]
+        try:
+            for s, b in probed:
+                self.swap(s.name, GGMLType[s.probe], b)
+            first = min(s.layer for s, _ in probed)
+            kld = self.kld_now(-1 if first < 0 else first)
+        finally:
+            for s, _ in probed:
+                self.swap(s.name, None, None)
+        total = sum(s.error[s.probe] for s, _ in probed)
+        for s, _ in probed:
+            s.probe_kld = kld * (s.error[s.probe] / total if total > 0 else 1.0 / len(probed))
+        return [s for s, _ in prepared]
+
+    def measure(self, name: str, cancel: threading.Event | None = None) -> TensorSensitivity | None:
+        """One tensor: every candidate's size and weighted error, and the KLD at the probe type; None if cancelled."""
+        got = self.measure_group([name], cancel)
+        return None if got is None else got[0]
+
+
+def groups_of(names: Sequence[str], group_layers: int) -> list[list[str]]:
+    """Tensors measured together: one role in `group_layers` neighbouring blocks; tensors outside blocks alone."""
+    if group_layers <= 1:
+        return [[n] for n in names]
+    out: dict[tuple[str, int], list[str]] = {}
+    for n in names:
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", n)
+        key = (n, -1) if m is None else (m.group(2), int(m.group(1)) // group_layers)
+        out.setdefault(key, []).append(n)
+    return list(out.values())
 
 
 def quantizable_tensors(model: Model) -> tuple[list[str], int, int]:
@@ -237,7 +276,7 @@ def quantizable_tensors(model: Model) -> tuple[list[str], int, int]:
 def measure_all(
     model: Model, ids: Sequence[int], *, importance: Mapping[str, np.ndarray] | None = None,
     quantizer: Quantizer = plain_quantizer, cache: SensitivityCache | None = None,
-    progress: Progress | None = None, cancel: threading.Event | None = None,
+    progress: Progress | None = None, cancel: threading.Event | None = None, group_layers: int = 1,
 ) -> Sensitivities | None:
     """Every quantizable tensor's sensitivity, resuming from `cache` and saving to it as it goes; None if cancelled."""
     say = progress or (lambda what, frac: None)
@@ -257,14 +296,16 @@ def measure_all(
     if todo:
         meas = Measurer(model, ids, importance, quantizer)
         meas.base()
-        for k, name in enumerate(todo):
+        k = 0
+        for group in groups_of(todo, group_layers):
             if cancel is not None and cancel.is_set():
                 return None
-            say(f"tensor {resumed + k + 1} of {len(names)}: {name}", (resumed + k) / len(names))
-            s = meas.measure(name, cancel)
-            if s is None:
+            say(f"tensor {resumed + k + 1} of {len(names)}: {', '.join(group)}", (resumed + k) / len(names))
+            got = meas.measure_group(group, cancel)
+            if got is None:
                 return None
-            done[name] = s
+            done.update((s.name, s) for s in got)
+            k += len(group)
             if cache is not None:
                 cache.save(done)
     say("sensitivities measured", 1.0)

@@ -45,9 +45,10 @@ def file_digest(path: str | os.PathLike[str], head: int = 4 << 20) -> str:
 
 
 def cache_key(model_path: str | os.PathLike[str], ids: Sequence[int], numerics: str,
-              importance: Mapping[str, np.ndarray] | None = None) -> str:
+              importance: Mapping[str, np.ndarray] | None = None, group_layers: int = 1) -> str:
     """The key of one measurement: model file, calibration tokens, numerics, importance matrix, method."""
-    h = hashlib.sha256(f"v{FORMAT} probe {PROBE_BPW} {numerics} {file_digest(model_path)}".encode())
+    group = f" group {group_layers}" if group_layers > 1 else ""  # one tensor at a time keeps the original key
+    h = hashlib.sha256(f"v{FORMAT} probe {PROBE_BPW} {numerics} {file_digest(model_path)}{group}".encode())
     h.update(np.asarray(ids, np.int64).tobytes())
     for name in sorted(importance or {}):
         h.update(name.encode())
