@@ -116,9 +116,8 @@ class ScalingPanel(QWidget):
             f"Measured Var(q·k) = <b>{_fmt(s.var_raw)}</b>; × {cell.scale:.4g} → <b>{_fmt(s.var_scaled)}</b> "
             f"(÷ {ratio:.3g}).<br>"
             f"This row's entropy (query {cell.query_index}): <b>{row[0]:.3f}</b> nats scaled, <b>{row[1]:.3f}</b> "
-            f"unscaled, {row[2]:.3f} uniform. The head's mean over its rows (the bars): {s.entropy_scaled:.3f} scaled, "
-            f"{s.entropy_unscaled:.3f} unscaled: without the scaling the softmax "
-            f"{'collapses onto fewer keys' if drop >= 0 else 'spreads out'}."
+            f"unscaled, {row[2]:.3f} uniform (the bars: the head's mean over its rows). Without the scaling the "
+            f"softmax {'collapses onto fewer keys' if drop >= 0 else 'spreads out'}."
         )
 
     def clear(self) -> None:

@@ -88,13 +88,13 @@ class StepThroughView(QWidget):
         self.mix_plot.setMenuEnabled(False)
         self.mix_plot.hideButtons()
         self.mix_plot.invertY(True)
-        self.mix_plot.getAxis("left").setWidth(118)
+        self.mix_plot.getAxis("left").setWidth(100)
         self.mix_image = pg.ImageItem(axisOrder="row-major")
         self.mix_plot.addItem(self.mix_image)
         self.mix_image.setColorMap(pg.colormap.get("CET-D1"))
         self.mix_keys: list[int] = []  # the keys drawn as rows of the w·v image
         self.out_plot = _plot(self.vec_view, 1, tokens=False)
-        self.out_plot.getAxis("left").setWidth(118)  # the same as the image above: linked x ranges line up in pixels
+        self.out_plot.getAxis("left").setWidth(100)  # the same as the image above: linked x ranges line up in pixels
         self.vec_view.ci.layout.setRowStretchFactor(0, 2)
         self.out_plot.setXLink(self.mix_plot)
         self.scaling = ScalingPanel()
@@ -105,7 +105,7 @@ class StepThroughView(QWidget):
         plots = QSplitter(Qt.Orientation.Horizontal)
         plots.addWidget(self.keys_view)
         plots.addWidget(self.vec_view)
-        plots.setSizes([600, 400])
+        plots.setSizes([560, 440])
         bottom = QWidget()
         row = QHBoxLayout(bottom)
         row.setContentsMargins(0, 0, 0, 0)
@@ -263,13 +263,15 @@ class StepThroughView(QWidget):
         shown = mix / np.where(row_top > 0, row_top, 1.0)  # each row on its own scale: a key of weight 0.01 still shows
         self.mix_image.setImage(shown, autoLevels=False, levels=(-1.0, 1.0))
         self.mix_image.setRect(0, 0, c.d_k, len(keys))
-        self.mix_plot.getAxis("left").setTicks([[(i + 0.5, f"{j} {token_label(rec.token(j), 8)} {c.weights[j]:.2f}")
+        self.mix_plot.getAxis("left").setTicks([[(i + 0.5, f"{j} {token_label(rec.token(j), 6)} {c.weights[j]:.2f}")
                                                  for i, j in enumerate(keys)]])
         self.mix_plot.setYRange(0, max(1, len(keys)), padding=0)
         self.mix_plot.setXRange(0, c.d_k, padding=0.01)
         share = float(c.weights[keys].sum())
-        self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ, top {len(keys)} keys (Σw {share:.2f}), each row scaled", **TITLE)
-        self.out_plot.setTitle(f"⑦ output Σⱼ wⱼvⱼ {c.output.shape}, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
+        self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ, top {len(keys)} keys (Σw {share:.2f})", **TITLE)
+        self.mix_plot.setToolTip("Each row is scaled to its own largest |wⱼ·vⱼ| (blue −, red +), so keys of small "
+                                 "weight still show their values; the labels give each key's weight")
+        self.out_plot.setTitle(f"⑦ output Σⱼ wⱼvⱼ, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
         _signed_bars(self.out_plot, c.output)
 
     def _draw_numbers(self, rec: StepRecord) -> None:
