@@ -271,7 +271,7 @@ class StepThroughView(QWidget):
         self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ, top {len(keys)} keys (Σw {share:.2f})", **TITLE)
         self.mix_plot.setToolTip("Each row is scaled to its own largest |wⱼ·vⱼ| (blue −, red +), so keys of small "
                                  "weight still show their values; the labels give each key's weight")
-        self.out_plot.setTitle(f"⑦ output Σⱼ wⱼvⱼ, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
+        self.out_plot.setTitle(f"⑦ output {c.output.shape}, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
         _signed_bars(self.out_plot, c.output)
 
     def _draw_numbers(self, rec: StepRecord) -> None:
