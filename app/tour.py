@@ -10,7 +10,7 @@ waits until that view has computed its answer, and saves the whole window as DIR
 | q1 | Attention > Head roles on the induction probe, coloured by "previous" | Run induction probe |
 | q2 | Attention > Head roles on the chat, coloured by "sink", with the sinks listed | Score this chat |
 | q3 | the Positions lens (RoPE at a distance d, every base side by side) | the tab as it is |
-| q4 | Compare: per-layer divergence of A and B | the view's prepare_screenshot / screenshot_ready |
+| q4 | Compare: per-layer divergence of A and the Q2_K preset (B) | overrides Q2_K, then the view's prepare_screenshot / screenshot_ready |
 | q5 | Compare: the preset sweep (KLD against MB) | the same run, after the sweep |
 | q6 | Quantization: a tensor whose type is a fallback, with the reason | the first tensor whose reason says so |
 | q7 | Attention > Logit lens at the last position | Decode layers |
@@ -36,6 +36,7 @@ NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": 
 TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
        "q6": "Quantization", "q7": "Attention", "q7c": "Compare"}
 STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0, "q7c": 600.0}  # the comparison and the preset sweep run models; the rest is quick
+COMPARE_PRESET = "Q2_K"  # q4 asks which layers Q2_K hurts most
 SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,12 @@ def _roles_ready(source: str) -> Callable[[Tour, Any], bool]:
 
 
 def _compare_prepare(tour: Tour, view: Any) -> None:
+    """B = the Q2_K preset (set as the Quantization lens's overrides, as --screenshot --override does), then run."""
+    editor = getattr(getattr(tour.w, "quant_bridge", None), "editor", None)
+    if editor is not None and hasattr(editor, "set_spec"):
+        from app.data.overrides import OverrideSpec
+
+        editor.set_spec(OverrideSpec(COMPARE_PRESET, ()))
     if getattr(view, "record", None) is None and hasattr(view, "prepare_screenshot"):
         view.prepare_screenshot()
 
@@ -218,6 +225,11 @@ def _pair_prepare(tour: Tour, view: Any) -> None:
     if hasattr(view, "middle"):
         view.middle.setCurrentWidget(pair)
     if getattr(view, "record", None) is None and hasattr(view, "compare_requested"):
+        editor = getattr(getattr(tour.w, "quant_bridge", None), "editor", None)
+        if editor is not None and hasattr(editor, "set_spec"):
+            from app.data.overrides import OverrideSpec
+
+            editor.set_spec(OverrideSpec(COMPARE_PRESET, ()))
         view.compare_requested.emit(view.options())  # q7c alone: run the comparison first (not the sweep)
     tour.pair_asked = False  # type: ignore[attr-defined]
 
