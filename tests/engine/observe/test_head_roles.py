@@ -74,31 +74,20 @@ def test_sliding_window_rows_skip_keys_they_cannot_see() -> None:
     assert np.isnan(roles.scores["sink"][0][1]) or roles.scores["sink"][0][1] == pytest.approx(1.0)
 
 
-def test_probe_is_random_tokens_twice(smollm2_path) -> None:
-    from engine.model import load_model
-
-    model = load_model(smollm2_path)
-    try:
-        ids = hr.probe_ids(model.tokenizer, 40, seed=0)
-        body = ids[len(ids) - 80 :]
-        assert body[:40] == body[40:] and len(set(body[:40])) == 40
-        assert not any(model.tokenizer.is_special(t) for t in body)
-        assert ids == hr.probe_ids(model.tokenizer, 40, seed=0)
-    finally:
-        model.close()
+def test_probe_is_random_tokens_twice(smollm2_model) -> None:
+    tok = smollm2_model.tokenizer
+    ids = hr.probe_ids(tok, 40, seed=0)
+    body = ids[len(ids) - 80 :]
+    assert body[:40] == body[40:] and len(set(body[:40])) == 40
+    assert not any(tok.is_special(t) for t in body)
+    assert ids == hr.probe_ids(tok, 40, seed=0) and ids != hr.probe_ids(tok, 40, seed=1)
 
 
-def test_smollm2_previous_token_and_induction_heads(smollm2_path) -> None:
+def test_smollm2_previous_token_and_induction_heads(smollm2_model) -> None:
     """On the probe, SmolLM2 has clear previous-token heads and one induction head far above the rest."""
     from app.records.head_roles import make_probe_record
-    from engine.model import load_model
 
-    model = load_model(smollm2_path)
-    try:
-        rec = make_probe_record(model)
-    finally:
-        model.close()
-    roles = rec.roles
+    roles = make_probe_record(smollm2_model).roles
     prev, ind = roles.top("previous", 3), roles.top("induction", 3)
     assert prev[0][:2] == (16, 0) and prev[0][2] > 0.8
     assert ind[0][:2] == (18, 6) and ind[0][2] > 0.8

@@ -39,20 +39,16 @@ def test_targets_follow_the_context_and_the_decision_layer() -> None:
     assert window_positions(5, 2, 8).tolist() == [0, 1, 2, 3, 4]
 
 
-def test_smollm2_last_layer_is_the_models_own_logits(smollm2_path) -> None:
+def test_smollm2_last_layer_is_the_models_own_logits(smollm2_model) -> None:
     from app.records.logit_lens import make_logit_lens_record
     from engine.generate import prefill
-    from engine.model import load_model
 
-    model = load_model(smollm2_path)
-    try:
-        ids = model.tokenizer.encode("The capital of France is Paris. The capital of Italy is", add_special=True)
-        logits = prefill(model, ids, model.new_cache(64), all_logits=True)
-        memo: dict = {}
-        rec = make_logit_lens_record(model, ids, None, width=6, memo=memo)
-        again = make_logit_lens_record(model, ids, len(ids) - 3, width=6, memo=memo)  # the streams are reused
-    finally:
-        model.close()
+    model = smollm2_model
+    ids = model.tokenizer.encode("The capital of France is Paris. The capital of Italy is", add_special=True)
+    logits = prefill(model, ids, model.new_cache(64), all_logits=True)
+    memo: dict = {}
+    rec = make_logit_lens_record(model, ids, None, width=6, memo=memo)
+    again = make_logit_lens_record(model, ids, len(ids) - 3, width=6, memo=memo)  # the streams are reused
     lens = rec.lens
     assert len(lens.layers) == 30 and lens.positions.tolist() == list(range(len(ids) - 6, len(ids)))
     p = np.exp(logits - logits.max(1, keepdims=True))
