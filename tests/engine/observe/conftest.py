@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_path: Path):
-    from engine.model import load_model  # noqa: PLC0415
+    from engine.model import load_model
 
     model = load_model(smollm2_path)
     yield model
