@@ -72,7 +72,7 @@ class LayerCurve(pg.PlotWidget):
         self.setToolTip("Accumulated: the residual stream after each layer in B against A (everything before adds up).\n"
                         "Own share (green): B's layer run on A's input to it, against A's output of that layer: "
                         "the damage that layer adds by itself.")
-        self.setLabel("bottom", "layer (residual stream after it)")
+        self.setLabel("bottom", "layer · bars: B's layer on A's input")
         self.showGrid(x=False, y=True, alpha=0.2)
         self.rel = self.plot([], [], pen=pg.mkPen(POINT, width=2), symbol="o", symbolSize=5, symbolBrush=POINT)
         self.cos = self.plot([], [], pen=pg.mkPen(FRONT, width=2, style=Qt.PenStyle.DashLine))
