@@ -117,7 +117,7 @@ class LensBridge(QObject):
         engine.set_backend(backend_setting(state.settings))
         state.settings_changed.connect(lambda s: engine.set_numerics(numerics_setting(s)))
         engine.set_numerics(numerics_setting(state.settings))
-        engine.lens_failed.connect(lambda kind, msg: log.info("lens %s: %s", kind, msg))
+        engine.lens_failed.connect(self._failed)
         for slot in slots.values():
             slot.ready.connect(lambda _w, s=slot: self.attach(s))
             if slot.widget is not None:
@@ -225,6 +225,11 @@ class LensBridge(QObject):
     def reply_finished(self, cancelled: bool) -> None:
         if not cancelled:
             self.request_attention(ATTENTION_MAX_ROWS)
+
+    def _failed(self, kind: str, message: str) -> None:
+        log.info("lens %s: %s", kind, message)
+        if kind in ("roles", "logit"):  # the view that asked says so instead of waiting for ever
+            self.deliver("Attention", "lens_failed", kind, message)
 
     def _ready(self, result: LensResult) -> None:
         rec = result.record

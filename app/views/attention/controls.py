@@ -4,6 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QLayout, QLayoutItem, QPushButton, QSpinBox, QWidget
 
+from app.records.attention import HeadRecord
 from app.records.model import ModelRecord
 from app.views.common.colours import COLORMAPS
 
@@ -131,3 +132,16 @@ class FlowLayout(QLayout):
             x += hint.width() + gap
             line = max(line, hint.height())
         return y + line - rect.y()
+
+
+def describe_selection(rec: HeadRecord, model: ModelRecord | None) -> str:
+    """'layer 3, head 4 (KV 1, shared with h3–h5), sliding window 512' for the info line and titles."""
+    layer = f"layer {rec.layer}" if isinstance(rec.layer, int) else f"{rec.layer} of layers"
+    if isinstance(rec.head, int):
+        head = f"head {rec.head}"
+        if rec.kv_head is not None and len(rec.group_heads) > 1:
+            head += f" (KV {rec.kv_head}, shared with h{rec.group_heads[0]}–h{rec.group_heads[-1]})"
+    else:
+        head = f"{rec.head} of heads"
+    window = f", sliding window {rec.window}" if rec.window else ""
+    return f"{layer}, {head}{window}"

@@ -23,7 +23,7 @@ from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
 from app.records.model import ModelRecord
-from app.views.attention.controls import EMPTY_TEXT, OverviewBar, empty_state
+from app.views.attention.controls import EMPTY_TEXT, OverviewBar, describe_selection, empty_state
 from app.views.attention.grid import GridView
 from app.views.attention.head import HeadView
 from app.views.attention.logit_view import LogitLensView
@@ -194,6 +194,13 @@ class AttentionLens(QWidget):
         """Draw a LogitLensRecord in the Logit lens view."""
         self.logit.set_record(rec)  # type: ignore[arg-type]
 
+    def lens_failed(self, kind: str, message: str) -> None:
+        """A Head roles or logit-lens computation failed: its view shows why."""
+        if kind == "roles":
+            self.roles.clear(f"Could not score the heads: {message}")
+        elif kind == "logit":
+            self.logit.panel.clear(f"Could not decode the layers: {message}")
+
     def open_head(self, layer: int, head: int) -> None:
         """Show (layer, head) in the overview (a head clicked in Head roles)."""
         self.views.setCurrentWidget(self.overview)
@@ -203,7 +210,7 @@ class AttentionLens(QWidget):
         """Draw one head's (or an aggregate's) attention for its window of query rows."""
         self.head = rec
         self.head_view.set_record(rec)
-        what = _describe_selection(rec, self.model)
+        what = describe_selection(rec, self.model)
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
@@ -370,7 +377,7 @@ class AttentionLens(QWidget):
         exact = self._covers(rec, index)
         row = rec.weights[index - rec.row_start] if exact else None
         self.head_view.mark(index, index)
-        title = f"Attention of token {index} ({_describe_selection(rec, self.model)})"
+        title = f"Attention of token {index} ({describe_selection(rec, self.model)})"
         if not exact:
             title = f"Token {index}: this view is pooled; click a token to see its exact attention"
         hidden = self.hidden_keys if self.sink_check.isChecked() else ()
@@ -381,15 +388,3 @@ class AttentionLens(QWidget):
         if path:
             ok = self.export_png(path)
             self.status.setText(f"Saved {path}" if ok else f"Could not save {path}")
-
-
-def _describe_selection(rec: HeadRecord, model: ModelRecord | None) -> str:
-    layer = f"layer {rec.layer}" if isinstance(rec.layer, int) else f"{rec.layer} of layers"
-    if isinstance(rec.head, int):
-        head = f"head {rec.head}"
-        if rec.kv_head is not None and len(rec.group_heads) > 1:
-            head += f" (KV {rec.kv_head}, shared with h{rec.group_heads[0]}–h{rec.group_heads[-1]})"
-    else:
-        head = f"{rec.head} of heads"
-    window = f", sliding window {rec.window}" if rec.window else ""
-    return f"{layer}, {head}{window}"

@@ -211,3 +211,14 @@ def test_a_probe_on_its_way_is_not_replaced_by_the_chat_scores(qtbot) -> None:
     lens.roles.probe_button.click()
     lens.set_attention(_attention(run))  # the grid after the reply lands while the probe runs
     assert wanted == ["chat", "probe"] and lens.roles.asked == "probe"
+
+
+def test_a_failed_computation_says_why(qtbot) -> None:
+    run = fake_run(20)
+    lens, _ = _lens(qtbot, run)
+    lens.set_attention(_attention(run))
+    lens.roles.probe_button.click()
+    lens.lens_failed("roles", "no model is loaded")
+    assert lens.roles.asked is None and "no model is loaded" in lens.roles.empty.textItem.toPlainText()
+    lens.lens_failed("logit", "the logit lens run was cancelled")
+    assert "cancelled" in lens.logit.panel.empty.textItem.toPlainText()
