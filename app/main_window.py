@@ -46,6 +46,7 @@ class MainWindow(QMainWindow):
         self.engine = Engine(self.state.settings.context_limit, self)
         self.conversation = Conversation(self.store, self.engine, self.saver, lambda: self.state.settings, self)
         self.closed = False
+        self.model_label = ""  # "SmolLM2 135M · Q4_1": the model (and quantization) each reply is signed with
         self._build()
         self._wire()
         self._default_state = self.saveState()  # the docks as _build placed them: View > Reset layout goes back
@@ -173,6 +174,10 @@ class MainWindow(QMainWindow):
         self.engine.load_cancelled.connect(lambda msg: self.status.showMessage(f"Model not loaded: {msg}", 8000))
         self.status.cancel_load.connect(self.engine.cancel_load)
         self.saver.failed.connect(lambda msg: view.show_banner("error", msg))
+        self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too
+            lambda spec: setattr(self.conversation, "model_name",
+                                 self.model_label if spec.empty else
+                                 f"{self.model_label}, requantized: {' + '.join(p for p in (spec.preset, *spec.rules) if p)}"))
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
         st.model_changed.connect(
@@ -227,7 +232,8 @@ class MainWindow(QMainWindow):
         self.conversation.model_ready = True
         self.chat_view.input.setPlaceholderText("Message the model…")
         kind = result.kind
-        self.conversation.model_name = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
+        self.model_label = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
+        self.conversation.model_name = self.model_label
         self._model_kind(kind)
         self.status.set_backend_note(result.backend_note)
         self.chat_view.clear_banners("warning")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Signal
 
 from app.controllers.lenses import LensBridge
 from app.data.overrides import OverrideSpec, with_types
@@ -40,6 +40,8 @@ QUANT_TASKS = ("apply", "reset", "save")
 
 class QuantBridge(QObject):
     """Connects the Quantization lens's override editor and the Compare view to the engine."""
+
+    applied = Signal(object)  # the OverrideSpec the chat's model holds now (empty: the file's weights)
 
     def __init__(self, engine: Engine, state: AppState, quant_slot: LensSlot, compare: CompareView,
                  lenses: LensBridge, parent: QObject | None = None):
@@ -245,6 +247,7 @@ class QuantBridge(QObject):
             self.editor.set_applied(value.spec, value.summary)
             what = "the file's weights are back" if value.spec.empty else f"applied {value.summary}"
             self.editor.show_message(f"Done: {what}. The chat uses them from the next reply (its KV cache was cleared).")
+        self.applied.emit(value.spec)
 
     def _failed(self, kind: str, message: str) -> None:
         if kind == "imatrix":

@@ -222,3 +222,26 @@ def test_panes_cannot_vanish_and_layout_resets(qtbot, data_dir: Path) -> None:
 def test_reply_stats_can_name_the_model() -> None:
     s = ReplyStats(tokens=3, model="SmolLM2 · Q4_1")
     assert s.summary(with_model=True).startswith("SmolLM2 · Q4_1 · 3 tokens") and "SmolLM2" not in s.summary()
+
+
+def test_replies_after_apply_name_the_overrides(qtbot, data_dir: Path) -> None:
+    from app.data.overrides import OverrideSpec
+
+    w = MainWindow(load=False)
+    qtbot.addWidget(w)
+    w._loaded(_loaded(ModelKind(False, "the file has a chat template", "Q4_1")))
+    w.quant_bridge.applied.emit(OverrideSpec(None, ("attn_v=Q8_0",)))
+    assert w.conversation.model_name == "Gemma 3 270m · Q4_1, requantized: attn_v=Q8_0"
+    w.quant_bridge.applied.emit(OverrideSpec())
+    assert w.conversation.model_name == "Gemma 3 270m · Q4_1"
+    w.close()
+
+
+def test_catalog_says_which_model_is_a_base_model(qtbot) -> None:
+    from app.views.catalog import CatalogDialog
+
+    d = CatalogDialog()
+    qtbot.addWidget(d)
+    texts = {d.list.item(i).data(256): d.list.item(i).text() for i in range(d.list.count())}
+    assert "base model: continues text, does not follow instructions" in texts["gemma3-270m"]
+    assert "instruct model" in texts["smollm2-135m-instruct"]
