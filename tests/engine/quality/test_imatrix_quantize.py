@@ -33,12 +33,13 @@ def _golden(key: str):
     return GOLDEN["models"][key], path, read_imatrix(FIX / f"{key}.imatrix.gguf")
 
 
-def _cases() -> list[str]:
-    return sorted(GOLDEN["cases"]) if GOLDEN is not None else ["none"]
+def _pairs() -> list[tuple[str, str]]:
+    if GOLDEN is None:
+        return [("smollm2", "none")]
+    return [(k, c) for k, m in GOLDEN["models"].items() for c in sorted(m["cases"])]
 
 
-@pytest.mark.parametrize("key", list(FILES))
-@pytest.mark.parametrize("case", _cases())
+@pytest.mark.parametrize(("key", "case"), _pairs())
 def test_plan_and_metadata_as_llama_quantize(key: str, case: str) -> None:
     model, path, im = _golden(key)
     spec, want = GOLDEN["cases"][case], model["cases"][case]
@@ -50,8 +51,7 @@ def test_plan_and_metadata_as_llama_quantize(key: str, case: str) -> None:
     assert {k: v for k, v in md.items() if k.startswith("quantize.imatrix.")} == want["imatrix_keys"]
 
 
-@pytest.mark.parametrize("key", list(FILES))
-@pytest.mark.parametrize("case", _cases())
+@pytest.mark.parametrize(("key", "case"), _pairs())
 def test_sample_tensors_byte_identical(key: str, case: str) -> None:
     model, path, im = _golden(key)
     spec, want = GOLDEN["cases"][case], model["cases"][case]
