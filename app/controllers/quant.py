@@ -112,6 +112,7 @@ class QuantBridge(QObject):
         if self.editor is not None:
             self.editor.set_model(record)
             self.editor.set_applied(OverrideSpec())
+            self.editor.show_message("")  # a reload (even of the same file) undid what the last message described
         self.compare.set_model(record)
 
     def spec(self) -> OverrideSpec:

@@ -168,3 +168,26 @@ def test_quant_lens_fits_the_window(qtbot, data_dir, size) -> None:
     top_left = ed.apply.mapTo(area.viewport(), ed.apply.rect().bottomRight())
     assert ed.apply.isVisible() and 0 < top_left.y() < area.viewport().height()  # Apply in sight, no scrolling
     w.close()
+
+
+def test_bridge_footer_cleared_on_reload(qtbot, data_dir) -> None:
+    """Stale state: after Apply, loading a model (even the same file again) leaves no 'Done: applied' behind."""
+    from app.jobs.quant import Applied
+    from app.main_window import MainWindow
+
+    w = MainWindow(load=False)
+    qtbot.addWidget(w)
+    lens = w.lens_slots["Quantization"].widget
+    rec = synthetic_model_record()
+    w.state.model_record = rec
+    w.quant_bridge.model_loaded(rec)
+    w.quant_bridge._applied(Applied(OverrideSpec(None, ("attn_q=Q8_0",)), {"blk.0.attn_q.weight": "Q8_0"}, "3 tensors"))
+    ed = lens.overrides
+    assert ed.message.text().startswith("Done: applied") and "attn_q=Q8_0" in ed.in_memory.text()
+    w.quant_bridge.model_loaded(rec)  # the same file, loaded again: its own weights
+    assert ed.message.text() == "" and "the file" in ed.in_memory.text()
+    other = dataclasses.replace(synthetic_model_record(n_layers=5), path="/tmp/other.gguf")
+    w.quant_bridge._applied(Applied(OverrideSpec("Q8_0"), {}, "all"))
+    w.quant_bridge.model_loaded(other)
+    assert ed.message.text() == "" and ed.record is other and ed.spec().empty
+    w.close()
