@@ -7,7 +7,7 @@ Runs llama-imatrix and llama-quantize built from the llama.cpp sources vendored 
   cmake --build /tmp/llbuild --target llama-imatrix llama-quantize -j2
 
 and writes into tests/fixtures/imatrix/:
-  - <model>.short.imatrix.gguf: llama-imatrix on the first 2 chunks of 128 tokens of assets/imatrix_calibration.txt
+  - smollm2.short.imatrix.gguf: llama-imatrix on the first 2 chunks of 128 tokens of assets/imatrix_calibration.txt
     (-c 128 --chunks 2 -fa off -t 2, the text passed as `calibration.txt`), small enough for a test to recompute;
   - <model>.imatrix.gguf: the same over the whole text in chunks of 512 (llama-imatrix's defaults), the imatrix the
     quantization fixtures use, and (SmolLM2) <model>.imatrix.dat, the legacy format of the same run (--output-format dat);
@@ -106,12 +106,12 @@ def main() -> int:
         for key, fname in MODELS.items():
             src = Path(args.models_dir) / fname
             common = [str(imatrix_bin), "-m", str(src), "-f", "calibration.txt", "-fa", "off", "-t", t, "--no-ppl"]
-            run([*common, "-c", "128", "--chunks", "2", "-o", f"{key}.short.imatrix.gguf"], tmp)
             run([*common, "-o", f"{key}.imatrix.gguf"], tmp)
-            names = [f"{key}.short.imatrix.gguf", f"{key}.imatrix.gguf"]
-            if key == "smollm2":  # the legacy format once
+            names = [f"{key}.imatrix.gguf"]
+            if key == "smollm2":  # the short run our values are tested against, and the legacy format, once
+                run([*common, "-c", "128", "--chunks", "2", "-o", f"{key}.short.imatrix.gguf"], tmp)
                 run([*common, "--output-format", "dat", "-o", f"{key}.imatrix.dat"], tmp)
-                names.append(f"{key}.imatrix.dat")
+                names += [f"{key}.short.imatrix.gguf", f"{key}.imatrix.dat"]
             for name in names:
                 shutil.copy(tmp / name, OUT / name)
             entry: dict[str, object] = {"file": fname, "source_sha256": sha256_file(src), "cases": {}}
