@@ -226,8 +226,8 @@ class BlockProduct:
         reg = _load()
         ks = reg.kernels.get(qtype, KernelSet())
         self.gemv, self.gemm, self.dequant = ks.gemv, ks.gemm, ks.dequant
-        # which of ggml-cpu's kernels the numbers follow for a batch: "vec_dot", or the repacked Q4_K path
-        # ("repack_8x8", every call), or the tiled k-quant path (from TILED_MIN_ROWS rows) where llama.cpp takes them;
+        # which of ggml-cpu's kernels the numbers follow: "vec_dot", a repacked path (every call: "repack_8x8", "q2_k_x8",
+        # "iq4_nl_x8", "q4_0_x8"), the tiled path (self.tiled, from TILED_MIN_ROWS rows) where llama.cpp takes them;
         # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows
         self.path, self.tiled = "vec_dot", None
         if reg.compiled and qtype == _T.Q8_0 and blocks.shape[0] % 16 == 0 and paths.q8_0_x16() is not None:
@@ -254,17 +254,15 @@ class BlockProduct:
             self._llama_cpp_paths(blocks)
         if reg.compiled and paths.takes_tiled(qtype, blocks.shape[0]):
             self.tiled = paths.tiled_gemm(qtype)  # Q2_K and the Q8_K i-quants (iquant_tiled)
-        if reg.compiled and qtype == _T.IQ4_NL and blocks.shape[0] % 8 == 0:
-            self.gemv, self.gemm = paths.iq4_nl_x8()  # llama.cpp repacks these rows: its iq4_nl_8x8 numbers
-            self.path = "iq4_nl_x8"
+        elif reg.compiled and (own := paths.repacked_rows(qtype, blocks.shape[0])) is not None:
+            self.path, self.gemv, self.gemm = own  # llama.cpp repacks these rows: q2_K_8x8 / iq4_nl_8x8 numbers
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
         row_floats = max(1, n_in)
         self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
 
     def _llama_cpp_paths(self, blocks: U8) -> None:
-        """Q4_K with rows in eights: repacked as llama.cpp does (q4_K_8x8), its gemv and gemm; Q3_K, Q5_K, Q6_K and
-        other Q4_K: the tiled kernels for batches of TILED_MIN_ROWS rows or more (engine.kernels.paths)."""
+        """Q4_K rows in eights: repacked as llama.cpp does (q4_K_8x8), its gemv and gemm; else the tiled kernels."""
         repacked = paths.q4_k_8x8(blocks) if self.qtype == _T.Q4_K else None
         if repacked is not None:
             self.weight, self.gemv, self.gemm = repacked
@@ -303,6 +301,11 @@ class BlockProduct:
                     row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
             gemm = self.gemm
+            if self.path == "q2_k_x8":  # one call: each row decoded once; the batch as forward_mul_mat quantizes it
+                xq = act.q8k_mat_bytes()  # (takes KERNEL_LOCK itself)
+                with KERNEL_LOCK:
+                    gemm(self.weight, xq, out)
+                return out
             if self.path == "repack_8x8":
                 xq = act.q8k_mat_bytes()  # chunks start at multiples of 4, as the repacked gemm's row groups
             else:

@@ -18,6 +18,9 @@ and fp32 d0; the 256-weight integer dot with the Q8_K bytes is vpmaddwd work (`_
 
   gemm_tiled(kind, blocks, xq, out)   kind: KINDS[type name]; blocks (n_rows, nb * block bytes),
                                       xq (m, nb * 292) Q8_K rows -> out (m, n_rows)
+  gemm_q2_k_x8 / gemv_q2_k_x8         Q2_K rows in eights as llama.cpp's repacked q2_K_8x8 kernels compute them
+                                      (AVX-512 builds): one fma per 128 weights in the gemm, per super-block in
+                                      the gemv, on the same decoded rows
 """
 from __future__ import annotations
 
@@ -43,20 +46,25 @@ _H = {"cache": True, "forceinline": True, "error_model": "numpy"}
 _ROWS = 4  # weight rows per parallel task: their decoded int16 rows stay in cache while every activation passes
 
 
-@intrinsic
-def _dot256(typingctx, w, wo, x, xo):
-    """sum over k < 256 of int16 w[k] * int8 x[k]: w's bytes from byte wo, x's from byte xo (exact int32)."""
-    def codegen(context, b, sig, args):
-        pw = byte_ptr(context, b, sig.args[0], args[0], args[1])
-        px = byte_ptr(context, b, sig.args[2], args[2], args[3])
-        ops = Ops(context, b)
-        acc = ir.Constant(vec(I32, 8), None)
-        for c in range(16):
-            wv = load(b, pw, vec(I16, 16), 32 * c)
-            xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
-            acc = b.add(acc, ops.madd(wv, xv))
-        return call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [acc])
-    return types.int32(w, wo, x, xo), codegen
+def _int_dot(n: int):
+    """An intrinsic: sum over k < n of int16 w[k] * int8 x[k], w's bytes from byte wo, x's from byte xo (exact)."""
+    def typer(typingctx, w, wo, x, xo):
+        def codegen(context, b, sig, args):
+            pw = byte_ptr(context, b, sig.args[0], args[0], args[1])
+            px = byte_ptr(context, b, sig.args[2], args[2], args[3])
+            ops = Ops(context, b)
+            acc = ir.Constant(vec(I32, 8), None)
+            for c in range(n // 16):
+                wv = load(b, pw, vec(I16, 16), 32 * c)
+                xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
+                acc = b.add(acc, ops.madd(wv, xv))
+            return call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [acc])
+        return types.int32(w, wo, x, xo), codegen
+    typer.__name__ = f"dot{n}"
+    return intrinsic(typer)
+
+
+_dot256, _dot128 = _int_dot(256), _int_dot(128)
 
 
 @intrinsic
@@ -203,3 +211,59 @@ def gemm_tiled(kind, blocks, xq, out):
                 a3 = fma32(np.float32(isum[3]) * d0[3, i], d8, a3)
             out[a, r0], out[a, r0 + 1], out[a, r0 + 2], out[a, r0 + 3] = a0, a1, a2, a3
     return out
+
+
+# ---- Q2_K rows in eights: llama.cpp (AVX-512) repacks them (q2_K_8x8) and multiplies every batch with
+# ggml_gemv / gemm_q2_K_8x8_q8_K: per super-block acc = fma(float(isum), d * d8, acc) and
+# acc_min = fma(float(imin), dmin * d8, acc_min) with the exact integers of the block, then acc - acc_min
+
+
+@njit(**_H)
+def _dot_q2_k_x8(w16, d0, mins, dmin, nb, x, halves):
+    """One row: the gemv's one fma per super-block, or (halves: the gemm's rows in fours) one per 128 weights."""
+    acc = acc_min = np.float32(0.0)
+    for i in range(nb):
+        y = Q8K * i
+        d8 = bits_f32(_u32(x, y))
+        for h in range(2 if halves else 1):
+            n16 = 8 if halves else 16
+            imin = np.int32(0)
+            for s in range(16 * i + n16 * h, 16 * i + n16 * (h + 1)):
+                imin += np.int32(mins[s] * _i16(x, y + 260 + 2 * (s - 16 * i)))
+            if halves:
+                isum = _dot128(w16, 512 * i + 256 * h, x, y + 4 + 128 * h)
+            else:
+                isum = _dot256(w16, 512 * i, x, y + 4)
+            acc = fma32(np.float32(isum), d0[i] * d8, acc)
+            acc_min = fma32(np.float32(imin), dmin[i] * d8, acc_min)
+    return acc - acc_min
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def gemm_q2_k_x8(blocks, xq, out):
+    """out[a, r] = llama.cpp's q2_K_8x8 value of Q2_K row r with Q8_K row xq[a] (the activations of a batch as
+    forward_mul_mat quantizes them: kquant_repack.quantize_q8_k_mat): the gemm's numbers for the first m - m % 4
+    rows, the gemv's for the rest (and for a single row)."""
+    if blocks.ndim != 2 or blocks.shape[1] % 84:
+        raise ValueError("weight row bytes are not a whole number of Q2_K blocks")
+    nb = blocks.shape[1] // 84
+    n_rows, m = blocks.shape[0], xq.shape[0]
+    if xq.shape[1] != nb * Q8K or out.shape[0] != m or out.shape[1] != n_rows:
+        raise ValueError("the activations must be Q8_K rows as long as the weight rows, out (m, n_rows)")
+    for r in prange(n_rows):
+        wq = np.empty(256 * nb, np.int8)
+        s16 = np.empty(16 * nb, np.int32)
+        mins = np.zeros(16 * nb, np.int32)
+        w16 = np.empty(256 * nb, np.int16)
+        d0 = np.empty(nb, np.float32)
+        dmin = np.zeros(nb, np.float32)
+        _row(10, blocks[r], nb, wq, s16, mins, w16, d0, dmin)
+        for a in range(m):  # forward_mul_mat: gemm for the first m - m % 4 rows, gemv for the rest
+            out[a, r] = _dot_q2_k_x8(w16, d0, mins, dmin, nb, xq[a], a < m - m % 4)
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def gemv_q2_k_x8(blocks, xq, out):
+    """One Q8_K row xq (bytes,) -> out (n_rows,): the q2_K_8x8 gemv's value of every row."""
+    return gemm_q2_k_x8(blocks, xq.reshape(1, -1), out.reshape(1, -1))

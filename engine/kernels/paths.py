@@ -86,12 +86,19 @@ def tinyblas_takes(n_rows: int, n: int) -> bool:
     return n_rows >= 2 and n % 16 == 0
 
 
-def iq4_nl_x8() -> tuple[Callable, Callable]:
-    """(gemv, gemm) with llama.cpp's iq4_nl_8x8 numbers, for IQ4_NL rows in eights (its CPU_REPACK buffer repacks
-    them; engine.kernels.iquant_dot computes the same on the GGUF blocks)."""
-    from engine.kernels import iquant_dot  # noqa: PLC0415 - compiled kernels only
+def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable] | None:
+    """(path, gemv, gemm) with the numbers of llama.cpp's repacked kernels where its CPU_REPACK buffer takes the
+    weight (computed on the GGUF blocks): IQ4_NL rows in eights (iq4_nl_8x8, engine.kernels.iquant_dot), Q2_K
+    rows in eights with AVX-512 (q2_K_8x8, engine.kernels.iquant_tiled); else None."""
+    if qtype == _T.IQ4_NL and n_rows % 8 == 0:
+        from engine.kernels import iquant_dot  # noqa: PLC0415 - compiled kernels only
 
-    return iquant_dot.gemv_iq4_nl_x8, iquant_dot.gemm_iq4_nl_x8
+        return "iq4_nl_x8", iquant_dot.gemv_iq4_nl_x8, iquant_dot.gemm_iq4_nl_x8
+    if takes_q2_k_x8(qtype, n_rows):
+        from engine.kernels.iquant_tiled import gemm_q2_k_x8, gemv_q2_k_x8  # noqa: PLC0415 - compiled kernels only
+
+        return "q2_k_x8", gemv_q2_k_x8, gemm_q2_k_x8
+    return None
 
 
 def tiled_gemm(qtype: GGMLType) -> Callable:
@@ -112,8 +119,17 @@ def tiled_gemm(qtype: GGMLType) -> Callable:
 TILED_IQ = ("IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "Q2_K")
 
 
+def takes_q2_k_x8(qtype: GGMLType, n_rows: int) -> bool:
+    """Q2_K rows in eights on a CPU with AVX-512 (llama.cpp's q2_K_8x8 repack; without AVX-512 it does not)."""
+    if qtype != _T.Q2_K or n_rows % 8:
+        return False
+    from engine.kernels.simd import host_has  # noqa: PLC0415 - compiled kernels only
+
+    return host_has("avx512f")
+
+
 def takes_tiled(qtype: GGMLType, n_rows: int) -> bool:
     """Whether llama.cpp's batches of this weight (from TILED_MIN_ROWS activation rows) take the tiled path."""
     if qtype.name == "Q2_K":
-        return n_rows % 8 != 0
+        return not takes_q2_k_x8(qtype, n_rows)
     return qtype.name in TILED_IQ

@@ -50,6 +50,16 @@ def target_features(context) -> str:
     return feats or ""  # unknown: the portable path
 
 
+def host_has(name: str) -> bool:
+    """Whether this machine's CPU has feature `name` ('avx512f', ...), as LLVM reads it; False when unknown."""
+    try:
+        from llvmlite import binding  # noqa: PLC0415
+
+        return bool(binding.get_host_cpu_features().get(name, False))
+    except Exception:  # noqa: BLE001 - an unreadable feature list means: not there
+        return False
+
+
 def has_feature(context, name: str) -> bool:
     return f"+{name}" in target_features(context).split(",")
 

@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import dispatch, iquant_dot, kquant_dot
+from engine.kernels import dispatch, iquant_dot, kquant_dot, paths
 from engine.kernels.iquant_tiled import KINDS, gemm_tiled
+from engine.kernels.q8k import quantize_q8_k
 from engine.quant import GGMLType
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kernels"
@@ -87,3 +88,25 @@ def test_tiled_writes_strided_output_and_refuses_bad_shapes(iq) -> None:
         gemm_tiled(KINDS["IQ4_XS"], w[:, :-1], xq, np.empty((9, len(w)), np.float32))
     with pytest.raises(ValueError, match="Q8_K rows"):
         gemm_tiled(KINDS["IQ4_XS"], w, xq[:, :-292], np.empty((9, len(w)), np.float32))
+
+
+def test_q2_k_rows_in_eights_are_llamacpp_q2_k_8x8(kq) -> None:
+    """Q2_K rows in eights on AVX-512: llama.cpp's repacked gemv (one row, and rows left over) and gemm (rows in
+    fours, one fma per 128 weights), through BlockProduct's own quantization; the plain paths differ."""
+    with np.load(FIXTURES / "q2k_repack.npz") as f:
+        golden = {k: f[k] for k in f.files}
+    w, x = golden["w"], golden["x"]
+    product = dispatch.BlockProduct(GGMLType.Q2_K, w, 768)
+    if not paths.takes_q2_k_x8(GGMLType.Q2_K, len(w)):
+        pytest.skip("no AVX-512 here: llama.cpp would not repack Q2_K either")
+    assert product.path == "q2_k_x8"
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 33):
+        theirs = golden[f"y_{m}"]
+        assert_bits_equal(product(x[:m]), theirs, f"Q2_K x8 {m} rows")
+        plain = kquant_dot.gemm_q2_k(w, quantize_q8_k(x[:m]), np.empty((m, len(w)), np.float32))
+        assert not np.array_equal(bits(plain), bits(theirs))
+    out = np.zeros((1, len(w)), np.float32)
+    run = product.bind(np.ascontiguousarray(quantize_q8_k(x[2:3])), out)
+    with dispatch.KERNEL_LOCK:
+        run()
+    assert_bits_equal(out, golden["y_3"][2:3], "bound gemv")
