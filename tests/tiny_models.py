@@ -68,9 +68,7 @@ def make_tiny_llama(
     head_dim = dim // n_heads
     md: dict[str, Any] = {
         "general.architecture": "llama",
-        # "instruct": the app takes a file without a chat template, and without instruct/-it/chat in its name, for a
-        # base model (plain-text prompts, app.records.model_kind); the app's tests drive the chat-template path
-        "general.name": "tiny-llama-instruct",
+        "general.name": "tiny-llama",
         "llama.block_count": n_layers,
         "llama.context_length": n_ctx,
         "llama.embedding_length": dim,

@@ -91,6 +91,9 @@ def open_window(qtbot: Any, model: Path | None, data_dir: Path, **settings: Any)
         qtbot.waitUntil(lambda: w.state.model is not None, timeout=LOAD_MS)
         base = {"temperature": 0.0, "seed": 1, "max_tokens": 24, "context_limit": 4096}
         w.state.settings = dataclasses.replace(w.state.settings, **{**base, **settings})
+        # the tiny model has no chat template and no "instruct" in its name, so the app takes it for a base model
+        # (plain-text prompts); these cases drive the chat-template path
+        w.conversation.base_model = False
     return w
 
 

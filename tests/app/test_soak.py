@@ -120,6 +120,7 @@ def test_soak_both_policies_memory_flat_no_thread_leak(qtbot: Any, tmp_path: Pat
     qtbot.waitUntil(lambda: w.state.model is not None, timeout=REPLY_MS)
     w.state.settings = dataclasses.replace(w.state.settings, temperature=0.8, seed=-1, max_tokens=16,
                                            context_limit=256)
+    w.conversation.base_model = False  # no template in the tiny model (a base model to the app): the template path
     tally, peaks = Tally(), []
     drive(qtbot, w, "drop_oldest", WARM_UP, Tally(), [])  # warm-up: every code path once, then an empty chat
     drive(qtbot, w, "refuse", WARM_UP, Tally(), [])
