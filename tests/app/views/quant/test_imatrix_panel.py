@@ -7,7 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.jobs.quant import apply_job, imatrix_clear_job, imatrix_compute_job, imatrix_load_job
+from app.jobs.quant import (
+    apply_job,
+    imatrix_clear_job,
+    imatrix_compute_job,
+    imatrix_load_job,
+)
 from app.jobs.session import Session
 from app.records.imatrix import ImatrixRecord
 from app.views.quant.lens import QuantLens
