@@ -69,11 +69,12 @@ def _file_types(record: ModelRecord) -> dict[str, tuple[tuple[int, ...], GGMLTyp
     return out
 
 
-def preview_plan(record: ModelRecord, spec: OverrideSpec) -> Plan:
-    """The plan the worker would apply, computed from the record; SettingError for a bad preset or rule."""
+def preview_plan(record: ModelRecord, spec: OverrideSpec, has_imatrix: bool = False) -> Plan:
+    """The plan the worker would apply (with an imatrix in use or not), computed from the record; SettingError for a
+    bad preset or rule."""
     preset, rules = spec.parsed()
     tensors = _file_types(record)
-    choices = choose_types(tensors, model_shape(record), preset, rules)
+    choices = choose_types(tensors, model_shape(record), preset, rules, has_imatrix)
     return Plan(preset, rules, {
         n: TensorPlan(n, tuple(tensors[n][0]), c.old, c.new, c.reason, c.fallback) for n, c in choices.items()
     })

@@ -186,6 +186,9 @@ class QuantLens(QWidget):
         """An ImatrixRecord is in use (None: none): the panel says so, the detail draws its heat strip."""
         self.importance = dict(record.importance) if record is not None else {}
         self.imatrix_panel.set_record(record)
+        self.overrides.has_imatrix = record is not None  # the preview plans as Apply will (a few presets differ)
+        if self.overrides.record is not None:
+            self.overrides._changed()
         if self.tensor is not None:
             self.detail.set_importance(self.tensor.name, self.importance.get(self.tensor.name))
 

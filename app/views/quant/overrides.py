@@ -315,7 +315,7 @@ class OverrideEditor(QGroupBox):
         self.plan = None
         if self.record is not None:
             try:
-                self.plan = preview_plan(self.record, spec)
+                self.plan = preview_plan(self.record, spec, getattr(self, "has_imatrix", False))
             except SettingError as exc:
                 self.summary.setStyleSheet(ERROR_STYLE)
                 self.summary.setText(html.escape(str(exc)))
