@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
@@ -122,6 +123,8 @@ class SweepChart(QWidget):
         self.progress.setRange(0, 1000)
         self.status = QLabel("")
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
+        self.status.setWordWrap(True)  # a mix's summary is long: wrap it rather than widen the chart
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.plot = pg.PlotWidget(background="w", title="Presets and searched mixes: size vs KLD to the file")
         self.plot.setLabel("bottom", "size of the tensors", units="MiB")
         self.plot.setLabel("left", "mean KLD")

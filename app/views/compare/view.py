@@ -240,7 +240,8 @@ class CompareView(QWidget):
 
     def mix_finished(self, point: SweepPoint | None, message: str = "") -> None:
         self.sweep.set_running(False)
-        if point is not None:
+        if point is not None:  # a search at the same size again replaces its point
+            self.sweep.points = [p for p in self.sweep.points if not (p.kind == "mix" and p.name == point.name)]
             self.sweep.add_point(point)
             self.sweep.mix.choose(point)
             self.sweep.status.setText(f"{point.name}: KLD {point.kld_mean:.5f} on the evaluation text · {point.detail}")

@@ -108,6 +108,7 @@ def test_mix_controls_progress_and_result(qtbot) -> None:
     view.mix_finished(None, "Mix search cancelled; the tensors measured so far are cached")
     assert view.sweep.mix.find.isEnabled() and "cached" in view.sweep.status.text()
     view.mix_finished(_points()[2])
+    view.mix_finished(_points()[2])  # the same size searched again: one point
     assert len(view.sweep.points) == 1 and "3 Q4_0" in view.sweep.status.text()
     view.failed("mix", "needs 9 GiB, 2 GiB available")
     assert "Mix search stopped: needs 9 GiB" in view.sweep.status.text()
