@@ -74,13 +74,32 @@ def solve_choices(options: Sequence[Sequence[tuple[int, float]]], budget: int,
             pick[better] = j
         best, picks[i] = new, pick
     c = int(np.argmin(best))
-    total = float(best[c])
     chosen = [0] * len(options)
     for i in range(len(options) - 1, -1, -1):
         j = int(picks[i, c])
         chosen[i] = j
         c -= math.ceil((options[i][j][0] - base[i]) / unit)
-    return chosen, total
+    _fill(options, chosen, budget)
+    return chosen, float(sum(options[i][j][1] for i, j in enumerate(chosen)))
+
+
+def _fill(options: Sequence[Sequence[tuple[int, float]]], chosen: list[int], budget: int) -> None:
+    """Spend what the grid's rounding left: the best cost saved per byte that still fits, until none does."""
+    left = budget - sum(options[i][j][0] for i, j in enumerate(chosen))
+    while True:
+        best: tuple[float, int, int] | None = None
+        for i, opts in enumerate(options):
+            b0, c0 = opts[chosen[i]]
+            for j, (b, c) in enumerate(opts):
+                if c < c0 and b - b0 <= left:
+                    gain = (c0 - c) / max(b - b0, 1)  # a cheaper and better option first
+                    if best is None or gain > best[0]:
+                        best = (gain, i, j)
+        if best is None:
+            return
+        _, i, j = best
+        left -= options[i][j][0] - options[i][chosen[i]][0]
+        chosen[i] = j
 
 
 @dataclass(frozen=True)
@@ -162,7 +181,8 @@ def solve(sens: Sensitivities, budget_bpw: float, exponent: float = 1.0, resolut
     if not (budget_bpw > 0 and math.isfinite(budget_bpw)):
         raise SettingError(f"--budget-bpw {budget_bpw}: must be a positive number")
     names = list(sens.tensors)
-    budget = math.floor(budget_bpw * sens.n_elements / 8) - sens.fixed_bytes
+    exact = budget_bpw * sens.n_elements / 8
+    budget = math.floor(exact * (1 + 1e-12)) - sens.fixed_bytes  # a size given as bpw of a real file: its bytes
     options = []
     for n in names:
         s = sens.tensors[n]

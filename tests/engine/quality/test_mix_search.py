@@ -55,6 +55,9 @@ def test_knapsack_finds_the_brute_force_optimum() -> None:
         assert sum(options[i][j][1] for i, j in enumerate(chosen)) == pytest.approx(cost)
     with pytest.raises(SettingError, match="below the smallest mix"):
         solve_choices([[(10, 0.0)], [(10, 0.0)]], 15)
+    # a coarse grid rounds every upgrade up; the exact fill afterwards still finds the mix that fits exactly
+    chosen, cost = solve_choices([[(100, 1.0), (137, 0.0)]] * 50, 50 * 137, resolution=10)
+    assert cost == 0.0 and chosen == [1] * 50
 
 
 def _synthetic(n_tensors: int = 12, seed: int = 0) -> Sensitivities:
