@@ -153,7 +153,7 @@ def test_plain_prompt_has_no_template() -> None:
     tok = SimpleNamespace(encode=lambda text, add_special, parse_special: calls.append((text, parse_special)) or [1] * 5)
     chat = SimpleNamespace(render=lambda *a, **k: pytest.fail("a plain prompt must not use the chat template"))
     req = GenerationRequest(messages=tuple((m["role"], m["content"]) for m in msgs), plain=True)
-    ids, dropped, warning = fit_context(SimpleNamespace(tokenizer=tok, chat=chat), req, 100)
+    ids, _dropped, _warning = fit_context(SimpleNamespace(tokenizer=tok, chat=chat), req, 100)
     assert len(ids) == 5 and calls == [("S\n\nOnce upon\nNext", False)]
 
 

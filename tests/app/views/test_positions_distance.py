@@ -31,7 +31,7 @@ def test_every_base_at_distance_d(qtbot) -> None:
     assert [v.distance for v in views] == [40, 40]
     np.testing.assert_allclose(views[0].angles, 40 * rope_freqs(16, 10000.0))
     np.testing.assert_allclose(views[1].contributions, np.cos(40 * rope_freqs(16, 1e6)))
-    x, y = lens.distance.contrib_curves[1].getData()
+    _x, y = lens.distance.contrib_curves[1].getData()
     np.testing.assert_allclose(y, np.cos(40 * rope_freqs(16, 1e6)))
     table = lens.distance.table.text()
     assert "base 10,000 · 5 layers (local, sliding window 8)" in table and "base 1,000,000 · 1 layer (global)" in table
