@@ -52,7 +52,8 @@ class LogitPairView(QWidget):
         flow = FlowLayout(bar)
         for w in (self.run, self.width_spin, self.metric):
             flow.addWidget(w)
-        self.a, self.b = LogitLensPanel(vertical=True), LogitLensPanel(vertical=True)
+        # Compare gives this view a wide, short strip: each side puts its table beside its heatmap
+        self.a, self.b = LogitLensPanel(vertical=False), LogitLensPanel(vertical=False)
         sides = QHBoxLayout()
         sides.addWidget(self.a)
         sides.addWidget(self.b)
@@ -121,5 +122,8 @@ class LogitPairView(QWidget):
             "the same top token at every layer"
         final = (f"both end on “{token_label(pair.a.text(ta), 14)}”" if ta == tb else
                  f"A ends on “{token_label(pair.a.text(ta), 14)}”, B on “{token_label(pair.b.text(tb), 14)}”")
+        def when(layer: int) -> str:
+            return f"from layer {layer}" if layer >= 0 else "never"
+
         self.summary.setText(f"Position {int(la.positions[c])}: {final}; {first}; the produced token is on top "
-                             f"from layer {da} in A and {db} in B (−1 = never).")
+                             f"{when(da)} in A, {when(db)} in B.")
