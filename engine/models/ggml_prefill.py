@@ -68,7 +68,8 @@ if HAVE_NUMBA:
                 e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
             lanes = np.zeros((LANES, d), np.float32)
             for j in range(min(n_keys, n_eff)):
-                axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], e[j], lanes, (j % LANES) * d * 4, d)
+                if mask[i, j]:  # a masked key's weight is 0: its fmas would add only zeros (at most a zero's sign)
+                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], e[j], lanes, (j % LANES) * d * 4, d)
             reduce16_columns(lanes, out[h, i])  # _mm512_reduce_add_ps of each output's 16 lanes
 
 
