@@ -36,6 +36,7 @@ from .iquant_simd import (
     dot_iq4_nl,
     dot_iq4_nl_x8,
     dot_iq4_xs,
+    tile_iq4_nl_x8,
     tile_iq4_xs,
 )
 from .iquant_tiles import gemm_decoded
@@ -248,10 +249,14 @@ def gemv_iq4_nl_x8(blocks, xq, out):
 
 @njit(**_KERNEL)
 def gemm_iq4_nl_x8(blocks, xq, out):
-    """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row)."""
+    """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
+    up to 16 activation rows (iquant_simd)."""
     nb = _check(blocks, xq, out, 18, 34)
-    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
-    for r in prange(blocks.shape[0]):
-        for a in range(xq.shape[0]):
-            out[a, r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + 15) // 16):
+        for a0 in range(0, m, 16):
+            for r in range(task * 16, min(n, (task + 1) * 16)):
+                tile_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(16, m - a0), out,
+                               u64(a0) * os + u64(4 * r), os)
     return out

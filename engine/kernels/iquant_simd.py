@@ -336,3 +336,49 @@ def tile_iq4_xs(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
         return context.get_dummy_value()
 
     return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
+
+
+def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os):
+    """One IQ4_NL row against m <= 16 Q8_0 rows (px0 + a * xs) as the iq4_nl_8x8 kernels sum it, each block's
+    weights decoded once for the m rows; result a at po + a * os."""
+    ops = Ops(context, b)
+    acc = cgutils.alloca_once(b, F32, size=16)
+    with cgutils.for_range(b, m) as act:
+        b.store(ir.Constant(F32, 0.0), b.gep(acc, [act.index]))
+    with cgutils.for_range(b, nb) as loop:
+        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, 18))])
+        plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 2)])))
+        dw = half_to_float(context, b, load(b, pw, I16))
+        px_i = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
+        ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
+        with cgutils.for_range(b, m) as act:
+            px = b.gep(px_i, [b.mul(act.index, xs)])
+            x = load(b, px, V32, 2)
+            lanes = ops.madd(b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x)), ones)
+            sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [lanes])
+            p = b.gep(acc, [act.index])
+            d = b.fmul(dw, half_to_float(context, b, load(b, px, I16)))
+            b.store(b.fma(b.sitofp(sumi, F32), d, b.load(p)), p)
+    with cgutils.for_range(b, m) as act:
+        dst = b.bitcast(b.gep(po, [b.mul(act.index, os)]), F32.as_pointer())
+        b.store(b.load(b.gep(acc, [act.index])), dst, align=4)
+
+
+@intrinsic
+def tile_iq4_nl_x8(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
+    """The iq4_nl_8x8 values of the IQ4_NL row at byte wo of w with m <= 16 Q8_0 rows from byte xo of x, xs bytes
+    apart; result a at byte oo + a * os of out."""
+    ok = isinstance(out, types.Array) and out.dtype == types.float32
+    if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, m, oo, os))):
+        return None
+
+    def codegen(context, builder, signature, args):
+        w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
+        pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+        px = byte_ptr(context, builder, signature.args[3], x_, xo_)
+        po = byte_ptr(context, builder, signature.args[7], out_, oo_)
+        _tile_nl_x8(context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_), _i64(builder, m_), po,
+                    _i64(builder, os_))
+        return context.get_dummy_value()
+
+    return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
