@@ -54,6 +54,8 @@ class LogitPairView(QWidget):
             flow.addWidget(w)
         # Compare gives this view a wide, short strip: each side puts its table beside its heatmap
         self.a, self.b = LogitLensPanel(vertical=False), LogitLensPanel(vertical=False)
+        for panel in (self.a, self.b):  # the summary line says it for both: the heatmaps get the height
+            panel.title.setVisible(False)
         sides = QHBoxLayout()
         sides.addWidget(self.a)
         sides.addWidget(self.b)
@@ -125,5 +127,8 @@ class LogitPairView(QWidget):
         def when(layer: int) -> str:
             return f"from layer {layer}" if layer >= 0 else "never"
 
-        self.summary.setText(f"Position {int(la.positions[c])}: {final}; {first}; the produced token is on top "
-                             f"{when(da)} in A, {when(db)} in B.")
+        target = pair.a.text(int(la.targets[c]))
+        self.summary.setText(f"Position {int(la.positions[c])} → “{token_label(target, 14)}”: {final}; {first}; "
+                             f"the produced token is on top {when(da)} in A, {when(db)} in B.")
+        self.a.setToolTip(self.a.title.text())
+        self.b.setToolTip(self.b.title.text())
