@@ -115,7 +115,7 @@ class SweepChart(QWidget):
         super().__init__(parent)
         self.points: list[SweepPoint] = []
         self.file_bytes = 0
-        self.run = QPushButton("Run preset sweep")
+        self.run = QPushButton("Sweep presets")
         self.run.setToolTip("Requantize a copy of the model to each preset and measure KLD against the file on the "
                             "evaluation text (takes a while; runs in the background)")
         self.cancel = QPushButton("Cancel")
@@ -152,10 +152,12 @@ class SweepChart(QWidget):
         bar = QHBoxLayout()
         bar.addWidget(self.run)
         bar.addWidget(self.cancel)
+        bar.addWidget(self.mix.compare)
+        bar.addWidget(self.mix.apply)
         bar.addWidget(self.progress, 1)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
-        self.empty = QLabel("Run the preset sweep to see every preset's size against its KLD to the file, "
+        self.empty = QLabel("Sweep presets to see every preset's size against its KLD to the file, "
                             "or choose a size and Find the best mix.\nClick a point to compare it in full.")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.empty.setWordWrap(True)

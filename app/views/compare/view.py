@@ -244,7 +244,9 @@ class CompareView(QWidget):
             self.sweep.points = [p for p in self.sweep.points if not (p.kind == "mix" and p.name == point.name)]
             self.sweep.add_point(point)
             self.sweep.mix.choose(point)
-            self.sweep.status.setText(f"{point.name}: KLD {point.kld_mean:.5f} on the evaluation text · {point.detail}")
+            self.sweep.status.setText(f"{point.name}: KLD {point.kld_mean:.5f} on the evaluation text, "
+                                      f"{point.bpw:.3f} bpw (hover for the mix)")
+            self.sweep.status.setToolTip(point.detail)
         elif message:
             self.sweep.status.setText(message)
 

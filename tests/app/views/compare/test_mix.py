@@ -109,7 +109,7 @@ def test_mix_controls_progress_and_result(qtbot) -> None:
     assert view.sweep.mix.find.isEnabled() and "cached" in view.sweep.status.text()
     view.mix_finished(_points()[2])
     view.mix_finished(_points()[2])  # the same size searched again: one point
-    assert len(view.sweep.points) == 1 and "3 Q4_0" in view.sweep.status.text()
+    assert len(view.sweep.points) == 1 and "3 Q4_0" in view.sweep.status.toolTip()
     view.failed("mix", "needs 9 GiB, 2 GiB available")
     assert "Mix search stopped: needs 9 GiB" in view.sweep.status.text()
 
