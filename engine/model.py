@@ -183,8 +183,8 @@ def load_model(
             what = "preparing the CPU kernels (compiled once, then cached)" if numerics == "ggml" else "dequantizing weights"
             runner.warm(lambda frac: say(what, 0.1 + 0.9 * frac))
         say("ready", 1.0)
-        for w in warnings:
-            log.warning(w)
+        for w in warnings:  # the normal CPU case (auto, no CuPy) is not a warning: a front end shows it quietly
+            (log.info if chosen.quiet and w == chosen.note else log.warning)(w)
         return model
     except BaseException:
         gguf.close()
