@@ -320,24 +320,6 @@ dot_iq2_xxs, dot_iq2_xs, dot_iq2_s = _grid_row("iq2_xxs"), _grid_row("iq2_xs"), 
 dot_iq3_xxs, dot_iq3_s = _grid_row("iq3_xxs"), _grid_row("iq3_s")
 
 
-@intrinsic
-def tile_iq4_xs(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
-    ok = isinstance(out, types.Array) and out.dtype == types.float32
-    if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, m, oo, os))):
-        return None
-
-    def codegen(context, builder, signature, args):
-        w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
-        pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
-        px = byte_ptr(context, builder, signature.args[3], x_, xo_)
-        po = byte_ptr(context, builder, signature.args[7], out_, oo_)
-        kquant_dot._row_tile(IQ4_XS, context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_),
-                             _i64(builder, m_), po, _i64(builder, os_))
-        return context.get_dummy_value()
-
-    return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
-
-
 def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os):
     """One IQ4_NL row against m <= 16 Q8_0 rows (px0 + a * xs) as the iq4_nl_8x8 kernels sum it, each block's
     weights decoded once for the m rows; result a at po + a * os."""
@@ -364,21 +346,29 @@ def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os):
         b.store(b.load(b.gep(acc, [act.index])), dst, align=4)
 
 
-@intrinsic
-def tile_iq4_nl_x8(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
-    """The iq4_nl_8x8 values of the IQ4_NL row at byte wo of w with m <= 16 Q8_0 rows from byte xo of x, xs bytes
-    apart; result a at byte oo + a * os of out."""
-    ok = isinstance(out, types.Array) and out.dtype == types.float32
-    if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, m, oo, os))):
-        return None
+def _tile_intrinsic(name: str, tile):
+    """An intrinsic (w, wo, nb, x, xo, xs, m, out, oo, os): the row at byte wo of w with m <= 16 activation rows from
+    byte xo of x, xs bytes apart, each block decoded once; result a at byte oo + a * os of out (float32)."""
+    def typer(typingctx, w, wo, nb, x, xo, xs, m, out, oo, os):
+        ok = isinstance(out, types.Array) and out.dtype == types.float32
+        if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, m, oo, os))):
+            return None
 
-    def codegen(context, builder, signature, args):
-        w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
-        pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
-        px = byte_ptr(context, builder, signature.args[3], x_, xo_)
-        po = byte_ptr(context, builder, signature.args[7], out_, oo_)
-        _tile_nl_x8(context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_), _i64(builder, m_), po,
-                    _i64(builder, os_))
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            w_, wo_, nb_, x_, xo_, xs_, m_, out_, oo_, os_ = args
+            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+            px = byte_ptr(context, builder, signature.args[3], x_, xo_)
+            po = byte_ptr(context, builder, signature.args[7], out_, oo_)
+            tile(context, builder, pw, _i64(builder, nb_), px, _i64(builder, xs_), _i64(builder, m_), po,
+                 _i64(builder, os_))
+            return context.get_dummy_value()
 
-    return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
+        return types.void(w, wo, nb, x, xo, xs, m, out, oo, os), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+# IQ4_XS in vec_dot's order (kquant_dot's tile loop), IQ4_NL rows as the iq4_nl_8x8 kernels sum them
+tile_iq4_xs = _tile_intrinsic("tile_iq4_xs", lambda c, b, *a: kquant_dot._row_tile(IQ4_XS, c, b, *a))
+tile_iq4_nl_x8 = _tile_intrinsic("tile_iq4_nl_x8", _tile_nl_x8)
