@@ -79,11 +79,6 @@ def _split(b, w):
     return plus, minus
 
 
-def _splat16(b, v):
-    u = b.insert_element(ir.Constant(vec(I16, 16), None), v, ir.Constant(I32, 0))
-    return shuffle(b, u, [0] * 16)
-
-
 def decode_iq4_xs(ops: Ops, b, pw) -> Block:
     """block_iq4_xs: | d:2 | scales_h:2 | scales_l:4 | qs:128 |, a 6-bit scale (minus 32) per 32 weights."""
     sh = b.zext(load(b, pw, I16, 2), I32)
@@ -92,9 +87,8 @@ def decode_iq4_xs(ops: Ops, b, pw) -> Block:
         lo = b.zext(load(b, pw, I8, 4 + ib // 2), I32)
         ls = b.or_(b.and_(b.lshr(lo, ir.Constant(I32, 4 * (ib % 2))), ir.Constant(I32, 15)),
                    b.shl(b.and_(b.lshr(sh, ir.Constant(I32, 2 * ib)), ir.Constant(I32, 3)), ir.Constant(I32, 4)))
-        ls = b.trunc(b.sub(ls, ir.Constant(I32, 32)), I16)
-        plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 8 + 16 * ib)])))
-        chunks.append(Chunk(4 + 32 * ib, plus, _splat16(b, ls), minus))
+        ls = b.sub(ls, ir.Constant(I32, 32))
+        chunks.append(_chunk(b, ib, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 8 + 16 * ib)])), ls, ls))
     return Block(chunks, "")
 
 
@@ -261,8 +255,7 @@ def _row_nl(context, b, pw0, nb, px0, x8: bool):
             pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, 18))])
             px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
             sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_block_lanes_nl(ops, b, pw, px)])
-            d = b.fmul(half_to_float(context, b, load(b, pw, I16)), half_to_float(context, b, load(b, px, I16)))
-            b.store(b.fma(b.sitofp(sumi, F32), d, b.load(acc)), acc)
+            b.store(b.fma(b.sitofp(sumi, F32), _scale(context, b, pw, px), b.load(acc)), acc)
         return b.load(acc)
     acc1 = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None))
     acc2 = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None))

@@ -37,13 +37,22 @@ from .simd import I8, I16, I32, Ops, byte_ptr, call_intrinsic, load, vec
 # type name -> kind: 0..5 are iquant_tiles._decode's, 8 / 9 the IQ1 types, 10 Q2_K
 KINDS = {"IQ2_XXS": 0, "IQ2_XS": 1, "IQ2_S": 2, "IQ3_XXS": 3, "IQ3_S": 4, "IQ4_XS": 5, "IQ1_S": 8, "IQ1_M": 9,
          "Q2_K": 10}
-# kind -> (block bytes, the constant c of d0)
-_BLOCK = {0: (66, 0.125), 1: (74, 0.125), 2: (82, 0.125), 3: (98, 0.25), 4: (110, 1.0), 5: (136, 1.0),
-          8: (50, 0.125), 9: (56, 0.125), 10: (84, 1.0)}
+# by kind: block bytes (0: no such kind), and the constant c of d0
 _SIZE = np.array([66, 74, 82, 98, 110, 136, 0, 0, 50, 56, 84], np.int64)
 _C = np.array([0.125, 0.125, 0.125, 0.25, 1.0, 1.0, 0, 0, 0.125, 0.125, 1.0], np.float32)
 _H = {"cache": True, "forceinline": True, "error_model": "numpy"}
 _ROWS = 4  # weight rows per parallel task: their decoded int16 rows stay in cache while every activation passes
+
+
+def _int_sums(context, b, pws, px, n: int):
+    """i32 sums over k < n of int16 w[k] * int8 x[k] for each w pointer in pws (exact); each x vector is loaded
+    and widened once for all of them."""
+    ops = Ops(context, b)
+    accs = [ir.Constant(vec(I32, 8), None)] * len(pws)
+    for c in range(n // 16):
+        xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
+        accs = [b.add(acc, ops.madd(load(b, pw, vec(I16, 16), 32 * c), xv)) for acc, pw in zip(accs, pws)]
+    return [call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [acc]) for acc in accs]
 
 
 def _int_dot(n: int):
@@ -52,13 +61,7 @@ def _int_dot(n: int):
         def codegen(context, b, sig, args):
             pw = byte_ptr(context, b, sig.args[0], args[0], args[1])
             px = byte_ptr(context, b, sig.args[2], args[2], args[3])
-            ops = Ops(context, b)
-            acc = ir.Constant(vec(I32, 8), None)
-            for c in range(n // 16):
-                wv = load(b, pw, vec(I16, 16), 32 * c)
-                xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
-                acc = b.add(acc, ops.madd(wv, xv))
-            return call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [acc])
+            return _int_sums(context, b, [pw], px, n)[0]
         return types.int32(w, wo, x, xo), codegen
     typer.__name__ = f"dot{n}"
     return intrinsic(typer)
@@ -76,16 +79,9 @@ def _dot256x4(typingctx, w, wo, ws, x, xo, isum):
         ws_ = args[2]
         pws = [byte_ptr(context, b, sig.args[0], args[0], b.add(args[1], b.mul(ws_, ir.Constant(ws_.type, j))))
                for j in range(4)]
-        ops = Ops(context, b)
-        accs = [ir.Constant(vec(I32, 8), None)] * 4
-        for c in range(16):
-            xv = b.sext(load(b, px, vec(I8, 16), 16 * c), vec(I16, 16))
-            for j in range(4):
-                accs[j] = b.add(accs[j], ops.madd(load(b, pws[j], vec(I16, 16), 32 * c), xv))
         out = byte_ptr(context, b, sig.args[5], args[5], ir.Constant(ir.IntType(64), 0))
         out = b.bitcast(out, I32.as_pointer())
-        for j in range(4):
-            total = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [accs[j]])
+        for j, total in enumerate(_int_sums(context, b, pws, px, 256)):
             b.store(total, b.gep(out, [ir.Constant(I32, j)]))
         return context.get_dummy_value()
     return types.void(w, wo, ws, x, xo, isum), codegen
@@ -153,16 +149,22 @@ def _row(kind, w, nb, wq, s16, mins, w16, d0, dmin):
 
 
 @njit(**_H)
+def _min_sum(mins, i, s0, s1, x, y):
+    """Q2_K's min term of sub-blocks s0..s1-1 of block i: sum of min * the Q8_K block's bsum (at byte y of x)."""
+    imin = np.int32(0)
+    for s in range(s0, s1):
+        imin += np.int32(mins[16 * i + s] * _i16(x, y + 260 + 2 * s))
+    return imin
+
+
+@njit(**_H)
 def _tiled_dot(kind, w16, d0, mins, dmin, nb, x):
     acc = np.float32(0.0)
     for i in range(nb):
         y = Q8K * i
         res = np.float32(_dot256(w16, 512 * i, x, y + 4)) * d0[i]
         if kind == 10:
-            imin = np.int32(0)
-            for s in range(16):
-                imin += np.int32(mins[16 * i + s] * _i16(x, y + 260 + 2 * s))
-            res = fma32(-dmin[i], np.float32(imin), res)
+            res = fma32(-dmin[i], np.float32(_min_sum(mins, i, 0, 16, x, y)), res)
         acc = fma32(res, bits_f32(_u32(x, y)), acc)
     return acc
 
@@ -182,14 +184,12 @@ def gemm_tiled(kind, blocks, xq, out):
         r1 = min(n_rows, r0 + _ROWS)
         wq = np.empty(256 * nb, np.int8)
         s16 = np.empty(16 * nb, np.int32)
-        mins = np.zeros(16 * nb, np.int32)
         w16 = np.empty((r1 - r0, 256 * nb), np.int16)
         d0 = np.empty((r1 - r0, nb), np.float32)
         dmin = np.zeros((r1 - r0, nb), np.float32)
-        allmins = np.zeros((r1 - r0, 16 * nb), np.int32)
+        allmins = np.zeros((r1 - r0, 16 * nb), np.int32)  # Q2_K's only; zeros for the others
         for r in range(r0, r1):
-            _row(kind, blocks[r], nb, wq, s16, mins, w16[r - r0], d0[r - r0], dmin[r - r0])
-            allmins[r - r0] = mins
+            _row(kind, blocks[r], nb, wq, s16, allmins[r - r0], w16[r - r0], d0[r - r0], dmin[r - r0])
         if r1 - r0 < _ROWS or kind == 10:
             for a in range(m):
                 x = xq[a]
@@ -227,9 +227,7 @@ def _dot_q2_k_x8(w16, d0, mins, dmin, nb, x, halves):
         d8 = bits_f32(_u32(x, y))
         for h in range(2 if halves else 1):
             n16 = 8 if halves else 16
-            imin = np.int32(0)
-            for s in range(16 * i + n16 * h, 16 * i + n16 * (h + 1)):
-                imin += np.int32(mins[s] * _i16(x, y + 260 + 2 * (s - 16 * i)))
+            imin = _min_sum(mins, i, n16 * h, n16 * (h + 1), x, y)
             if halves:
                 isum = _dot128(w16, 512 * i + 256 * h, x, y + 4 + 128 * h)
             else:

@@ -18,6 +18,7 @@ Everything here takes and returns llvmlite values and runs inside an intrinsic's
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from llvmlite import ir
@@ -50,6 +51,7 @@ def target_features(context) -> str:
     return feats or ""  # unknown: the portable path
 
 
+@functools.cache
 def host_has(name: str) -> bool:
     """Whether this machine's CPU has feature `name` ('avx512f', ...), as LLVM reads it; False when unknown."""
     try:
