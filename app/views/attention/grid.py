@@ -1,4 +1,8 @@
-"""The layers x heads grid of pooled attention thumbnails (BertViz's model view), drawn as one mosaic image."""
+"""The layers x heads grid of pooled attention thumbnails (BertViz's model view), drawn as one mosaic image.
+
+When a role is chosen in Head roles, each thumbnail gets a frame coloured (and thickened) by that head's score,
+with a legend beside the grid (`set_role_scores`); no role: no frames.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +16,8 @@ from app.views.common.colours import colormap
 
 GAP = 2  # pixels between thumbnails of one KV group
 GROUP_GAP = 6  # between KV groups, so heads that share a KV head sit together
+FRAME_COLOURS = ((225, 225, 225), (240, 160, 0), (190, 0, 110))  # score 0, 0.5, 1: grey, orange, magenta
+FRAME_WIDTH = (0.8, 4.0)  # cosmetic pen width in screen pixels at score 0 and 1
 
 
 class GridView(pg.GraphicsLayoutWidget):
@@ -43,6 +49,7 @@ class GridView(pg.GraphicsLayoutWidget):
         self.group_box.setPen(pg.mkPen((230, 30, 30), width=1, style=Qt.PenStyle.DashLine, cosmetic=True))
         for item in (self.group_box, self.selection):
             item.setVisible(False)
+            item.setZValue(10)  # above the role frames
             self.plot.addItem(item)
         self.image.mouseClickEvent = self._click
         self.image.hoverEvent = self._hover
@@ -55,6 +62,12 @@ class GridView(pg.GraphicsLayoutWidget):
         self.selected: tuple[int, int] | None = None
         self._t = 1
         self._xs: np.ndarray = np.zeros(0, int)
+        self.role: str | None = None  # the Head roles score framing each thumbnail (None: no frames)
+        self.role_scores: np.ndarray | None = None  # (model layers, heads), NaN where not scored
+        self.frames: list[QGraphicsRectItem] = []
+        self.frame_map = pg.ColorMap(pos=[0.0, 0.5, 1.0], color=list(FRAME_COLOURS))
+        self.legend = pg.ColorBarItem(values=(0, 1), colorMap=self.frame_map, interactive=False, width=10)
+        self.legend.setVisible(False)  # in the layout only while frames are drawn (a hidden item keeps its room)
 
     # ---- geometry
 
@@ -110,7 +123,51 @@ class GridView(pg.GraphicsLayoutWidget):
         self.image.setImage(mosaic, autoLevels=False, levels=(0.0, top), lut=lut)
         self._axes(n_layers, n_heads, t)
         self.plot.getViewBox().setRange(QRectF(0, 0, width, height), padding=0.01)
+        self._draw_frames()
         self._draw_selection()
+
+    def set_role_scores(self, role: str | None, scores: np.ndarray | None = None) -> None:
+        """Frame every thumbnail by its head's `role` score in 0..1 (rows: model layers); None clears the frames."""
+        self.role = role if scores is not None else None
+        self.role_scores = None if self.role is None else np.asarray(scores, dtype=np.float32)
+        self._draw_frames()
+
+    def frame_score(self, layer: int, head: int) -> float | None:
+        """The score a thumbnail's frame shows (tests, hover), None without frames or for an unscored head."""
+        s = self.role_scores
+        if s is None or not (0 <= layer < s.shape[0] and 0 <= head < s.shape[1]) or not np.isfinite(s[layer, head]):
+            return None
+        return float(s[layer, head])
+
+    def _draw_frames(self) -> None:
+        for item in self.frames:
+            self.plot.removeItem(item)
+        self.frames = []
+        s, rec = self.role_scores, self.record
+        show = s is not None and rec is not None and rec.thumbs.size > 0 and len(self._xs) > 0
+        in_layout = self.legend.scene() is not None
+        if show and not in_layout:
+            self.addItem(self.legend, row=0, col=1)
+        elif not show and in_layout:
+            self.ci.removeItem(self.legend)
+        self.legend.setVisible(show)
+        if not show:
+            return
+        t = self._t
+        n_layers, n_heads = min(s.shape[0], rec.thumbs.shape[0]), min(s.shape[1], len(self._xs))
+        for li in range(n_layers):
+            for h in range(n_heads):
+                v = self.frame_score(li, h)
+                if v is None:
+                    continue
+                v = min(1.0, max(0.0, v))
+                frame = QGraphicsRectItem(QRectF(self._xs[h] - 0.5, li * (t + GAP) - 0.5, t + 1, t + 1))
+                width = FRAME_WIDTH[0] + (FRAME_WIDTH[1] - FRAME_WIDTH[0]) * v
+                frame.setPen(pg.mkPen(self.frame_map.map(v, mode="qcolor"), width=width, cosmetic=True))
+                frame.setZValue(5 + v)  # the strongest on top; the selection (added first) is raised above all
+                self.plot.addItem(frame)
+                self.frames.append(frame)
+        self.legend.axis.setLabel(f"{self.role} score")
 
     def _axes(self, n_layers: int, n_heads: int, t: int) -> None:
         g = self._group()
@@ -179,6 +236,9 @@ class GridView(pg.GraphicsLayoutWidget):
         if self.model is not None and layer < len(self.model.layers) and self.model.layers[layer].window:
             parts.append(f"sliding window {self.model.layers[layer].window}")
         parts.append(f"sink {rec.sink[layer, head]:.2f} · previous token {rec.prev[layer, head]:.2f} · self {rec.self_[layer, head]:.2f}")
+        framed = self.frame_score(layer, head)
+        if framed is not None:
+            parts.append(f"frame: {self.role} {framed:.2f}")
         return " · ".join(parts)
 
     def _hover(self, ev) -> None:

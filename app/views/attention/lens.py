@@ -113,6 +113,7 @@ class AttentionLens(QWidget):
         self.roles.roles_requested.connect(self.roles_requested)
         self.roles.head_opened.connect(self.open_head)
         self.roles.hidden_keys_changed.connect(self._hidden_keys)
+        self.roles.grid_scores_changed.connect(self.grid.set_role_scores)  # the chosen score frames the thumbnails
         self.logit.hovered.connect(self.status.setText)
         self.logit.logit_requested.connect(self.logit_requested)
         self.views.currentChanged.connect(lambda _i: self._views_changed())

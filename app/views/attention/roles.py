@@ -3,7 +3,8 @@
 Scores come from a HeadRolesRecord (engine.observe.head_roles): on the chat's attention, or on the induction
 probe (random tokens repeated twice, run apart from the chat). Clicking a head (a cell of the map or a table
 row) emits `head_opened(layer, head)`; the sinks found are listed with a tick box each, and the ticked keys are
-what "hide sinks" hides (`hidden_keys_changed`).
+what "hide sinks" hides (`hidden_keys_changed`). The chosen score also frames the overview's thumbnails
+(`grid_scores_changed(role, scores by model layer)`, or (None, None) when there is none to show or framing is off).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QComboBox,
     QHeaderView,
     QLabel,
@@ -55,6 +57,7 @@ class HeadRolesView(QWidget):
     roles_requested = Signal(str)  # 'chat' | 'probe'
     head_opened = Signal(int, int)  # (layer, head)
     hidden_keys_changed = Signal(object)  # tuple of key positions ticked in the sink list
+    grid_scores_changed = Signal(object, object)  # (role, (model layers x heads) scores) or (None, None)
     hovered = Signal(str)
 
     def __init__(self, parent: QWidget | None = None):
@@ -70,13 +73,16 @@ class HeadRolesView(QWidget):
         for role in ROLES:
             self.score_box.addItem(role, role)
         self.score_box.setCurrentIndex(ROLES.index("previous"))
+        self.frame_check = QCheckBox("frame the overview's thumbnails")
+        self.frame_check.setToolTip("Give every thumbnail of the Overview grid a frame coloured by this score")
+        self.frame_check.setChecked(True)
         self.about = NoHfwLabel("")
         self.about.setMinimumHeight(44)
         self.about.setWordWrap(True)
         self.about.setTextFormat(Qt.TextFormat.PlainText)
         bar = QWidget()
         flow = FlowLayout(bar)
-        for w in (self.chat_button, self.probe_button, QLabel("Colour by"), self.score_box):
+        for w in (self.chat_button, self.probe_button, QLabel("Colour by"), self.score_box, self.frame_check):
             flow.addWidget(w)
         self.map = pg.PlotWidget()
         self.map.setBackground("w")
@@ -136,6 +142,7 @@ class HeadRolesView(QWidget):
         self.chat_button.clicked.connect(lambda: self.roles_requested.emit("chat"))
         self.probe_button.clicked.connect(lambda: self.roles_requested.emit("probe"))
         self.score_box.currentIndexChanged.connect(lambda _i: self._role_changed())
+        self.frame_check.toggled.connect(lambda _on: self._emit_grid_scores())
         self.clear()
 
     # ---- public API
@@ -158,6 +165,24 @@ class HeadRolesView(QWidget):
         self.empty.setPos(0.5, 0.5)
         self.map.setRange(QRectF(0, 0, 1, 1), padding=0)
         self.about.setText("Every head scored by the pattern it follows. " + ROLE_TEXT[self.role()] + ".")
+        self._emit_grid_scores()
+
+    def grid_scores(self) -> tuple[str | None, np.ndarray | None]:
+        """(role, scores with one row per model layer, NaN where unscored) the grid is framed by, or (None, None)."""
+        rec = self.record
+        if rec is None or not self.frame_check.isChecked():
+            return None, None
+        s = rec.roles.scores[self.role()]
+        layers = [int(v) for v in rec.roles.layers]
+        n_layers = max([*layers, -1]) + 1
+        if self.model is not None:
+            n_layers = max(n_layers, self.model.n_layers)
+        full = np.full((n_layers, s.shape[1]), np.nan, np.float32)
+        full[layers] = s
+        return self.role(), full
+
+    def _emit_grid_scores(self) -> None:
+        self.grid_scores_changed.emit(*self.grid_scores())
 
     def _asked(self, source: str) -> None:
         self.asked = source
@@ -178,6 +203,7 @@ class HeadRolesView(QWidget):
         self._fill_table(rec)
         self._fill_sinks(rec)
         self._draw_map()
+        self._emit_grid_scores()
 
     def hidden_keys(self) -> tuple[int, ...]:
         """Keys ticked in the sink list (key 0 when no scores are known yet)."""
@@ -237,6 +263,7 @@ class HeadRolesView(QWidget):
         if self.record is not None:
             self.table.sortItems(2 + ROLES.index(self.role()), Qt.SortOrder.DescendingOrder)
         self._draw_map()
+        self._emit_grid_scores()
 
     def _draw_map(self) -> None:
         role = self.role()
