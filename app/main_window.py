@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
 from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
 from app.controllers.quant import QuantBridge
+from app.data.signature import reply_signature
 from app.data.store import Settings, Store, export_chat
 from app.jobs.load import Loaded
 from app.state import AppState
@@ -174,10 +175,8 @@ class MainWindow(QMainWindow):
         self.engine.load_cancelled.connect(lambda msg: self.status.showMessage(f"Model not loaded: {msg}", 8000))
         self.status.cancel_load.connect(self.engine.cancel_load)
         self.saver.failed.connect(lambda msg: view.show_banner("error", msg))
-        self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too
-            lambda spec: setattr(self.conversation, "model_name",
-                                 self.model_label if spec.empty else
-                                 f"{self.model_label}, requantized: {' + '.join(p for p in (spec.preset, *spec.rules) if p)}"))
+        self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too ('Q4_1 + 3 overrides')
+            lambda spec: setattr(self.conversation, "model_name", reply_signature(self.model_label, spec)))
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
         st.model_changed.connect(

@@ -231,7 +231,9 @@ def test_replies_after_apply_name_the_overrides(qtbot, data_dir: Path) -> None:
     qtbot.addWidget(w)
     w._loaded(_loaded(ModelKind(False, "the file has a chat template", "Q4_1")))
     w.quant_bridge.applied.emit(OverrideSpec(None, ("attn_v=Q8_0",)))
-    assert w.conversation.model_name == "Gemma 3 270m · Q4_1, requantized: attn_v=Q8_0"
+    assert w.conversation.model_name == "Gemma 3 270m · Q4_1 + 1 override (attn_v=Q8_0)"
+    w.quant_bridge.applied.emit(OverrideSpec("Q2_K", ("attn_v=Q8_0", "ffn_down=Q6_K", "output=Q8_0")))
+    assert w.conversation.model_name == "Gemma 3 270m · Q4_1 → Q2_K preset + 3 overrides (attn_v=Q8_0, ffn_down=Q6_K, …)"
     w.quant_bridge.applied.emit(OverrideSpec())
     assert w.conversation.model_name == "Gemma 3 270m · Q4_1"
     w.close()
