@@ -42,6 +42,12 @@ def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> Non
 
 
 def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
+    """The integer batch kernel of the legacy quants: legacy_gemm_vnni's where the CPU has AVX512-VNNI (the
+    same bits in fewer instructions), legacy_gemm's elsewhere."""
+    if q8_0_x16() is not None:  # numba's target has AVX512-VNNI
+        from engine.kernels.legacy_gemm_vnni import gemm_int_vnni  # noqa: PLC0415 - compiled kernels only
+
+        return gemm_int_vnni
     from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
 
     return gemm_int

@@ -43,10 +43,11 @@ __all__ = ["attention", "kq", "kqv", "kv_length", "lanes16_dot"]
 
 def kv_length(n_used: int, kv_size: int | None = None) -> int:
     """llama.cpp's n_kv for a cache whose first n_used cells are filled: max(256, n_used rounded up to 256),
-    at most the cache size. Padding with masked zero keys never changes a bit of the result, but
-    where the key rows end decides ggml's chunks, so the products here run on n_kv keys."""
+    at most the cache size, which llama_context rounds up to a multiple of 256 too (a context of 129 holds
+    256 cells). Padding with masked zero keys never changes a bit of the result, but where the key rows end
+    decides ggml's chunks, so the products here run on n_kv keys."""
     n = max(KV_PAD, -(-n_used // KV_PAD) * KV_PAD)
-    return n if kv_size is None else min(n, kv_size)
+    return n if kv_size is None else min(n, -(-kv_size // KV_PAD) * KV_PAD)
 
 
 # ---- tinyBLAS order

@@ -14,25 +14,44 @@ from tests.engine.kernels.test_legacy_kernels import QUANTS, _describe, _golden,
 pytestmark = pytest.mark.skipif(not HAVE_NUMBA or not compiled(), reason="the integer kernels need numba")
 
 
-def _gemm_int(name: str, w: np.ndarray, xq: np.ndarray) -> np.ndarray:
-    from engine.kernels.legacy_gemm import gemm_int
+KERNELS = ("gemm_int", "gemm_int_vnni")  # legacy_gemm's (sign trick), legacy_gemm_vnni's (unsigned codes)
 
+
+def kernel(which: str):
+    """The batch kernel by name; skips where the VNNI one cannot run."""
+    if which == "gemm_int":
+        from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415
+
+        return gemm_int
+    from engine.kernels import paths  # noqa: PLC0415
+
+    if paths.q8_0_x16() is None:
+        pytest.skip("numba's target has no AVX512-VNNI")
+    from engine.kernels.legacy_gemm_vnni import gemm_int_vnni  # noqa: PLC0415
+
+    return gemm_int_vnni
+
+
+def _gemm_int(name: str, w: np.ndarray, xq: np.ndarray, which: str = "gemm_int") -> np.ndarray:
     out = np.full((len(xq), w.shape[0]), np.nan, np.float32)
-    gemm_int(int(GGMLType[name]), np.ascontiguousarray(w), np.ascontiguousarray(xq), out)
+    kernel(which)(int(GGMLType[name]), np.ascontiguousarray(w), np.ascontiguousarray(xq), out)
     return out
 
 
+@pytest.mark.parametrize("which", KERNELS)
 @pytest.mark.parametrize("name", QUANTS)
-def test_integer_batches_equal_llamacpp(name: str) -> None:
+def test_integer_batches_equal_llamacpp(name: str, which: str) -> None:
     """llama.cpp's dot products on quantized, random-byte and edge blocks against normal and edge activations."""
     for case, c in _golden(name).items():
-        got = _gemm_int(name, c["w"], c["xq"])
+        got = _gemm_int(name, c["w"], c["xq"], which)
         assert _same(got, c["dot"]), f"{name} {case}: {_describe(got, c['dot'])}"
 
 
+@pytest.mark.parametrize("which", KERNELS)
 @pytest.mark.parametrize("name", QUANTS)
-def test_integer_batches_equal_the_plane_kernels_across_tiles(name: str) -> None:
-    """33 activations (two full tiles of 16 and one more) against 70 rows (a task boundary) equal gemm_<type>."""
+def test_integer_batches_equal_the_plane_kernels_across_tiles(name: str, which: str) -> None:
+    """33 activations (two full tiles of 16 and one more) against 70 rows (a task boundary) equal gemm_<type>;
+    the VNNI kernel's tile pairs end in a padded one here."""
     qtype = GGMLType[name]
     rng = np.random.default_rng(7)
     w = quantize(rng.standard_normal((70, 320)).astype(np.float32), qtype)
@@ -40,7 +59,7 @@ def test_integer_batches_equal_the_plane_kernels_across_tiles(name: str) -> None
     xq = quantize_activation(qtype, x)
     ref = np.empty((33, 70), np.float32)
     legacy.GEMM[qtype](legacy.REPACK[qtype](w), xq, ref)
-    got = _gemm_int(name, w, xq)
+    got = _gemm_int(name, w, xq, which)
     assert _same(got, ref), _describe(got, ref)
 
 

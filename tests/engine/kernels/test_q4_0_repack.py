@@ -31,11 +31,14 @@ def _cases(golden, *, repacked: bool):
                 yield wcase, int(m), w, golden[key]
 
 
-def test_kernels_equal_llamacpp_bit_for_bit(golden):
+@pytest.mark.parametrize("which", ["gemm_int", "gemm_int_vnni"])
+def test_kernels_equal_llamacpp_bit_for_bit(golden, which):
     from engine.kernels.legacy import kind_gemv  # noqa: PLC0415
     from engine.kernels.legacy_dot import Q4_0_X8  # noqa: PLC0415
-    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415
     from engine.kernels.legacy_repack import repack  # noqa: PLC0415
+    from tests.engine.kernels.test_legacy_gemm import kernel  # noqa: PLC0415
+
+    gemm_int = kernel(which)
 
     x = golden["x"]
     n = 0

@@ -329,7 +329,9 @@ def test_kv_length() -> None:
     assert ggml_attention.kv_length(1) == 256
     assert ggml_attention.kv_length(256) == 256
     assert ggml_attention.kv_length(257) == 512
-    assert ggml_attention.kv_length(300, kv_size=384) == 384
+    assert ggml_attention.kv_length(300, kv_size=384) == 512  # llama_context pads n_ctx to 256: 384 -> 512 cells
+    assert ggml_attention.kv_length(128, kv_size=129) == 256
+    assert ggml_attention.kv_length(1, kv_size=4096) == 256
 
 
 # ---- elementary functions
