@@ -10,14 +10,14 @@ waits until that view has computed its answer, and saves the whole window as DIR
 | q1 | Attention > Head roles on the induction probe, coloured by "previous" | Run induction probe |
 | q2 | Attention > Head roles on the chat, coloured by "sink", with the sinks listed | Score this chat |
 | q3 | the Positions lens (RoPE at a distance d, every base side by side) | the tab as it is |
-| q4 | Compare: per-layer divergence of A and the Q2_K preset (B) | overrides Q2_K, then the view's prepare_screenshot / screenshot_ready |
-| q5 | Compare: the preset sweep (KLD against MB) | the same run, after the sweep |
+| q4 | Compare: per-layer divergence of A and the Q2_K preset (B) | B = preset Q2_K on TOUR_TOKENS tokens, Compare |
+| q5 | Compare: the preset sweep (KLD against MB) | a sweep of TOUR_PRESETS on TOUR_TOKENS tokens (all 14 take minutes) |
 | q6 | Quantization: a tensor whose type is a fallback, with the reason | the first tensor whose reason says so |
 | q7 | Attention > Logit lens at the last position | Decode layers |
 | q7c | Compare > Logit lens: A and B side by side (after q4's comparison) | Logit lens of A and B |
 
 Any tab may offer `tour_prepare(question)` and `tour_ready(question) -> bool` to set itself up for a question;
-that is the only hook (Compare's prepare_screenshot / screenshot_ready are used when it has none).
+that is the only hook (the functions in PREPARE and READY serve the tabs that have none).
 """
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": 
          "q5": "compare_presets", "q6": "quant_fallback", "q7": "logit_lens", "q7c": "compare_logit_lens"}
 TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
        "q6": "Quantization", "q7": "Attention", "q7c": "Compare"}
-STEP_TIMEOUT_S = {"q4": 1200.0, "q5": 1200.0, "q7c": 600.0}  # the comparison and the preset sweep run models; the rest is quick
+STEP_TIMEOUT_S = {"q4": 600.0, "q5": 900.0, "q7c": 600.0}  # the comparison and the preset sweep run models; the rest is quick
 COMPARE_PRESET = "Q2_K"  # q4 asks which layers Q2_K hurts most
+TOUR_PRESETS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")  # q5 asks about Q4_K_M against Q8_0
+TOUR_TOKENS = 160  # of the evaluation text, for the tour's comparison and sweep (the app's default is 512)
+PROGRESS_S = 30.0  # a long step logs its progress this often
 SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
 log = logging.getLogger(__name__)
 
@@ -177,18 +180,41 @@ def _roles_ready(source: str) -> Callable[[Tour, Any], bool]:
 
 
 def _compare_prepare(tour: Tour, view: Any) -> None:
-    """B = the Q2_K preset (set as the Quantization lens's overrides, as --screenshot --override does), then run."""
-    editor = getattr(getattr(tour.w, "quant_bridge", None), "editor", None)
-    if editor is not None and hasattr(editor, "set_spec"):
-        from app.data.overrides import OverrideSpec
-
-        editor.set_spec(OverrideSpec(COMPARE_PRESET, ()))
-    if getattr(view, "record", None) is None and hasattr(view, "prepare_screenshot"):
-        view.prepare_screenshot()
+    """B = the Q2_K preset, chosen in Compare's own menu, on the first TOUR_TOKENS tokens; then Compare."""
+    view.show_page("summary")
+    if getattr(view, "record", None) is not None:
+        return
+    view.b_preset.setCurrentText(COMPARE_PRESET)
+    view.source.setCurrentIndex(view.source.findData("preset"))
+    view.max_tokens.setValue(TOUR_TOKENS)
+    view.compare_requested.emit(view.options())
 
 
 def _compare_ready(tour: Tour, view: Any) -> bool:
-    return bool(view.screenshot_ready()) if hasattr(view, "screenshot_ready") else True
+    """The comparison and its head pair have arrived (or the comparison failed)."""
+    return (view.record is not None and view.heads.pair is not None) or "stopped" in view.status.text()
+
+
+def _sweep_prepare(tour: Tour, view: Any) -> None:
+    """Sweep TOUR_PRESETS on TOUR_TOKENS tokens (the Sweep button measures all 14 on 512: many minutes)."""
+    from app.data.overrides import eval_text
+
+    bridge = getattr(tour.w, "quant_bridge", None)
+    if bridge is None:
+        return
+    view.show_page("sweep")
+    bridge.run_sweep(eval_text(), TOUR_PRESETS, TOUR_TOKENS)
+
+
+def _sweep_ready(tour: Tour, view: Any) -> bool:
+    sweep = view.sweep
+    if sweep.run.isEnabled():
+        return True
+    now = time.monotonic()
+    if now - getattr(tour, "logged_at", 0.0) > PROGRESS_S:
+        tour.logged_at = now  # type: ignore[attr-defined]
+        log.info("tour: q5 %s, %d points", sweep.progress.text(), len(sweep.points))
+    return False
 
 
 def _quant_prepare(tour: Tour, lens: Any) -> None:
@@ -222,15 +248,8 @@ def _pair_prepare(tour: Tour, view: Any) -> None:
     pair = getattr(view, "logit_pair", None)
     if pair is None:
         return
-    if hasattr(view, "middle"):
-        view.middle.setCurrentWidget(pair)
-    if getattr(view, "record", None) is None and hasattr(view, "compare_requested"):
-        editor = getattr(getattr(tour.w, "quant_bridge", None), "editor", None)
-        if editor is not None and hasattr(editor, "set_spec"):
-            from app.data.overrides import OverrideSpec
-
-            editor.set_spec(OverrideSpec(COMPARE_PRESET, ()))
-        view.compare_requested.emit(view.options())  # q7c alone: run the comparison first (not the sweep)
+    _compare_prepare(tour, view)  # q7c alone: run the comparison first (not the sweep)
+    view.show_page("logit")
     tour.pair_asked = False  # type: ignore[attr-defined]
 
 
@@ -248,10 +267,10 @@ def _pair_ready(tour: Tour, view: Any) -> bool:
 
 PREPARE: dict[str, Callable[[Tour, Any], None]] = {
     "q1": _roles("probe", "induction"), "q2": _roles("chat", "sink"), "q4": _compare_prepare,
-    "q6": _quant_prepare, "q7": _logit_prepare, "q7c": _pair_prepare,
+    "q5": _sweep_prepare, "q6": _quant_prepare, "q7": _logit_prepare, "q7c": _pair_prepare,
 }
 READY: dict[str, Callable[[Tour, Any], bool]] = {
-    "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q4": _compare_ready, "q5": _compare_ready,
+    "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q4": _compare_ready, "q5": _sweep_ready,
     "q6": _quant_ready, "q7": _logit_ready, "q7c": _pair_ready,
 }
 

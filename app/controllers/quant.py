@@ -7,13 +7,14 @@ workspace, so a comparison need not wait minutes for a sweep to end.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
 from app.controllers.lenses import LensBridge
 from app.data.overrides import OverrideSpec, with_types
-from app.jobs.compare import CompareWorkspace, compare_job, head_job, release_job, sweep_job
+from app.jobs.compare import SWEEP_PRESETS, CompareWorkspace, compare_job, head_job, release_job, sweep_job
 from app.jobs.quant import (
     Applied,
     Saved,
@@ -166,14 +167,15 @@ class QuantBridge(QObject):
         if self.compare.record is not None:
             self.engine.run_task("compare", "logit", lambda emit, cancel: logit_pair_job(self.workspace, position, width))
 
-    def run_sweep(self, text: str) -> None:
+    def run_sweep(self, text: str, presets: Sequence[str] = SWEEP_PRESETS, max_tokens: int = 512) -> None:
+        """Measure each preset (all of llama-quantize's by default; the tour asks for fewer, on fewer tokens)."""
         if self.file_record is None:
             self.compare.sweep_finished(None, "Load a model first.")
             return
-        path, spec = self.file_record.path, self.spec()
+        path, spec, chosen = self.file_record.path, self.spec(), tuple(presets)
         self.compare.sweep_started()
-        self.engine.run_task("sweep", "sweep",
-                             lambda emit, cancel: sweep_job(self.sweep_workspace, path, text, spec, cancel, emit))
+        self.engine.run_task("sweep", "sweep", lambda emit, cancel: sweep_job(
+            self.sweep_workspace, path, text, spec, cancel, emit, presets=chosen, max_tokens=max_tokens))
 
     def run_mix(self, budget_bpw: float, text: str) -> None:
         """Search the best mix under budget_bpw on the sweep's lane (it shares the sweep's copy of the model)."""

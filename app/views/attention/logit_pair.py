@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -22,6 +23,7 @@ from app.views.attention.logit_view import METRICS, LogitLensPanel
 from app.views.common.tokens import token_label
 
 PAIR_WIDTH = 24  # positions per side: two models, so half the single lens's width
+WIDE_SIDE = 460  # px: a side at least this wide shows all five top tokens per layer, a narrower one the first three
 
 
 class LogitPairView(QWidget):
@@ -47,15 +49,18 @@ class LogitPairView(QWidget):
             self.metric.addItem(text, key)
         self.summary = NoHfwLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
         self.summary.setWordWrap(True)
+        self.summary.setMinimumHeight(34)  # two lines: the summary wraps in a narrow pane
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         bar = QWidget()
         flow = FlowLayout(bar)
         for w in (self.run, self.width_spin, self.metric):
             flow.addWidget(w)
-        # Compare gives this view a wide, short strip: each side puts its table beside its heatmap
-        self.a, self.b = LogitLensPanel(vertical=False), LogitLensPanel(vertical=False)
+        # Compare gives this view a page of its own: each side has its heatmap over its table
+        self.a, self.b = LogitLensPanel(vertical=True), LogitLensPanel(vertical=True)
         for panel in (self.a, self.b):  # the summary line says it for both: the heatmaps get the height
             panel.title.setVisible(False)
+            panel.split.setSizes([520, 380])
+            panel.fit_width()
         sides = QHBoxLayout()
         sides.addWidget(self.a)
         sides.addWidget(self.b)
@@ -75,9 +80,9 @@ class LogitPairView(QWidget):
         """Forget both sides (a new model or a new comparison)."""
         self.pair = None
         self.n_tokens = 0
-        self.a.clear(message)
+        self.a.clear("")
         self.b.clear("")
-        self.summary.setText("")
+        self.summary.setText(message)  # a side is narrow: the message goes on the line above both
         self.run.setEnabled(False)
 
     def set_tokens(self, n: int) -> None:
@@ -88,7 +93,7 @@ class LogitPairView(QWidget):
 
     def request(self) -> None:
         if self.n_tokens:
-            self.a.empty.setText("decoding every layer of A and B…")
+            self.summary.setText("Decoding every layer of A and B…")
             self.logit_requested.emit(int(self.position), self.width_spin.value())
 
     def show_position(self, index: int) -> None:
@@ -105,6 +110,12 @@ class LogitPairView(QWidget):
         self.a.set_record(pair.a)
         self.b.set_record(pair.b)
         self._summarise()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
+        n_top = 5 if event.size().width() >= 2 * WIDE_SIDE else 3
+        for panel in (self.a, self.b):
+            panel.fit_width(n_top)
+        super().resizeEvent(event)
 
     def _metric(self) -> None:
         key = str(self.metric.currentData())

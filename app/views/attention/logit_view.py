@@ -83,11 +83,14 @@ class LogitLensPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
         split = QSplitter(Qt.Orientation.Vertical if vertical else Qt.Orientation.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
         split.setSizes([460, 300])
         split.setChildrenCollapsible(False)
+        self.split = split
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(self.title)
@@ -104,6 +107,17 @@ class LogitLensPanel(QWidget):
         self.empty.setPos(0.5, 0.5)
         self.plot.setRange(QRectF(0, 0, 1, 1), padding=0)
         self.title.setText("")
+
+    def fit_width(self, n_top: int = 5) -> None:
+        """Never scroll sideways: the first `n_top` top-k columns share the width left (elided; each cell's tooltip
+        says it whole), the others are hidden."""
+        header = self.table.horizontalHeader()
+        for j in range(3, self.table.columnCount()):
+            header.setSectionResizeMode(j, QHeaderView.ResizeMode.Stretch)
+            self.table.setColumnHidden(j, j - 3 >= n_top)
+        header.setStretchLastSection(False)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
 
     def set_metric(self, metric: str) -> None:
         self.metric = metric
@@ -145,7 +159,8 @@ class LogitLensPanel(QWidget):
         self.plot.getAxis("left").setTicks([[(li + 0.5, str(lens.layers[li])) for li in range(0, n_l, step)]])
         self.plot.setRange(QRectF(0, 0, n_p, n_l), padding=0)
         first = int(lens.positions[0]) if n_p else 0
-        self.plot.setLabel("bottom", f"positions {first}–{first + n_p - 1} (and the token read there)")
+        self.plot.setLabel("bottom", f"positions {first}–{first + n_p - 1}")  # short: a narrow panel cuts a long one
+        self.plot.setToolTip("Columns: positions of the context, each with the token read there; rows: after each layer")
 
     def select(self, position: int) -> None:
         """Fill the table with the layers' top 5 at `position` (one of the decoded positions)."""
@@ -173,6 +188,8 @@ class LogitLensPanel(QWidget):
                 cells.append(f"{token_label(rec.text(t), 14)}  {float(lens.top_probs[li, c, k]):.2f}")
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
+                if j >= 3:
+                    item.setToolTip(f"layer {lens.layers[li]}, top {j - 2}: {text}")
                 if j >= 3 and int(lens.top_ids[li, c, j - 3]) == target:
                     item.setBackground(HIT)
                 self.table.setItem(li, j, item)
@@ -244,6 +261,7 @@ class LogitLensView(QWidget):
         for w in (self.position, self.width_spin, self.metric, self.run):
             flow.addWidget(w)
         self.panel = LogitLensPanel()
+        self.panel.fit_width()  # the top 5 share the pane's width: no sideways scrolling at 1280x800
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(bar)

@@ -35,6 +35,7 @@ from app.views.common.tokens import token_label
 from engine.observe.head_roles import ROLE_TEXT, ROLES
 
 COLUMNS = ("layer", "head", *ROLES, "strongest role")
+HEADERS = {"previous": "prev", "induction": "induct"}  # short headers fit 590 px; each header's tooltip says it all
 
 
 class _Num(QTableWidgetItem):
@@ -101,13 +102,23 @@ class HeadRolesView(QWidget):
         self.image.hoverEvent = self._hover
         self.image.mouseClickEvent = self._click
         self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        for c, name in enumerate(COLUMNS):
+            head = QTableWidgetItem(HEADERS.get(name, "strongest" if c == len(COLUMNS) - 1 else name))
+            head.setToolTip(f"{name}: {ROLE_TEXT[name]}" if name in ROLE_TEXT else
+                            "the strongest of previous, sink, self and induction" if c == len(COLUMNS) - 1 else name)
+            self.table.setHorizontalHeaderItem(c, head)
         self.table.setSortingEnabled(True)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        header = self.table.horizontalHeader()  # never sideways: the score columns share the width left
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        for c in range(2, 2 + len(ROLES)):
+            header.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(36)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
         self.table.cellClicked.connect(self._row_clicked)
         self.sinks = QListWidget()
         self.sinks.setToolTip("Keys whose mean received attention is far above uniform in some head; "

@@ -43,7 +43,12 @@ class SummaryTable(QTableWidget):
         self.verticalHeader().setDefaultSectionSize(19)
         self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        self.horizontalHeader().setStretchLastSection(True)
+        self.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        # never sideways: a long value (B's label) is elided, and its cell's tooltip says it whole
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.setWordWrap(False)
+        self.setMinimumWidth(200)
 
     def set_record(self, rec: CompareRecord) -> None:
         rows = summary_rows(rec)
@@ -175,8 +180,9 @@ class SweepChart(QWidget):
 
     def set_file_type(self, name: str) -> None:
         """Say what the KLD is measured against: 'mean KLD to the file (Q4_1), not to full precision'."""
-        self.plot.setTitle(f"Presets and searched mixes: size vs KLD to the file ({name}), not to full precision",
-                           size="9pt")
+        self.plot.setTitle(f"Size vs KLD to the file ({name}), not to full precision", size="9pt")
+        self.plot.setToolTip(f"Presets (●) and searched mixes (◆): each one's size against its mean KLD to the file "
+                             f"({name}) on the evaluation text, not to full precision; click a point to compare it")
         self.plot.setLabel("left", "mean KLD (log)")
 
     def _clicked(self, _item: object, spots: object) -> None:

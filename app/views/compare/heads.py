@@ -42,7 +42,9 @@ class HeadPairView(QWidget):
         self.hide_sink.toggled.connect(lambda _on: self.set_pair(self.pair) if self.pair is not None else None)
         self.info = QLabel("Run a comparison to see attention in both models.")
         self.info.setTextFormat(Qt.TextFormat.PlainText)  # token texts, never markup
-        self.info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # long hover text never widens
+        self.info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # long hover text never widens
+        self.info.setWordWrap(True)
+        self.info.setFixedHeight(2 * self.info.fontMetrics().lineSpacing() + 4)  # two lines, whatever it says
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setBackground("w")
         self.images: list[pg.ImageItem] = []
@@ -78,10 +80,11 @@ class HeadPairView(QWidget):
         bar.addWidget(self.layer)
         bar.addWidget(self.head)
         bar.addWidget(self.hide_sink)
-        bar.addWidget(self.info, 1)
+        bar.addStretch(1)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addLayout(bar)
+        root.addWidget(self.info)  # a line of its own: the hover text is long and the pane can be narrow
         root.addWidget(self.plots, 1)
 
     def set_shape(self, n_layers: int, n_heads: int) -> None:

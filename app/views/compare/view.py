@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -41,11 +40,16 @@ from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
 from app.views.compare.empty import EMPTY, dominant_type
 from app.views.compare.empty import empty_state as _empty_state
 from app.views.compare.heads import HeadPairView
+from app.views.compare.pages import AdaptiveSplitter, controls_bar, result_pages
 from app.views.compare.tokens import KldStrip, KldText, TopBars
 
-SOURCES = (("overrides", "the Quantization lens's overrides"), ("preset", "a llama-quantize preset:"),
-           ("mix", "a searched mix (click a ◆ point)"), ("file", "the file (same weights)"),
-           ("gguf", "another GGUF file…"), ("numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
+SOURCES = (("overrides", "overrides", "the Quantization lens's overrides"),
+           ("preset", "a preset:", "the file requantized to a llama-quantize preset"),
+           ("mix", "a searched mix", "a mix found by 'Find the best mix' (click a ◆ point of the Presets page)"),
+           ("file", "the file", "the file again (same weights): with another KV cache type"),
+           ("gguf", "another GGUF…", "another GGUF file of the same model"),
+           ("numerics", "float32 numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
+ITEM_CHARS = 30  # a B menu item longer than this is elided (its tooltip says it whole): the menu stays narrow
 PRESET_CHOICES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0",
                   "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
 class CompareView(QWidget):
@@ -66,10 +70,11 @@ class CompareView(QWidget):
         self.other_path: str | None = None
         self.selected = -1
         self.source = QComboBox()
-        for key, text in SOURCES:
+        for i, (key, text, tip) in enumerate(SOURCES):
             self.source.addItem(text, key)
-        self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.source.setMinimumContentsLength(16)
+            self.source.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
+        self.source.setToolTip("What B is; A is always the file as it is on disk")
+        self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.choose = QPushButton("Choose GGUF…")
         self.b_preset = QComboBox()
         self.b_preset.addItems(list(PRESET_CHOICES))
@@ -128,11 +133,8 @@ class CompareView(QWidget):
         self.set_running(False)
 
     def _layout(self) -> None:
-        bar = QHBoxLayout()
-        for w in (QLabel("A: the file · B:"), self.source, self.b_preset, self.choose, QLabel("KV cache A"), self.a_cache,
-                  QLabel("B"), self.b_cache, self.max_tokens):
-            bar.addWidget(w)
-        bar.addStretch(1)
+        bar = controls_bar([[QLabel("A: the file · B:"), self.source, self.b_preset, self.choose],
+                            [QLabel("KV cache A"), self.a_cache, QLabel("B"), self.b_cache], [self.max_tokens]])
         buttons = QVBoxLayout()
         buttons.setSpacing(2)
         run_row = QHBoxLayout()
@@ -149,32 +151,25 @@ class CompareView(QWidget):
         self.stacks = {"summary": _empty_state(self.summary, EMPTY["summary"]),
                        "layers": _empty_state(self.layers, EMPTY["layers"]),
                        "heads": _empty_state(self.heads, EMPTY["heads"])}
-        top = QSplitter(Qt.Orientation.Horizontal)
-        for w in (self.stacks["summary"], self.stacks["layers"], self.sweep):
-            top.addWidget(w)
-        top.setSizes([300, 330, 470])
         tokens = QSplitter(Qt.Orientation.Vertical)
         tokens.addWidget(self.kld_text)
         tokens.addWidget(self.strip)
         tokens.setSizes([150, 90])
-        bottom = QSplitter(Qt.Orientation.Horizontal)
-        bottom.addWidget(tokens)
-        bottom.addWidget(self.bars)
-        bottom.setSizes([600, 500])
-        self.stacks["tokens"] = _empty_state(bottom, EMPTY["tokens"])
-        body = QSplitter(Qt.Orientation.Vertical)
-        middle = QTabWidget()
-        middle.addTab(self.stacks["heads"], "Attention of one head")
-        middle.addTab(self.logit_pair, "Logit lens: A | B")
-        self.middle = middle
-        for w in (top, middle, self.stacks["tokens"]):
-            body.addWidget(w)
-        body.setSizes([340, 270, 270])
+        tokens.setChildrenCollapsible(False)
+        self.stacks["tokens"] = _empty_state(AdaptiveSplitter(tokens, self.bars, ratio=1.6, share=0.55), EMPTY["tokens"])
+        self.middle, self.pages = result_pages({
+            "summary": AdaptiveSplitter(self.stacks["summary"], self.stacks["layers"], ratio=1.0, share=0.48),
+            "tokens": self.stacks["tokens"], "sweep": self.sweep, "heads": self.stacks["heads"],
+            "logit": self.logit_pair})
         root = QVBoxLayout(self)
-        root.addLayout(bar)
+        root.addWidget(bar)
         root.addLayout(text_row)
         root.addLayout(status_row)
-        root.addWidget(body, 1)
+        root.addWidget(self.middle, 1)
+
+    def show_page(self, key: str) -> None:
+        """Bring a page of the results forward: 'summary', 'tokens', 'sweep', 'heads' or 'logit'."""
+        self.middle.setCurrentWidget(self.pages[key])
 
     # ---- public API
 
@@ -253,7 +248,7 @@ class CompareView(QWidget):
     def set_overrides(self, spec: OverrideSpec) -> None:
         """The Quantization lens's overrides changed: the B menu names them."""
         self.overrides_label = "file (no overrides set)" if spec.empty else spec.label()
-        self.source.setItemText(0, f"overrides: {self.overrides_label}")
+        self._set_item(0, f"overrides: {self.overrides_label}")
 
     def set_running(self, running: bool) -> None:
         self.run.setEnabled(not running)
@@ -350,5 +345,11 @@ class CompareView(QWidget):
         """Use this GGUF file as B."""
         self.other_path = path
         i = self.source.findData("gguf")
-        self.source.setItemText(i, f"GGUF: {Path(path).name}")
+        self._set_item(i, f"GGUF: {Path(path).name}")
         self.source.setCurrentIndex(i)
+
+    def _set_item(self, i: int, text: str) -> None:
+        """A B menu item's text, elided past ITEM_CHARS; its tooltip holds all of it."""
+        short = text if len(text) <= ITEM_CHARS else text[: ITEM_CHARS - 1] + "…"
+        self.source.setItemText(i, short)
+        self.source.setItemData(i, text, Qt.ItemDataRole.ToolTipRole)

@@ -53,3 +53,28 @@ def test_scores_of_some_layers_frame_only_those(qtbot) -> None:
     assert lens.grid.frame_score(1, 1) == np.float32(0.9)
     lens.grid.set_role_scores(None)
     assert lens.grid.frames == []
+
+
+def test_head_roles_and_logit_tables_never_scroll_sideways_in_a_narrow_pane(qtbot) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from tests.app.views.attention.test_roles_logit import _logit_record
+
+    run = _sunk(fake_run(40, n_layers=3, n_heads=4))
+    lens, _ = _lens(qtbot, run)
+    lens.resize(580, 700)  # the Attention pane beside the chat at 1280x800
+    lens.show()
+    lens.set_attention(_attention(run))
+    lens.set_roles(make_head_roles_record(run.model, run.recorder, run.cache, run.texts))
+    lens.views.setCurrentWidget(lens.roles)
+    QApplication.processEvents()
+    table = lens.roles.table
+    assert table.isVisible() and not table.horizontalScrollBar().isVisible()
+    assert table.horizontalHeader().length() <= table.viewport().width() + 1
+    assert "previous token" in table.horizontalHeaderItem(2).toolTip() or "just before" in table.horizontalHeaderItem(2).toolTip()
+    lens.logit.panel.set_record(_logit_record(n_layers=30, n=24))
+    lens.views.setCurrentWidget(lens.logit)
+    QApplication.processEvents()
+    t = lens.logit.panel.table
+    assert t.isVisible() and not t.horizontalScrollBar().isVisible() and not t.isColumnHidden(7)
+    assert t.item(0, 3).toolTip().startswith("layer ")
