@@ -63,24 +63,26 @@ def _codes(kind: int, b, pw):
     return w
 
 
-def _row_tile(kind: int, context, b, pw0, nb, px0, pc0, m, po, o_stride, pd0, d_stride, t_strides) -> None:
-    """One weight row against NT tiles of TILE activations (m of them live): px0 the first tile's repacked
+def _row_tile(kind: int, nt: int, context, b, pw0, nb, px0, pc0, m, po, o_stride, pd0, d_stride, t_strides) -> None:
+    """One weight row against nt tiles of TILE activations (m of them live): px0 the first tile's repacked
     quants, pc0 its corrections, pd0 its scales (per block TILE d values, then TILE s values); the next tile's
-    are t_strides bytes further on (quants, corrections, scales)."""
+    are t_strides bytes further on (quants, corrections, scales). nt = 1: a short tile, whose pairs of
+    activations past the m live ones are skipped (a branch per pair); nt = NT: full tiles, no branch."""
     size, _, _, _, has_m, _ = _SPEC[kind]
     offset = _OFFSET[kind]
     whole = kind == Q4_0_X8
     f16x = vec(F32, TILE)
-    paccs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 16), None)) for _ in range(NT * PAIRS)]
-    summs = [cgutils.alloca_once_value(b, ir.Constant(f16x, None)) for _ in range(NT)]
-    waccs = [cgutils.alloca_once_value(b, ir.Constant(f16x, None)) for _ in range(NT)]
+    paccs = [cgutils.alloca_once_value(b, ir.Constant(vec(F32, 16), None)) for _ in range(nt * PAIRS)]
+    summs = [cgutils.alloca_once_value(b, ir.Constant(f16x, None)) for _ in range(nt)]
+    waccs = [cgutils.alloca_once_value(b, ir.Constant(f16x, None)) for _ in range(nt)]
+    lanes_at = [cgutils.alloca_once_value(b, ir.Constant(I32X16, None)) for _ in range(PAIRS)] if nt == 1 else None
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, size))])
         u = _codes(kind, b, pw)
         w64 = b.bitcast(b.shuffle_vector(u, u, const_vec(I32, list(range(32)) * 2)), I32X16)
         dw = _splat(b, half_to_float(context, b, load(b, pw, I16, 0)), TILE)
         mw = _splat(b, half_to_float(context, b, load(b, pw, I16, 2)), TILE) if has_m else None
-        for t in range(NT):
+        for t in range(nt):
             pd = b.gep(pd0, [b.add(b.mul(loop.index, d_stride), b.mul(ir.Constant(I64, t), t_strides[2]))])
             dvec = b.fmul(dw, load(b, pd, f16x))  # fp16(d_w) * fp16(d_x), one product per activation
             if has_m:  # summs = fma(fp16(m_w), fp16(s_x), summs), every activation at once
@@ -90,21 +92,32 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, pc0, m, po, o_stride, pd0, d_
             px = b.gep(px0, [b.add(block_at, b.mul(ir.Constant(I64, t), t_strides[0]))])
             pc = b.gep(pc0, [b.add(block_at, b.mul(ir.Constant(I64, t), t_strides[1]))])
             lanes = []
-            for p in range(PAIRS):  # activations 2p and 2p + 1: one vpdpbusd, each half its activation's 8 lanes
+
+            def pair(p, t=t, px=px, pc=pc, dvec=dvec, lanes=lanes):  # activations 2p, 2p + 1: one vpdpbusd
                 start = load(b, pc, I32X16, 64 * p) if offset else ir.Constant(I32X16, None)  # -offset * (x0+..+x3)
                 q = call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", I32X16, [start, w64, load(b, px, I32X16, 64 * p)])
                 if whole:
-                    lanes.append(q)
-                    continue
+                    if lanes_at is None:
+                        lanes.append(q)
+                    else:
+                        b.store(q, lanes_at[p])
+                    return
                 dp = b.shuffle_vector(dvec, dvec, const_vec(I32, [2 * p] * 8 + [2 * p + 1] * 8))
                 slot = paccs[t * PAIRS + p]
                 acc = call_intrinsic(b, "llvm.fma.v16f32", vec(F32, 16), [dp, b.sitofp(q, vec(F32, 16)), b.load(slot)])
                 b.store(acc, slot)
+
+            for p in range(PAIRS):
+                if nt == 1 and p:
+                    with b.if_then(b.icmp_signed(">", m, ir.Constant(I64, 2 * p)), likely=True):
+                        pair(p)
+                else:
+                    pair(p)
             if whole:  # ggml_gemm_q4_0_8x8_q8_0: acc = fma(float(isum), fp16(d_w) * fp16(d_x), acc)
-                isum = _block_sums(b, lanes)
+                isum = _block_sums(b, lanes if lanes_at is None else [b.load(v) for v in lanes_at])
                 fma = call_intrinsic(b, f"llvm.fma.v{TILE}f32", f16x, [b.sitofp(isum, f16x), dvec, b.load(waccs[t])])
                 b.store(fma, waccs[t])
-    for t in range(NT):
+    for t in range(nt):
         s_all = b.load(summs[t])
         wacc = b.load(waccs[t])
         for a in range(TILE):
@@ -120,7 +133,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, pc0, m, po, o_stride, pd0, d_
                 b.store(total, b.bitcast(dst, F32.as_pointer()), align=4)
 
 
-def _tile_intrinsic(kind: int):
+def _tile_intrinsic(kind: int, nt: int):
     def typer(typingctx, w, wo, nb, x, xo, c, co, m, out, oo, os, sc, so, ss, xs, cs, ts):
         def codegen(context, builder, signature, args):
             w_, wo_, nb_, x_, xo_, c_, co_, m_, out_, oo_, os_, sc_, so_, ss_, xs_, cs_, ts_ = args
@@ -129,17 +142,19 @@ def _tile_intrinsic(kind: int):
             pc = byte_ptr(context, builder, signature.args[5], c_, co_)
             po = byte_ptr(context, builder, signature.args[8], out_, oo_)
             pd = byte_ptr(context, builder, signature.args[11], sc_, so_)
-            _row_tile(kind, context, builder, pw, _i64(builder, nb_), px, pc, _i64(builder, m_), po,
+            _row_tile(kind, nt, context, builder, pw, _i64(builder, nb_), px, pc, _i64(builder, m_), po,
                       _i64(builder, os_), pd, _i64(builder, ss_), [_i64(builder, v) for v in (xs_, cs_, ts_)])
             return context.get_dummy_value()
 
         return types.void(w, wo, nb, x, xo, c, co, m, out, oo, os, sc, so, ss, xs, cs, ts), codegen
 
-    typer.__name__ = "vnni_tile_q4_0_x8" if kind == Q4_0_X8 else f"vnni_tile_{GGMLType(kind).name.lower()}"
+    name = "q4_0_x8" if kind == Q4_0_X8 else GGMLType(kind).name.lower()
+    typer.__name__ = f"vnni_tile{nt}_{name}"
     return intrinsic(typer)
 
 
-_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0, _tile_q4_0_x8 = (_tile_intrinsic(k) for k in KINDS)
+_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0, _tile_q4_0_x8 = (_tile_intrinsic(k, NT) for k in KINDS)
+_short_q4_0, _short_q4_1, _short_q5_0, _short_q5_1, _short_q8_0, _short_q4_0_x8 = (_tile_intrinsic(k, 1) for k in KINDS)
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
 
 
@@ -147,9 +162,9 @@ _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
 def _pack(xq, nb, act, offset):
     """Per (tile, block): the activations' quants as TILE rows of 32 bytes, each lane's correction
     -offset * (sum of its four quants) as TILE rows of 8 int32, and the fp16 d (and s) as float32, TILE of
-    each; zero past the last activation, the tile count rounded up to a multiple of NT."""
+    each; zero past the last activation."""
     m = xq.shape[0]
-    tiles = -(-m // (TILE * NT)) * NT
+    tiles = -(-m // TILE)
     xp = np.zeros((tiles, nb, TILE, 32), np.uint8)
     cp = np.zeros((tiles, nb, TILE, 8), np.int32)
     sc = np.zeros((tiles, nb, 2, TILE), np.float32)
@@ -183,6 +198,7 @@ def gemm_int_vnni(kind, blocks, xq, out):
     ts, bs = u64(sc.strides[0]), u64(sc.strides[1])
     xs, cs = u64(xp.strides[0]), u64(cp.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
+    full = m // (NT * TILE) * NT  # tiles run NT at a time; the rest one by one, skipping dead pairs
     for task in prange((n + _ROWS - 1) // _ROWS):
         for t in range(0, xp.shape[0], NT):
             a0 = t * TILE
@@ -190,16 +206,43 @@ def gemm_int_vnni(kind, blocks, xq, out):
             xo, co, so = u64(t) * xs, u64(t) * cs, u64(t) * ts
             for r in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
                 at, wo = u64(a0) * os + u64(4 * r), u64(r) * rs
-                if kind == _Q4_0:
-                    _tile_q4_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-                elif kind == _Q4_1:
-                    _tile_q4_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-                elif kind == _Q5_0:
-                    _tile_q5_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-                elif kind == _Q5_1:
-                    _tile_q5_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-                elif kind == _Q8_0:
-                    _tile_q8_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+                if t < full:
+                    _tile(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
                 else:
-                    _tile_q4_0_x8(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+                    _short(kind, blocks, wo, nb, xp, xo, cp, co, min(k, TILE), out, at, os, sc, so, bs, xs, cs, ts)
+                    if k > TILE:
+                        _short(kind, blocks, wo, nb, xp, xo + xs, cp, co + cs, k - TILE, out, at + u64(TILE) * os, os,
+                               sc, so + ts, bs, xs, cs, ts)
     return out
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _tile(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts):
+    if kind == _Q4_0:
+        _tile_q4_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q4_1:
+        _tile_q4_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q5_0:
+        _tile_q5_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q5_1:
+        _tile_q5_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q8_0:
+        _tile_q8_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    else:
+        _tile_q4_0_x8(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _short(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts):
+    if kind == _Q4_0:
+        _short_q4_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q4_1:
+        _short_q4_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q5_0:
+        _short_q5_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q5_1:
+        _short_q5_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    elif kind == _Q8_0:
+        _short_q8_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+    else:
+        _short_q4_0_x8(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
