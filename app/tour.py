@@ -9,6 +9,7 @@ waits until that view has computed its answer, and saves the whole window as DIR
 | --- | --- | --- |
 | q1 | Attention > Head roles on the induction probe, coloured by "previous" | Run induction probe |
 | q2 | Attention > Head roles on the chat, coloured by "sink", with the sinks listed | Score this chat |
+| q1g | Attention > Overview: every thumbnail framed by its "previous" score (the chat's, from q2) | the roles' score |
 | q3 | the Positions lens (RoPE at a distance d, every base side by side) | the tab as it is |
 | q4 | Compare: per-layer divergence of A and the Q2_K preset (B) | B = preset Q2_K on TOUR_TOKENS tokens, Compare |
 | q5 | Compare: the preset sweep (KLD against MB) | a sweep of TOUR_PRESETS on TOUR_TOKENS tokens (all 14 take minutes) |
@@ -30,10 +31,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-QUESTIONS = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q7c")
-NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q3": "positions_rope", "q4": "compare_layers",
+QUESTIONS = ("q1", "q2", "q1g", "q3", "q4", "q5", "q6", "q7", "q7c")
+NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q1g": "grid_by_role", "q3": "positions_rope", "q4": "compare_layers",
          "q5": "compare_presets", "q6": "quant_fallback", "q7": "logit_lens", "q7c": "compare_logit_lens"}
-TAB = {"q1": "Attention", "q2": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
+TAB = {"q1": "Attention", "q2": "Attention", "q1g": "Attention", "q3": "Positions", "q4": "Compare", "q5": "Compare",
        "q6": "Quantization", "q7": "Attention", "q7c": "Compare"}
 STEP_TIMEOUT_S = {"q4": 600.0, "q5": 900.0, "q7c": 600.0}  # the comparison and the preset sweep run models; the rest is quick
 COMPARE_PRESET = "Q2_K"  # q4 asks which layers Q2_K hurts most
@@ -179,6 +180,15 @@ def _roles_ready(source: str) -> Callable[[Tour, Any], bool]:
     return lambda tour, lens: lens.roles.record is not None and lens.roles.record.source == source
 
 
+def _grid_prepare(tour: Tour, lens: Any) -> None:
+    lens.roles.set_role("previous")
+    lens.views.setCurrentWidget(lens.overview)
+
+
+def _grid_ready(tour: Tour, lens: Any) -> bool:
+    return bool(lens.grid.frames) or lens.roles.record is None
+
+
 def _compare_prepare(tour: Tour, view: Any) -> None:
     """B = the Q2_K preset, chosen in Compare's own menu, on the first TOUR_TOKENS tokens; then Compare."""
     view.show_page("summary")
@@ -266,11 +276,12 @@ def _pair_ready(tour: Tour, view: Any) -> bool:
 
 
 PREPARE: dict[str, Callable[[Tour, Any], None]] = {
-    "q1": _roles("probe", "induction"), "q2": _roles("chat", "sink"), "q4": _compare_prepare,
+    "q1": _roles("probe", "induction"), "q2": _roles("chat", "sink"), "q1g": _grid_prepare, "q4": _compare_prepare,
     "q5": _sweep_prepare, "q6": _quant_prepare, "q7": _logit_prepare, "q7c": _pair_prepare,
 }
 READY: dict[str, Callable[[Tour, Any], bool]] = {
-    "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q4": _compare_ready, "q5": _sweep_ready,
+    "q1": _roles_ready("probe"), "q2": _roles_ready("chat"), "q1g": _grid_ready, "q4": _compare_ready,
+    "q5": _sweep_ready,
     "q6": _quant_ready, "q7": _logit_ready, "q7c": _pair_ready,
 }
 
@@ -280,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a .gguf path or catalog name")
     p.add_argument("--out", required=True, type=Path, help="folder for the PNGs")
     p.add_argument("--size", default="1280x800", help="window size WxH (run Xvfb with a screen at least this big)")
-    p.add_argument("--questions", default=",".join(QUESTIONS), help="which of q1..q7 and q7c, comma-separated")
+    p.add_argument("--questions", default=",".join(QUESTIONS), help="which of q1..q7, q1g and q7c, comma-separated")
     p.add_argument("--prompt", default="In two sentences, what does attention do in a transformer? "
                                         "Attention lets every token look at the tokens before it.")
     p.add_argument("--max-tokens", type=int, default=48, help="the reply's length (short keeps the tour quick)")

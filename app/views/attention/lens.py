@@ -89,12 +89,15 @@ class AttentionLens(QWidget):
         self.path_label = QLabel("")
         self.path_label.setToolTip("Which attention path the last prefill took: plain (the full score matrix) or "
                                    "tiled (online softmax over key tiles, for long prompts)")
-        foot = QHBoxLayout()
-        foot.addWidget(self.status, 1)
-        foot.addWidget(self.info)
-        foot.addWidget(self.path_label)
-        # hover text must never widen the lens
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        foot = QVBoxLayout()  # the hover readout on a line of its own, the selection and the path under it
+        foot.setSpacing(0)
+        foot.addWidget(self.status)
+        line = QHBoxLayout()
+        line.addWidget(self.info, 1)
+        line.addWidget(self.path_label)
+        foot.addLayout(line)
+        for label in (self.status, self.info):  # long texts must never widen the lens (1280x800: ~590 px)
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.steps = StepThroughView()
         self.roles = HeadRolesView()
         self.logit = LogitLensView()
@@ -215,6 +218,7 @@ class AttentionLens(QWidget):
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
+        self.info.setToolTip(self.info.text())
         if self.views.currentWidget() is self.overview:  # the old hover text described another selection
             self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid

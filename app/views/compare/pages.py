@@ -32,18 +32,21 @@ class AdaptiveSplitter(QSplitter):
         self.addWidget(first)
         self.addWidget(second)
         self.setChildrenCollapsible(False)
-        self.placed = False  # the shares are set at the first real size, then whenever the orientation flips
+        self.dragged = False  # the user moved the handle: sizes are theirs until the orientation flips
+        self.splitterMoved.connect(lambda _pos, _i: setattr(self, "dragged", True))
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
         size = event.size()
         wide = size.width() >= self.ratio * max(1, size.height())
         want = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
-        if want != self.orientation() or (not self.placed and size.width() > 0 and size.height() > 0):
-            self.placed = True
+        flipped = want != self.orientation()
+        if flipped:
             self.setOrientation(want)
+            self.dragged = False
+        super().resizeEvent(event)
+        if not self.dragged:
             length = size.width() if wide else size.height()
             self.setSizes([int(self.share * length), length - int(self.share * length)])
-        super().resizeEvent(event)
 
 
 def controls_bar(groups: list[list[QWidget]]) -> QWidget:

@@ -65,6 +65,10 @@ def test_head_roles_and_logit_tables_never_scroll_sideways_in_a_narrow_pane(qtbo
     lens.resize(580, 700)  # the Attention pane beside the chat at 1280x800
     lens.show()
     lens.set_attention(_attention(run))
+    lens.info.setText("layer 0, head 0 (KV 0, shared with h0–h2) · query rows 0–93 of 94 · 0.5 ms " * 3)
+    lens.status.setText("query 93 “.” → key 52 “⏎”: 0.3127 " * 4)
+    lens.set_attention_path("plain")
+    assert lens.minimumSizeHint().width() <= 580  # long readouts never widen the lens past its pane
     lens.set_roles(make_head_roles_record(run.model, run.recorder, run.cache, run.texts))
     lens.views.setCurrentWidget(lens.roles)
     QApplication.processEvents()

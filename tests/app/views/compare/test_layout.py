@@ -47,13 +47,14 @@ def window(request, qtbot, data_dir: Path):
     qtbot.addWidget(w)
     w.resize(*request.param)
     w.show()
-    w.lens_tabs.setCurrentWidget(w.compare_view)
+    _settle(qtbot)  # as in the app: another tab first, Compare's results arrive while it is hidden
     view = w.compare_view
     view.set_record(synthetic_record(n=64, vocab=80, n_layers=30))
     view.set_heads(head_pair())
     view.logit_pair.set_pair(LogitLensPair(_logit_record(n_layers=30, n=24, seed=1), _logit_record(n_layers=30, n=24, seed=2)))
     for name, kld, mib in (("Q8_0", 0.002, 136.0), ("Q4_K_M", 0.03, 100.0), ("Q2_K", 0.4, 82.0)):
         view.sweep.add_point(SweepPoint(name, "preset", int(mib * 2**20), 5.0, kld, 3 * kld, 90.0, 1.01, 64))
+    w.lens_tabs.setCurrentWidget(w.compare_view)
     _settle(qtbot)
     yield w, request.param
     w.close()
@@ -75,6 +76,8 @@ def test_compare_fits_the_window_on_every_page(window, qtbot) -> None:
     assert view.summary.isVisible() and not view.summary.horizontalScrollBar().isVisible()
     assert view.summary.viewport().width() >= view.summary.horizontalHeader().length() - 1
     assert view.layers.width() >= 200 and view.layers.height() >= 200
+    table, curve = view.stacks["summary"].width(), view.stacks["layers"].width()
+    assert 0.38 < table / (table + curve) < 0.58  # the table and the curve share the page
     _logit_lens_gets_the_height(view, qtbot)
     _sweep_shows_its_points_and_whole_title(view, qtbot)
 
