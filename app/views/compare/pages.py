@@ -7,7 +7,7 @@ over the other when it is narrow.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
@@ -25,10 +25,11 @@ class AdaptiveSplitter(QSplitter):
     """Two widgets side by side when the splitter is at least `ratio` times as wide as it is tall, else stacked."""
 
     def __init__(self, first: QWidget, second: QWidget, ratio: float = 1.3, share: float = 0.45,
-                 parent: QWidget | None = None):
+                 first_max: int = 1 << 20, parent: QWidget | None = None):
         super().__init__(Qt.Orientation.Horizontal, parent)
         self.ratio = ratio
         self.share = share  # the first widget's part of the length, kept when the orientation changes
+        self.first_max = first_max  # side by side, the first widget gets at most this many pixels
         self.addWidget(first)
         self.addWidget(second)
         self.setChildrenCollapsible(False)
@@ -44,9 +45,23 @@ class AdaptiveSplitter(QSplitter):
             self.setOrientation(want)
             self.dragged = False
         super().resizeEvent(event)
-        if not self.dragged:
-            length = size.width() if wide else size.height()
-            self.setSizes([int(self.share * length), length - int(self.share * length)])
+        self._share()
+
+    def event(self, event: QEvent) -> bool:
+        """A child's size hint changed (a table filled, an empty state replaced): QSplitter would redistribute."""
+        done = super().event(event)
+        if event.type() == QEvent.Type.LayoutRequest:
+            self._share()
+        return done
+
+    def _share(self) -> None:
+        if self.dragged or self.width() <= 0 or self.height() <= 0:
+            return
+        wide = self.orientation() == Qt.Orientation.Horizontal
+        length = (self.width() if wide else self.height()) - self.handleWidth()
+        first = min(int(self.share * length), self.first_max) if wide else int(self.share * length)
+        if abs(self.sizes()[0] - first) > 2:  # only a real change: setting sizes must not start a loop of requests
+            self.setSizes([first, length - first])
 
 
 def controls_bar(groups: list[list[QWidget]]) -> QWidget:

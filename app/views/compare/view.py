@@ -158,7 +158,8 @@ class CompareView(QWidget):
         tokens.setChildrenCollapsible(False)
         self.stacks["tokens"] = _empty_state(AdaptiveSplitter(tokens, self.bars, ratio=1.6, share=0.55), EMPTY["tokens"])
         self.middle, self.pages = result_pages({
-            "summary": AdaptiveSplitter(self.stacks["summary"], self.stacks["layers"], ratio=1.0, share=0.48),
+            "summary": AdaptiveSplitter(self.stacks["summary"], self.stacks["layers"], ratio=1.0, share=0.48,
+                                        first_max=340),
             "tokens": self.stacks["tokens"], "sweep": self.sweep, "heads": self.stacks["heads"],
             "logit": self.logit_pair})
         root = QVBoxLayout(self)
