@@ -301,19 +301,16 @@ class BlockProduct:
                     row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
             gemm = self.gemm
-            if self.path == "q2_k_x8":  # one call: each row decoded once; the batch as forward_mul_mat quantizes it
-                xq = act.q8k_mat_bytes()  # (takes KERNEL_LOCK itself)
+            if self.path in ("q2_k_x8", "repack_8x8"):  # one call: each row decoded once; the batch quantized as
+                xq = act.q8k_mat_bytes()  # forward_mul_mat does it (takes KERNEL_LOCK itself)
                 with KERNEL_LOCK:
                     gemm(self.weight, xq, out)
                 return out
-            if self.path == "repack_8x8":
-                xq = act.q8k_mat_bytes()  # chunks start at multiples of 4, as the repacked gemm's row groups
-            else:
-                xq = act.bytes_for(self.qtype)
-                if self.tiled is not None and t >= TILED_MIN_ROWS:
-                    with KERNEL_LOCK:  # one call: each weight row decoded once for the whole batch
-                        self.tiled(self.weight, xq, out)
-                    return out
+            xq = act.bytes_for(self.qtype)
+            if self.tiled is not None and t >= TILED_MIN_ROWS:
+                with KERNEL_LOCK:  # one call: each weight row decoded once for the whole batch
+                    self.tiled(self.weight, xq, out)
+                return out
             for r0 in range(0, t, GEMV_MAX_ROWS):
                 r1 = min(t, r0 + GEMV_MAX_ROWS)
                 with KERNEL_LOCK:

@@ -62,6 +62,10 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
         return None
     weight = kquant_repack.repack_q4_k_8x8(blocks)
     pages.release(blocks)
+    if q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's batches, the same bits
+        from engine.kernels.kquant_vnni import gemm_q4_k_8x8_vnni  # noqa: PLC0415 - compiled kernels only
+
+        return weight, kquant_repack.gemv_q4_k_8x8, gemm_q4_k_8x8_vnni
     return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
 
 
@@ -115,6 +119,10 @@ def tiled_gemm(qtype: GGMLType) -> Callable:
 
         kind = KINDS[qtype.name]
         return lambda blocks, xq, out: gemm_tiled(kind, blocks, xq, out)
+    if qtype in (_T.Q4_K, _T.Q5_K, _T.Q6_K) and q8_0_x16() is not None:  # AVX512-VNNI: the same bits, faster
+        from engine.kernels import kquant_vnni  # noqa: PLC0415 - compiled kernels only
+
+        return getattr(kquant_vnni, f"gemm_tiled_{qtype.name.lower()}_vnni")
     from engine.kernels import kquant_tiled  # noqa: PLC0415 - compiled kernels only
 
     return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
