@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QLayout, QLayoutItem, QPushButton, QSpinBox, QWidget
 
 from app.records.attention import HeadRecord
@@ -77,6 +78,22 @@ def empty_state(text: str = EMPTY_TEXT) -> QLabel:
     label.setWordWrap(True)
     label.setStyleSheet("color:#666; font-size:13pt")
     return label
+
+
+class ElidedLabel(QLabel):
+    """One line of plain text cut with … at the right when the label is narrower (its tooltip holds all of it)."""
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        super().setText(text)
+        self.setToolTip(text)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(0, super().minimumSizeHint().height())
+
+    def paintEvent(self, _event: object) -> None:  # noqa: N802 - Qt override
+        painter = QPainter(self)
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
+        painter.drawText(self.contentsRect(), int(self.alignment() | Qt.AlignmentFlag.AlignVCenter), text)
 
 
 class FlowLayout(QLayout):

@@ -51,6 +51,7 @@ class GridView(pg.GraphicsLayoutWidget):
             item.setVisible(False)
             item.setZValue(10)  # above the role frames
             self.plot.addItem(item)
+        self.plot.getViewBox().sigResized.connect(lambda _vb: self._head_ticks())
         self.image.mouseClickEvent = self._click
         self.image.hoverEvent = self._hover
         self.model: ModelRecord | None = None
@@ -169,10 +170,20 @@ class GridView(pg.GraphicsLayoutWidget):
                 self.frames.append(frame)
         self.legend.axis.setLabel(f"{self.role} score")
 
+    def _head_ticks(self) -> None:
+        """Head labels over the columns: every head when the thumbnails are wide enough, else every k-th."""
+        if not len(self._xs):
+            return
+        width = float(self._xs[-1] + self._t)
+        px = self.plot.getViewBox().width() / max(width, 1.0) * (self._t + GAP)  # screen pixels per column
+        label = self.fontMetrics().horizontalAdvance(f"h{len(self._xs) - 1}") + 6
+        every = max(1, int(np.ceil(label / max(px, 1e-6))))
+        self.plot.getAxis("top").setTicks([[(float(x + self._t / 2), f"h{h}") for h, x in enumerate(self._xs)
+                                            if h % every == 0]])
+
     def _axes(self, n_layers: int, n_heads: int, t: int) -> None:
         g = self._group()
-        centre = [(float(x + t / 2), f"h{h}") for h, x in enumerate(self._xs)]
-        self.plot.getAxis("top").setTicks([centre])
+        self._head_ticks()
         groups = []
         for kv in range(max(1, n_heads // g)):
             a, b = self._xs[kv * g], self._xs[min(n_heads, (kv + 1) * g) - 1] + t

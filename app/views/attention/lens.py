@@ -23,7 +23,7 @@ from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
 from app.records.model import ModelRecord
-from app.views.attention.controls import EMPTY_TEXT, OverviewBar, describe_selection, empty_state
+from app.views.attention.controls import EMPTY_TEXT, ElidedLabel, OverviewBar, describe_selection, empty_state
 from app.views.attention.grid import GridView
 from app.views.attention.head import HeadView
 from app.views.attention.logit_view import LogitLensView
@@ -84,8 +84,7 @@ class AttentionLens(QWidget):
         self.status = QLabel("")
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # model names and tokens come from the file
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.info = QLabel("")
-        self.info.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.info = ElidedLabel("")  # the selection: cut with … in a narrow pane, whole in its tooltip
         self.path_label = QLabel("")
         self.path_label.setToolTip("Which attention path the last prefill took: plain (the full score matrix) or "
                                    "tiled (online softmax over key tiles, for long prompts)")
@@ -94,6 +93,7 @@ class AttentionLens(QWidget):
         foot.addWidget(self.status)
         line = QHBoxLayout()
         line.addWidget(self.info, 1)
+        line.addSpacing(12)
         line.addWidget(self.path_label)
         foot.addLayout(line)
         for label in (self.status, self.info):  # long texts must never widen the lens (1280x800: ~590 px)
@@ -218,7 +218,6 @@ class AttentionLens(QWidget):
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
-        self.info.setToolTip(self.info.text())
         if self.views.currentWidget() is self.overview:  # the old hover text described another selection
             self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid

@@ -82,3 +82,24 @@ def test_head_roles_and_logit_tables_never_scroll_sideways_in_a_narrow_pane(qtbo
     t = lens.logit.panel.table
     assert t.isVisible() and not t.horizontalScrollBar().isVisible() and not t.isColumnHidden(7)
     assert t.item(0, 3).toolTip().startswith("layer ")
+
+
+def test_head_labels_thin_out_when_the_thumbnails_are_narrow(qtbot) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    run = fake_run(30, n_layers=3, n_heads=8, n_kv=2)
+    lens, _ = _lens(qtbot, run)
+    lens.show()
+    lens.set_attention(_attention(run))
+    grid = lens.grid
+
+    def labels(width: int) -> list[str]:
+        lens.splitter.setSizes([width, 1280 - width])
+        for _ in range(3):
+            QApplication.processEvents()
+        grid._head_ticks()
+        return [text for _pos, text in grid.plot.getAxis("top")._tickLevels[0]]
+
+    assert labels(900) == [f"h{h}" for h in range(8)]
+    narrow = labels(120)
+    assert 1 <= len(narrow) < 8 and narrow[0] == "h0"
