@@ -3,9 +3,10 @@
 For each model and preset (Q4_K_M, Q3_K_M by default): the preset's size gives the budget, the
 search measures sensitivities on assets/calibration_text.txt, and then the preset and the searched
 mix are both compared with the file on assets/eval_text.txt (not the calibration text) with the
-default ggml numerics. Prints one JSON line per (model, preset) and the search time.
+default ggml numerics. The mix is held within 1% of the preset's size (--min-fill 0.99) where the
+candidate types allow. Prints one JSON line per (model, preset) and the search's wall and CPU time.
 
-    .venv/bin/python benchmarks/mix_vs_presets.py [MODEL ...] [--presets Q4_K_M,Q3_K_M] [--tokens 128]
+    .venv/bin/python benchmarks/mix_vs_presets.py [MODEL ...] [--presets Q4_K_M,Q3_K_M] [--tokens 64]
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from engine.catalog import resolve_model
 from engine.model import load_model
 from engine.quality.compare import compare_models
-from engine.quality.mix_search import find_mix
+from engine.quality.mix_search import MIN_FILL, find_mix
 from engine.quality.requantize import Requantizer, make_plan
 from engine.quality.sensitivity_cache import SensitivityCache, cache_key
 
@@ -30,7 +31,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=["smollm2-135m-instruct", "gemma3-270m"])
     ap.add_argument("--presets", default="Q4_K_M,Q3_K_M")
-    ap.add_argument("--tokens", type=int, default=128, help="calibration tokens")
+    ap.add_argument("--tokens", type=int, default=64, help="calibration tokens")
+    ap.add_argument("--min-fill", type=float, default=MIN_FILL, help="the mix is at least this share of the budget")
     ap.add_argument("--eval-tokens", type=int, default=512)
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--group-layers", type=int, default=1, help="measure one role in N neighbouring layers at once")
@@ -48,11 +50,12 @@ def main() -> int:
         rq = Requantizer(other)
         for preset in args.presets.split(","):
             plan = make_plan(base.gguf, preset)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = find_mix(other, ids, plan.new_bpw, cache=cache, group_layers=args.group_layers,
+                              min_fill=args.min_fill,
                               progress=lambda what, frac: print(f"  {frac * 100:5.1f}% {what}", file=sys.stderr)
                               if int(frac * 1000) % 50 == 0 else None)
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
             assert result is not None
             mix = result.plan
             rq.apply(plan)
@@ -68,7 +71,7 @@ def main() -> int:
                 "kld_preset": kld_preset, "kld_mix": kld_mix, "ratio": kld_mix / kld_preset if kld_preset else None,
                 "calibration_kld_mix": mix.measured_kld, "predicted_kld_mix": mix.predicted_kld,
                 "variants": [(v.exponent, v.measured_kld) for v in result.variants],
-                "search_seconds": seconds, "resumed_tensors": result.sensitivities.resumed if result.sensitivities else 0,
+                "search_seconds": seconds, "search_cpu_seconds": cpu, "note": mix.note, "resumed_tensors": result.sensitivities.resumed if result.sensitivities else 0,
                 "calibration_tokens": len(ids), "group_layers": args.group_layers, "eval_tokens": len(eval_ids), "counts": mix.counts(),
             }), flush=True)
         base.close()

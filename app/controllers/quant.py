@@ -179,7 +179,7 @@ class QuantBridge(QObject):
 
     def run_mix(self, budget_bpw: float, text: str) -> None:
         """Search the best mix under budget_bpw on the sweep's lane (it shares the sweep's copy of the model)."""
-        from app.jobs.mix import mix_job  # noqa: PLC0415
+        from app.jobs.mix import mix_job, session_imatrix  # noqa: PLC0415
 
         if self.file_record is None:
             self.compare.mix_finished(None, "Load a model first.")
@@ -187,7 +187,8 @@ class QuantBridge(QObject):
         path = self.file_record.path
         self.compare.mix_started()
         self.engine.run_task("sweep", "mix",
-                             lambda emit, cancel: mix_job(self.sweep_workspace, path, budget_bpw, text, cancel, emit))
+                             lambda emit, cancel: mix_job(self.sweep_workspace, path, budget_bpw, text, cancel, emit,
+                                                          imatrix=session_imatrix(self.engine.session, path)))
 
     def apply_from_compare(self, spec: OverrideSpec) -> None:
         """A sweep point's preset or mix goes into the Quantization lens's overrides and is applied."""
