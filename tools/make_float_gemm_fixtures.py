@@ -9,6 +9,9 @@ Writes tests/fixtures/kernels/float_gemm.npz:
   w_<type>_<n>       weight rows (24, n): F16 as fp16 bits (uint16), F32 as float32
   x_<n>              float32 activation rows (16, n)
   y_<type>_<n>_<m>   llama.cpp's MUL_MAT result (m, 24), m in 1, 2, 3, 8, 16
+  w_<type>_<r>_<n>, xr_<n>, y_<type>_<r>_<n>_<m>   BF16 (bf16 bits) and F16 weights of r = 24 and 22 rows
+                     (tinyBLAS wants the weight's rows in fours) and widths 512 and 528 (BF16's tinyBLAS
+                     steps 32 values: 528 goes to vec_dot), made after the arrays above with their own seed
 
 Run with a Python that has llama-cpp-python (built from source with the AVX-512 flags of README.md):
   /tmp/llvenv/bin/python tools/make_float_gemm_fixtures.py
@@ -34,6 +37,12 @@ ROWS = (1, 2, 3, 8, 16)
 WIDTHS = (512, 200)  # in sixteens (tinyBLAS) and not (vec_dot for every batch)
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, rounded to nearest even (ggml_compute_fp32_to_bf16 for finite values)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def main() -> None:
     lib = load_ggml_cpu()
     bind_graph_api(lib)
@@ -53,6 +62,21 @@ def main() -> None:
                 again = mul_mat(lib, qtype, rows.view(np.uint8).reshape(24, -1), x[:m], repack=False, threads=3)
                 assert np.array_equal(y.view(np.uint32), again.view(np.uint32)), (name, n, m)
                 arrays[f"y_{name}_{n}_{m}"] = y
+    rng = np.random.default_rng(20261203)
+    for n in (512, 528):
+        x = (rng.standard_normal((16, n)) * 0.8).astype(np.float32)
+        x[3, ::7] *= 300
+        x[5, ::5] = np.float32(3e-39)  # denormal activations (VDPBF16PS reads them as zero)
+        arrays[f"xr_{n}"] = x
+        for r in (24, 22):
+            w = (rng.standard_normal((r, n)) * 0.05).astype(np.float32)
+            w[1, ::9] = np.float32(-2e-39)
+            for qtype, rows in ((GGMLType.BF16, bf16_bits(w)), (GGMLType.F16, w.astype(np.float16).view(np.uint16))):
+                name = qtype.name.lower()
+                arrays[f"w_{name}_{r}_{n}"] = rows
+                for m in ROWS:
+                    y = mul_mat(lib, qtype, rows.view(np.uint8).reshape(r, -1), x[:m], repack=False, threads=1)
+                    arrays[f"y_{name}_{r}_{n}_{m}"] = y
     arrays["meta"] = np.array(json.dumps({"source": lib.source, "features": lib.features, "rows": list(ROWS),
                                           "script": "tools/make_float_gemm_fixtures.py"}))
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -247,8 +247,8 @@ class BlockProduct:
         self.kind = paths.legacy_kind(qtype, blocks.shape[0]) if reg.compiled else int(qtype)
         if self.kind != int(qtype):
             self.gemv, self.path = paths.legacy_gemv(self.kind), "q4_0_x8"
-        # F16 / F32 batches: llamafile's tinyBLAS, as llama.cpp (rows in sixteens)
-        self.float_batch = paths.tinyblas_gemm() if reg.compiled and qtype in (_T.F16, _T.F32) else None
+        # F16 / F32 / BF16 batches: llamafile's tinyBLAS, as llama.cpp
+        self.float_batch = paths.tinyblas_gemm(qtype) if reg.compiled else None
         self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
@@ -281,8 +281,8 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
-        elif self.float_batch is not None and paths.tinyblas_takes(t, self.n_in):
-            x = act.bytes_for(self.qtype).view(np.uint16 if self.qtype == _T.F16 else np.float32).reshape(t, -1)
+        elif self.float_batch is not None and paths.tinyblas_takes(t, self.n_in, self.n_out, self.qtype):
+            x = act.bytes_for(self.qtype).view(np.float32 if self.qtype == _T.F32 else np.uint16).reshape(t, -1)
             with KERNEL_LOCK:
                 self.float_batch(np.asarray(self.weight).view(x.dtype).reshape(self.n_out, -1), x, out)
         elif self.batch is not None and self.raw_parts is not None:

@@ -84,16 +84,20 @@ def legacy_gemv(kind: int) -> Callable:
     return kind_gemv(kind)
 
 
-def tinyblas_gemm() -> Callable[[np.ndarray, np.ndarray, F32], None]:
-    """llamafile's tinyBLAS order for F16 x F16 and F32 x F32 batches (engine.kernels.tinyblas)."""
-    from engine.kernels.tinyblas import gemm  # noqa: PLC0415 - compiled kernels only
+def tinyblas_gemm(qtype: GGMLType) -> Callable[[np.ndarray, np.ndarray, F32], None] | None:
+    """llamafile's tinyBLAS order for F16 x F16, F32 x F32 and (with AVX512_BF16) BF16 x BF16 batches
+    (engine.kernels.tinyblas); None for other types, and for BF16 without AVX512_BF16 (the NumPy tiles run)."""
+    from engine.kernels import tinyblas  # noqa: PLC0415 - compiled kernels only
 
-    return gemm
+    if qtype in (_T.F16, _T.F32):
+        return tinyblas.gemm
+    return tinyblas.gemm_bf16 if qtype == _T.BF16 and tinyblas.bf16_available() else None
 
 
-def tinyblas_takes(n_rows: int, n: int) -> bool:
-    """Whether llama.cpp takes tinyBLAS for a float batch: two rows or more, rows in sixteens."""
-    return n_rows >= 2 and n % 16 == 0
+def tinyblas_takes(n_rows: int, n: int, n_out: int, qtype: GGMLType = _T.F32) -> bool:
+    """Whether llama.cpp takes tinyBLAS for a float batch: two rows or more, weight rows in fours, rows in
+    sixteens (BF16: in 32s, tinyBLAS<32, __m512, __m512bh>'s step)."""
+    return n_rows >= 2 and n_out % 4 == 0 and n % (32 if qtype == _T.BF16 else 16) == 0
 
 
 def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable] | None:

@@ -14,6 +14,12 @@ products here are explicit 512-bit vector code.
   dot16(a, ao, b, bo, n)          one output: rows at byte offsets ao of a and bo of b (fp16 bits or float32)
   axpy16(v, vo, w, acc, ao, n)    acc[c] = fma(fp16 v[c], w, acc[c]) (V*w's lanes in the prompt attention)
   gemm(w, x, out)                 out (m, r) = tinyBLAS of weight rows w (r, n) with rows x (m, n), same dtype
+
+BF16 x BF16 with AVX512_BF16 (tinyBLAS<32, __m512, __m512bh>): one 16-lane accumulator per output, 32 values a
+step through VDPBF16PS itself (lane l: the products of elements 2l + 1 and 2l, denormals read as zero and
+flushed, round to nearest even), then the same reduction.
+
+  gemm_bf16(w, x, out)            as gemm for bf16 bits (uint16) on both sides, n % 32 == 0; bf16_available()
 """
 from __future__ import annotations
 
@@ -80,6 +86,77 @@ def axpy16(typingctx, v, vo, w, acc, ao, n):
         return context.get_dummy_value()
 
     return types.void(v, vo, w, acc, ao, n), codegen
+
+
+class _BFloat(ir.types._BaseFloatType):
+    """LLVM's bfloat, which llvmlite's ir does not name (VDPBF16PS's operands are <32 x bfloat>)."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value) -> str:
+        return f"0xR{int(value):04X}"
+
+
+_BFloat._create_instance()
+_BF32 = vec(_BFloat(), 32)
+
+
+@intrinsic
+def dot32bf(typingctx, a, ao, bb, bo, n):
+    """tinyBLAS<32, __m512, __m512bh>'s value of one output: bf16 rows of a at byte ao and b at byte bo, n values
+    (n % 32 == 0), VDPBF16PS per 32 values into one accumulator, then _mm512_reduce_add_ps."""
+    def codegen(context, b, signature, args):
+        a_, ao_, b_, bo_, n_ = args
+        pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+        pb = byte_ptr(context, b, signature.args[2], b_, bo_)
+        acc = cgutils.alloca_once_value(b, ir.Constant(_F16X, None))
+        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, 2 * LANES))) as loop:
+            at = b.mul(loop.index, ir.Constant(I64, 4 * LANES))
+            av = b.bitcast(load(b, b.gep(pa, [at]), vec(I32, LANES)), _BF32)
+            bv = b.bitcast(load(b, b.gep(pb, [at]), vec(I32, LANES)), _BF32)
+            b.store(call_intrinsic(b, "llvm.x86.avx512bf16.dpbf16ps.512", _F16X, [b.load(acc), av, bv]), acc)
+        return _reduce16(b, b.load(acc))
+
+    return types.float32(a, ao, bb, bo, n), codegen
+
+
+@njit(cache=True, parallel=True)
+def gemm_bf16(w, x, out):
+    """out[t, r] = tinyBLAS (AVX512_BF16) of bf16 weight row r with bf16 activation row t, both uint16 bits,
+    C-contiguous rows of n values, n % 32 == 0."""
+    r_n, n = w.shape
+    m = x.shape[0]
+    for task in prange((r_n + 15) // 16):
+        for t in range(m):
+            for r in range(task * 16, min(r_n, task * 16 + 16)):
+                out[t, r] = dot32bf(w, r * w.strides[0], x, t * x.strides[0], n)
+
+
+_BF16_OK: list[bool] = []
+
+
+def bf16_available() -> bool:
+    """Whether numba's target has AVX512_BF16 (gemm_bf16 compiles and runs)."""
+    if not _BF16_OK:
+        try:
+            import numpy as np  # noqa: PLC0415
+
+            from .simd import host_has  # noqa: PLC0415
+
+            ok = host_has("avx512bf16")
+            if ok:
+                one = np.full((1, 32), 0x3F80, np.uint16)  # 1.0
+                out = np.zeros((2, 1), np.float32)
+                gemm_bf16(one, np.repeat(one, 2, axis=0), out)
+                ok = bool((out == 32.0).all())
+            _BF16_OK.append(ok)
+        except Exception:  # noqa: BLE001 - any compile failure: no BF16 batches here
+            _BF16_OK.append(False)
+    return _BF16_OK[0]
 
 
 @njit(cache=True, parallel=True)

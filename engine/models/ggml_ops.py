@@ -282,16 +282,16 @@ def rope(x: npt.ArrayLike, cos: F32, sin: F32, mode: str) -> F32:
     """
     x = _f32(x)
     n = cos.shape[-1]
-    out = x.copy()
     if mode not in ("norm", "neox"):
         raise ValueError(f"unknown rope mode {mode!r}")
     if _compiled() and x.ndim >= 2 and cos.ndim == 2 and cos.shape[0] == x.shape[-2]:
         from engine.models.ggml_kernels import rope_rows  # noqa: PLC0415
 
         flat = np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]))
-        res = flat.copy()
+        res = flat.copy() if 2 * n < x.shape[-1] else np.empty_like(flat)  # dims past n_dims pass through
         rope_rows(flat, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), mode == "neox", res)
         return res.reshape(x.shape)
+    out = x.copy()
     if mode == "norm":
         i0, i1 = slice(0, 2 * n, 2), slice(1, 2 * n, 2)
     elif mode == "neox":
