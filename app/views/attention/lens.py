@@ -94,7 +94,7 @@ class AttentionLens(QWidget):
         line = QHBoxLayout()
         line.addWidget(self.info, 1)
         line.addSpacing(12)
-        line.addWidget(self.path_label)
+        line.addWidget(self.path_label, 0, Qt.AlignmentFlag.AlignRight)  # on the right, with or without the info
         foot.addLayout(line)
         for label in (self.status, self.info):  # long texts must never widen the lens (1280x800: ~590 px)
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)

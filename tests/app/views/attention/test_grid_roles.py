@@ -74,6 +74,9 @@ def test_head_roles_and_logit_tables_never_scroll_sideways_in_a_narrow_pane(qtbo
     QApplication.processEvents()
     table = lens.roles.table
     assert table.isVisible() and not table.horizontalScrollBar().isVisible()
+    path = lens.path_label
+    assert path.mapTo(lens, path.rect().topRight()).x() > 0.9 * lens.width()  # on the right, info hidden or not
+    assert path.width() <= path.sizeHint().width() + 2  # its text there too, not at the left of a wide label
     assert table.horizontalHeader().length() <= table.viewport().width() + 1
     assert "previous token" in table.horizontalHeaderItem(2).toolTip() or "just before" in table.horizontalHeaderItem(2).toolTip()
     lens.logit.panel.set_record(_logit_record(n_layers=30, n=24))
