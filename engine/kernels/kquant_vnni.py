@@ -78,28 +78,42 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
         px = b.gep(px0, [b.mul(i, ir.Constant(I64, ACT_BYTES))])
         pb = b.gep(pb0, [b.mul(i, ir.Constant(I64, 24 * TILE * 4))])
         d8 = load(b, b.gep(pe0, [b.mul(i, ir.Constant(I64, TILE * 4))]), F32X16)
-        s1 = [zero] * BAND
-        for s in range(n_sub):
-            start = b.mul(load(b, pb, I32X16, 64 * s), _splat_i32(b, ir.Constant(I32, -bias))) if bias else zero
-            raw = [start] * BAND
-            for g in range(s * width, (s + 1) * width):
-                a = load(b, px, I32X16, 64 * g)
+        # two sub-blocks a step, the steps a loop (an unrolled super-block compiles for many seconds); Q6_K and
+        # the tiled Q4_K / Q5_K sum the super-block's integers across the steps in s1
+        s1 = [cgutils.alloca_once_value(b, zero) for _ in range(BAND)]
+        for r in range(BAND):
+            b.store(zero, s1[r])
+        with cgutils.for_range(b, ir.Constant(I64, n_sub // 2)) as step:
+            j = step.index
+            pc_j = [b.gep(pc[r], [b.mul(j, ir.Constant(I64, 8 * width))]) for r in range(BAND)]
+            ps_j = [b.gep(ps[r], [b.mul(j, ir.Constant(I64, 8))]) for r in range(BAND)]
+            px_j = b.gep(px, [b.mul(j, ir.Constant(I64, 128 * width))])
+            pb_j = b.gep(pb, [b.mul(j, ir.Constant(I64, 128))])
+            pair = [zero] * BAND
+            for h in range(2):
+                start = b.mul(load(b, pb_j, I32X16, 64 * h), _splat_i32(b, ir.Constant(I32, -bias))) if bias else zero
+                raw = [start] * BAND
+                for gg in range(h * width, (h + 1) * width):
+                    a = load(b, px_j, I32X16, 64 * gg)
+                    for r in range(BAND):
+                        w = _splat_i32(b, load(b, pc_j[r], I32, 4 * gg))
+                        raw[r] = call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", I32X16, [raw[r], w, a])
                 for r in range(BAND):
-                    w = _splat_i32(b, load(b, pc[r], I32, 4 * g))
-                    raw[r] = call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", I32X16, [raw[r], w, a])
-            for r in range(BAND):
-                s1[r] = b.add(s1[r], b.mul(raw[r], _splat_i32(b, load(b, ps[r], I32, 4 * s))))
-            if kind == "q4_k" and s % 2:  # the end of a pair of sub-blocks: one float step for the sums and mins
-                p = s // 2
-                b32 = [load(b, pb, I32X16, 64 * (16 + 2 * p + h)) for h in (0, 1)]
+                    pair[r] = b.add(pair[r], b.mul(raw[r], _splat_i32(b, load(b, ps_j[r], I32, 4 * h))))
+            if kind == "q4_k":  # the end of a pair of sub-blocks: one float step for the sums and mins
+                pm_j = [b.gep(pm[r], [b.mul(j, ir.Constant(I64, 8))]) for r in range(BAND)]
+                b32 = [load(b, pb_j, I32X16, 64 * (16 + h)) for h in (0, 1)]
                 for r in range(BAND):
                     d = _splat_f32(b, load(b, pd[r], F32, 0))
                     dmin = _splat_f32(b, load(b, pd[r], F32, 4))
-                    b.store(_fma(b, b.sitofp(s1[r], F32X16), b.fmul(d, d8), b.load(acc[r])), acc[r])
-                    imin = b.add(b.mul(_splat_i32(b, load(b, pm[r], I32, 8 * p)), b32[0]),
-                                 b.mul(_splat_i32(b, load(b, pm[r], I32, 8 * p + 4)), b32[1]))
+                    b.store(_fma(b, b.sitofp(pair[r], F32X16), b.fmul(d, d8), b.load(acc[r])), acc[r])
+                    imin = b.add(b.mul(_splat_i32(b, load(b, pm_j[r], I32, 0)), b32[0]),
+                                 b.mul(_splat_i32(b, load(b, pm_j[r], I32, 4)), b32[1]))
                     b.store(_fma(b, b.sitofp(imin, F32X16), b.fmul(dmin, d8), b.load(accm[r])), accm[r])
-                    s1[r] = zero
+            else:
+                for r in range(BAND):
+                    b.store(b.add(b.load(s1[r]), pair[r]), s1[r])
+        s1 = [b.load(v) for v in s1]
         if kind == "q6_k":  # res = float(isum) * fp16(d); acc = fma(res, d8, acc)
             for r in range(BAND):
                 res = b.fmul(b.sitofp(s1[r], F32X16), _splat_f32(b, load(b, pd[r], F32, 0)))
@@ -150,7 +164,7 @@ _band_q4_kt = _make("q4_kt")
 _band_q5_kt = _make("q5_kt")
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
 def _pack(xq, nb, m):
     """Q8_K rows (m, nb * 292) -> per tile of TILE activations and super-block: the quants as 64 groups x TILE
     x 4 bytes, the 16-quant bsums then the 32-quant sums (24 x TILE int32), d8 (TILE floats); zero padded."""
@@ -158,7 +172,7 @@ def _pack(xq, nb, m):
     xt = np.zeros((tiles, nb, 64, TILE, 4), np.uint8)
     bs = np.zeros((tiles, nb, 24, TILE), np.int32)
     d8 = np.zeros((tiles, nb, TILE), np.float32)
-    for a in prange(m):
+    for a in range(m):
         t, j = a // TILE, a % TILE
         for i in range(nb):
             o = i * 292
@@ -256,54 +270,70 @@ def gemm_q4_k_8x8_vnni(weight, xq, out):
     return out
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _decode_band(bits, blocks, g, rows, nb):
+    """Rows [8g, 8g + rows) of plain Q4_K / Q5_K / Q6_K blocks (bits 4, 5, 6) decoded for a band."""
+    size = 210 if bits == 6 else 144 if bits == 4 else 176
+    codes = np.zeros((BAND, nb, 256), np.uint8)
+    sc = np.zeros((BAND, nb, 16), np.int32)
+    mn = np.zeros((BAND, nb, 16), np.int32)
+    dd = np.zeros((BAND, nb, 2), np.float32)
+    for c in range(rows):
+        for i in range(nb):
+            blk = blocks[g * BAND + c, i * size:(i + 1) * size]
+            if bits == 6:
+                _decode_q6_k(blk, codes[c, i], sc[c, i], dd[c, i])
+            elif bits == 4:
+                _decode_q4_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
+            else:
+                _decode_q5_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
+    return codes, sc, mn, dd
+
+
+# one driver per type, each compiling its own band kernel only
 @njit(cache=True, parallel=True, error_model="numpy")
 def gemm_tiled_q6_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q6_K numerics of blocks (n_rows, nb * 210) with Q8_K rows xq (m, nb * 292)."""
-    return _tiled(6, blocks, xq, out)
+    n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 210
+    xt, bs, d8 = _pack(xq, nb, m)
+    os = u64(out.strides[0])
+    for g in prange((n + BAND - 1) // BAND):
+        rows = min(BAND, n - g * BAND)
+        codes, sc, mn, dd = _decode_band(6, blocks, g, rows, nb)
+        for t in range(xt.shape[0]):
+            _band_q6_k(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
+                       xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
+                       min(TILE, m - t * TILE), rows, out, u64(t * TILE) * os + u64(4 * BAND * g), os)
+    return out
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def gemm_tiled_q4_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q4_K numerics of plain blocks (n_rows, nb * 144), rows not in eights."""
-    return _tiled(4, blocks, xq, out)
+    n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 144
+    xt, bs, d8 = _pack(xq, nb, m)
+    os = u64(out.strides[0])
+    for g in prange((n + BAND - 1) // BAND):
+        rows = min(BAND, n - g * BAND)
+        codes, sc, mn, dd = _decode_band(4, blocks, g, rows, nb)
+        for t in range(xt.shape[0]):
+            _band_q4_kt(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
+                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
+                        min(TILE, m - t * TILE), rows, out, u64(t * TILE) * os + u64(4 * BAND * g), os)
+    return out
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def gemm_tiled_q5_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q5_K numerics of blocks (n_rows, nb * 176)."""
-    return _tiled(5, blocks, xq, out)
-
-
-@njit(cache=True, parallel=True, error_model="numpy", inline="always")
-def _tiled(bits, blocks, xq, out):
-    size = 210 if bits == 6 else 144 if bits == 4 else 176
-    nb = blocks.shape[1] // size
-    n, m = blocks.shape[0], xq.shape[0]
+    n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 176
     xt, bs, d8 = _pack(xq, nb, m)
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
-        codes = np.zeros((BAND, nb, 256), np.uint8)
-        sc = np.zeros((BAND, nb, 16), np.int32)
-        mn = np.zeros((BAND, nb, 16), np.int32)
-        dd = np.zeros((BAND, nb, 2), np.float32)
-        for c in range(rows):
-            for i in range(nb):
-                blk = blocks[g * BAND + c, i * size:(i + 1) * size]
-                if bits == 6:
-                    _decode_q6_k(blk, codes[c, i], sc[c, i], dd[c, i])
-                elif bits == 4:
-                    _decode_q4_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
-                else:
-                    _decode_q5_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
-        cs, ss, ds = u64(codes.strides[0]), u64(sc.strides[0]), u64(dd.strides[0])
+        codes, sc, mn, dd = _decode_band(5, blocks, g, rows, nb)
         for t in range(xt.shape[0]):
-            xo, bo, eo = u64(t) * u64(xt.strides[0]), u64(t) * u64(bs.strides[0]), u64(t) * u64(d8.strides[0])
-            live, oo = min(TILE, m - t * TILE), u64(t * TILE) * os + u64(4 * BAND * g)
-            if bits == 6:
-                _band_q6_k(nb, codes, cs, sc, mn, ss, dd, ds, xt, xo, bs, bo, d8, eo, live, rows, out, oo, os)
-            elif bits == 4:
-                _band_q4_kt(nb, codes, cs, sc, mn, ss, dd, ds, xt, xo, bs, bo, d8, eo, live, rows, out, oo, os)
-            else:
-                _band_q5_kt(nb, codes, cs, sc, mn, ss, dd, ds, xt, xo, bs, bo, d8, eo, live, rows, out, oo, os)
+            _band_q5_kt(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
+                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
+                        min(TILE, m - t * TILE), rows, out, u64(t * TILE) * os + u64(4 * BAND * g), os)
     return out

@@ -158,7 +158,7 @@ _short_q4_0, _short_q4_1, _short_q5_0, _short_q5_1, _short_q8_0, _short_q4_0_x8 
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
 def _pack(xq, nb, act, offset):
     """Per (tile, block): the activations' quants as TILE rows of 32 bytes, each lane's correction
     -offset * (sum of its four quants) as TILE rows of 8 int32, and the fp16 d (and s) as float32, TILE of
@@ -168,7 +168,7 @@ def _pack(xq, nb, act, offset):
     xp = np.zeros((tiles, nb, TILE, 32), np.uint8)
     cp = np.zeros((tiles, nb, TILE, 8), np.int32)
     sc = np.zeros((tiles, nb, 2, TILE), np.float32)
-    for a in prange(m):
+    for a in range(m):
         t, i = a // TILE, a % TILE
         for blk in range(nb):
             o = blk * act
