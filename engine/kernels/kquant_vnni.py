@@ -1,4 +1,4 @@
-"""Q4_K (repacked) and Q4_K / Q5_K / Q6_K (tiled) batches on AVX512-VNNI, with kquant_repack's / kquant_tiled's bits.
+"""Q4_K (repacked), Q4_K / Q5_K / Q6_K / IQ4_XS (tiled) batches on AVX512-VNNI, with the bits of the plain kernels.
 
 Those kernels form each (weight row, activation) integer with vpmaddubsw / vpmaddwd, one activation at a time.
 Here the integers come the way llama.cpp's tiled VNNI microkernel gets them: eight weight rows by sixteen
@@ -14,12 +14,14 @@ The integers are the same, so the float steps give the same bits as before:
       gemv numerics, as forward_mul_mat splits them)
   Q6_K (tiled, per super-block): acc = fma(float(isum) * fp16(d), d8, acc)
   Q4_K / Q5_K (tiled, rows not repacked): acc = fma(fma(-fp16(dmin), float(imin), float(isum) * fp16(d)), d8, acc)
+  IQ4_XS (tiled): as Q6_K, the codes kvalues_iq4nl + 128 and the 128 taken off through the 32-quant sums
 
 Each band of eight weight rows is decoded once per product into a scratch of codes and scales (`_decode_*`),
 then meets every tile of 16 activations; a short last tile is padded with zero activations.
 
   gemm_q4_k_8x8_vnni(weight, xq, out)   as kquant_repack.gemm_q4_k_8x8
   gemm_tiled_q{4,5,6}_k_vnni(blocks, xq, out)  as kquant_tiled.gemm_tiled_q{4,5,6}_k
+  gemm_tiled_iq4_xs_vnni(blocks, xq, out)     as iquant_tiled.gemm_tiled for IQ4_XS
 """
 from __future__ import annotations
 
@@ -29,12 +31,15 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from engine.quant.iquant_grids import kvalues_iq4nl
+
 from .activations import bits_f32, f16_to_f32
 from .kquant_repack import GROUP_BYTES, _tile_gemv
 from .kquant_repack_ref import GROUP, MAT_ROWS, Q4K_BYTES
 from .simd import F32, I32, I64, byte_ptr, call_intrinsic, load, vec
 
 u64 = np.uint64
+_IQ4 = (kvalues_iq4nl().astype(np.int32) + 128).astype(np.uint8)  # the IQ4_XS codes
 TILE = 16  # activations per zmm lane set
 BAND = 8  # weight rows per microkernel call
 I32X16 = vec(I32, 16)
@@ -42,7 +47,8 @@ F32X16 = vec(F32, 16)
 ACT_BYTES = 64 * 64  # one super-block of a tile's transposed quants: 64 groups x 16 activations x 4 bytes
 # kind -> (sub-blocks per super-block, code bias taken off through bsums)
 # ("q4_k": the repacked gemm's numbers; "q4_kt" / "q5_kt": the tiled path's, one step per super-block)
-_KIND = {"q4_k": (8, 0), "q6_k": (16, 32), "q4_kt": (8, 0), "q5_kt": (8, 0)}
+# ("iq4_xs": codes kvalues_iq4nl + 128, the 128 taken off through the 32-quant sums; Q6_K's float step)
+_KIND = {"q4_k": (8, 0), "q6_k": (16, 32), "q4_kt": (8, 0), "q5_kt": (8, 0), "iq4_xs": (8, 128)}
 
 
 def _splat_i32(b, v):
@@ -91,7 +97,8 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
             pb_j = b.gep(pb, [b.mul(j, ir.Constant(I64, 128))])
             pair = [zero] * BAND
             for h in range(2):
-                start = b.mul(load(b, pb_j, I32X16, 64 * h), _splat_i32(b, ir.Constant(I32, -bias))) if bias else zero
+                sums_at = 64 * (16 + h) if width == 8 else 64 * h  # the 32-quant sums, or the 16-quant bsums
+                start = b.mul(load(b, pb_j, I32X16, sums_at), _splat_i32(b, ir.Constant(I32, -bias))) if bias else zero
                 raw = [start] * BAND
                 for gg in range(h * width, (h + 1) * width):
                     a = load(b, px_j, I32X16, 64 * gg)
@@ -114,7 +121,7 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
                 for r in range(BAND):
                     b.store(b.add(b.load(s1[r]), pair[r]), s1[r])
         s1 = [b.load(v) for v in s1]
-        if kind == "q6_k":  # res = float(isum) * fp16(d); acc = fma(res, d8, acc)
+        if kind in ("q6_k", "iq4_xs"):  # res = float(isum) * fp16(d); acc = fma(res, d8, acc)
             for r in range(BAND):
                 res = b.fmul(b.sitofp(s1[r], F32X16), _splat_f32(b, load(b, pd[r], F32, 0)))
                 b.store(_fma(b, res, d8, b.load(acc[r])), acc[r])
@@ -162,6 +169,7 @@ _band_q4_k = _make("q4_k")
 _band_q6_k = _make("q6_k")
 _band_q4_kt = _make("q4_kt")
 _band_q5_kt = _make("q5_kt")
+_band_iq4_xs = _make("iq4_xs")
 
 
 @njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
@@ -271,9 +279,23 @@ def gemm_q4_k_8x8_vnni(weight, xq, out):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _decode_iq4_xs(blk, codes, sc, dd):
+    """One 136-byte IQ4_XS block: 256 codes kvalues_iq4nl[nibble] + 128, 8 scales (6 bits) - 32, d."""
+    dd[0] = f16_to_f32(np.uint16(blk[0]) | (np.uint16(blk[1]) << np.uint16(8)))
+    high = np.int32(blk[2]) | (np.int32(blk[3]) << 8)
+    for ib in range(8):
+        low = (np.int32(blk[4 + ib // 2]) >> (4 * (ib % 2))) & 15
+        sc[ib] = (low | (((high >> (2 * ib)) & 3) << 4)) - 32
+        for j in range(16):
+            v = blk[8 + 16 * ib + j]
+            codes[32 * ib + j] = _IQ4[v & 15]
+            codes[32 * ib + 16 + j] = _IQ4[v >> 4]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _decode_band(bits, blocks, g, rows, nb):
     """Rows [8g, 8g + rows) of plain Q4_K / Q5_K / Q6_K blocks (bits 4, 5, 6) decoded for a band."""
-    size = 210 if bits == 6 else 144 if bits == 4 else 176
+    size = 210 if bits == 6 else 144 if bits == 4 else 176 if bits == 5 else 136  # bits 0: IQ4_XS
     codes = np.zeros((BAND, nb, 256), np.uint8)
     sc = np.zeros((BAND, nb, 16), np.int32)
     mn = np.zeros((BAND, nb, 16), np.int32)
@@ -285,8 +307,10 @@ def _decode_band(bits, blocks, g, rows, nb):
                 _decode_q6_k(blk, codes[c, i], sc[c, i], dd[c, i])
             elif bits == 4:
                 _decode_q4_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
-            else:
+            elif bits == 5:
                 _decode_q5_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
+            else:
+                _decode_iq4_xs(blk, codes[c, i], sc[c, i], dd[c, i])
     return codes, sc, mn, dd
 
 
@@ -336,4 +360,20 @@ def gemm_tiled_q5_k_vnni(blocks, xq, out):
             _band_q5_kt(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                         xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
                         min(TILE, m - t * TILE), rows, out, u64(t * TILE) * os + u64(4 * BAND * g), os)
+    return out
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def gemm_tiled_iq4_xs_vnni(blocks, xq, out):
+    """out (m, n_rows) = tiled IQ4_XS numerics (iquant_tiled's) of blocks (n_rows, nb * 136)."""
+    n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 136
+    xt, bs, d8 = _pack(xq, nb, m)
+    os = u64(out.strides[0])
+    for g in prange((n + BAND - 1) // BAND):
+        rows = min(BAND, n - g * BAND)
+        codes, sc, mn, dd = _decode_band(0, blocks, g, rows, nb)
+        for t in range(xt.shape[0]):
+            _band_iq4_xs(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
+                         xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
+                         min(TILE, m - t * TILE), rows, out, u64(t * TILE) * os + u64(4 * BAND * g), os)
     return out

@@ -118,6 +118,10 @@ def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable
 def tiled_gemm(qtype: GGMLType) -> Callable:
     """The tiled gemm of a plain-buffer weight (batches of TILED_MIN_ROWS rows or more): Q3_K..Q6_K in
     kquant_tiled, Q2_K and the Q8_K i-quants in iquant_tiled."""
+    if qtype == _T.IQ4_XS and q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's band kernel, the same bits
+        from engine.kernels.kquant_vnni import gemm_tiled_iq4_xs_vnni  # noqa: PLC0415 - compiled kernels only
+
+        return gemm_tiled_iq4_xs_vnni
     if qtype.name in TILED_IQ:
         from engine.kernels.iquant_tiled import KINDS, gemm_tiled  # noqa: PLC0415 - compiled kernels only
 

@@ -1,4 +1,4 @@
-"""kquant_vnni: the AVX512-VNNI batches of Q4_K (repacked rows) and Q4_K / Q5_K / Q6_K (tiled) give llama.cpp's bits.
+"""kquant_vnni: the AVX512-VNNI batches of Q4_K (repacked rows) and Q4_K / Q5_K / Q6_K (tiled) and IQ4_XS (tiled) give llama.cpp's bits.
 
 The same fixtures as kquant_repack's and kquant_tiled's tests (llama.cpp's MUL_MAT outputs), and the NumPy
 reference of the q4_K_8x8 numbers on random blocks with max scales and mins.
@@ -110,3 +110,24 @@ def test_tiled_equal_the_plain_tiled_kernels_on_edge_blocks(vnni, t: str, size: 
     ours = getattr(vnni, f"gemm_tiled_{t.lower()}_vnni")(w, xq, np.full((37, 19), np.nan, np.float32))
     theirs = getattr(kquant_tiled, f"gemm_tiled_{t.lower()}")(w, xq, np.full((37, 19), np.nan, np.float32))
     tiled_tests.assert_bits_equal(ours, theirs, f"{t} edge blocks")
+
+
+def test_iq4_xs_equals_llama_cpp(vnni) -> None:
+    """IQ4_XS through the band kernel: llama.cpp's tiled MUL_MAT of 9 rows, and iquant_tiled's on random blocks."""
+    from engine.kernels.iquant_tiled import KINDS, gemm_tiled  # noqa: PLC0415
+    from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
+
+    golden = _load(tiled_tests.FIXTURE.parent / "iquant_dot.npz")
+    w, xq = golden["w_IQ4_XS"], golden["xq_Q8_K_768"][:9]
+    ours = vnni.gemm_tiled_iq4_xs_vnni(w, xq, np.full((9, len(w)), np.nan, np.float32))
+    tiled_tests.assert_bits_equal(ours, golden["mul_mat_IQ4_XS_9"], "IQ4_XS 9 rows")
+    rng = np.random.default_rng(8)
+    w = rng.integers(0, 256, (21, 2, 136), dtype=np.uint8)  # every nibble, scale and scale sign
+    w[..., 0:2] = (rng.standard_normal((21, 2, 1)) * 0.01).astype("<f2").view(np.uint8).reshape(21, 2, 2)
+    w[4, 1] = 0
+    w = w.reshape(21, 272)
+    x = (rng.standard_normal((35, 512)) * rng.uniform(0.01, 5, (35, 1))).astype(np.float32)
+    xq = quantize_q8_k(x).reshape(35, -1)
+    ours = vnni.gemm_tiled_iq4_xs_vnni(w, xq, np.full((35, 21), np.nan, np.float32))
+    theirs = gemm_tiled(KINDS["IQ4_XS"], w, xq, np.full((35, 21), np.nan, np.float32))
+    tiled_tests.assert_bits_equal(ours, theirs, "IQ4_XS random blocks")
