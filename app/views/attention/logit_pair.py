@@ -50,6 +50,7 @@ class LogitPairView(QWidget):
         self.summary = NoHfwLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
         self.summary.setWordWrap(True)
         self.summary.setMinimumHeight(34)  # two lines: the summary wraps in a narrow pane
+        self.summary.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)  # one line: no gap above
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         bar = QWidget()
         flow = FlowLayout(bar)
