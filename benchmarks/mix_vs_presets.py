@@ -70,7 +70,7 @@ def main() -> int:
                 "applied_bytes": applied.new_bytes if applied else None,
                 "kld_preset": kld_preset, "kld_mix": kld_mix, "ratio": kld_mix / kld_preset if kld_preset else None,
                 "calibration_kld_mix": mix.measured_kld, "predicted_kld_mix": mix.predicted_kld,
-                "variants": [(v.exponent, v.measured_kld) for v in result.variants],
+                "variants": [(v.exponent, v.widened, v.measured_kld) for v in result.variants],
                 "search_seconds": seconds, "search_cpu_seconds": cpu, "note": mix.note, "resumed_tensors": result.sensitivities.resumed if result.sensitivities else 0,
                 "calibration_tokens": len(ids), "group_layers": args.group_layers, "eval_tokens": len(eval_ids), "counts": mix.counts(),
             }), flush=True)

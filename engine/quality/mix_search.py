@@ -161,6 +161,7 @@ class MixPlan:
     exponent: float = 1.0
     budget_bpw: float = 0.0
     note: str = ""  # why the mix is further below the budget than asked, when it is
+    widened: bool = False  # the best mix under the budget, widened up to the floor (solve's widen)
 
     @property
     def bpw(self) -> float:
@@ -213,7 +214,8 @@ class MixPlan:
     def as_dict(self) -> dict[str, Any]:
         return {"types": self.types, "nbytes": self.nbytes, "bpw": self.bpw, "budget_bpw": self.budget_bpw,
                 "predicted_kld": self.predicted_kld, "measured_kld": self.measured_kld, "exponent": self.exponent,
-                "rules": self.rules(), "preset": self.preset(), "n_changed": len(self.changed), "note": self.note}
+                "rules": self.rules(), "preset": self.preset(), "n_changed": len(self.changed), "note": self.note,
+                "widened": self.widened}
 
 
 def _kld(s: Any, q: str, exponent: float) -> float:
@@ -225,10 +227,14 @@ def _kld(s: Any, q: str, exponent: float) -> float:
 
 
 def solve(sens: Sensitivities, budget_bpw: float, exponent: float = 1.0, resolution: int = RESOLUTION,
-          min_fill: float = 0.0) -> MixPlan:
+          min_fill: float = 0.0, widen: bool = False) -> MixPlan:
     """The mix with the least predicted KLD whose file is at most budget_bpw bits per weight and, when it can
     be, at least min_fill of that (0.99: within 1% of the budget, even where a smaller mix would be closer
-    to the file: a file already under the budget is then widened where that costs least)."""
+    to the file: a file already under the budget is then widened where that costs least).
+
+    widen: instead of the knapsack over the window, the best mix under the budget alone, then widened
+    tensor by tensor (least predicted KLD per byte) up to the floor: another guess for verify to weigh,
+    since the prediction of a widening's cost is the least sure part of the model."""
     if not (budget_bpw > 0 and math.isfinite(budget_bpw)):
         raise SettingError(f"--budget-bpw {budget_bpw}: must be a positive number")
     if not 0.0 <= min_fill <= 1.0:
@@ -245,7 +251,12 @@ def solve(sens: Sensitivities, budget_bpw: float, exponent: float = 1.0, resolut
     if budget < smallest - sens.fixed_bytes:
         raise SettingError(f"--budget-bpw {budget_bpw:g} is below the smallest mix the candidate types allow "
                            f"({8 * smallest / sens.n_elements:.3f} bpw)")
-    chosen, _ = solve_choices(options, budget, resolution, floor)
+    if widen:
+        chosen, _ = solve_choices(options, budget, resolution)
+        _raise(options, chosen, budget, floor)
+        _fill(options, chosen, budget, floor)
+    else:
+        chosen, _ = solve_choices(options, budget, resolution, floor)
     types = {n: list(sens.tensors[n].nbytes)[j] for n, j in zip(names, chosen)}
     nbytes = sens.fixed_bytes + sum(sens.tensors[n].nbytes[q] for n, q in types.items())
     predicted = sum(sens.tensors[n].kld(q) for n, q in types.items())
@@ -256,7 +267,7 @@ def solve(sens: Sensitivities, budget_bpw: float, exponent: float = 1.0, resolut
                 + (f"the widest types the rows take give at most {8 * largest / sens.n_elements:.3f} bpw"
                    if largest - sens.fixed_bytes < floor else "no choice of the candidate types lands between"))
     return MixPlan(types, {n: sens.tensors[n].file_type for n in names}, nbytes, sens.n_elements, predicted,
-                   exponent=exponent, budget_bpw=budget_bpw, note=note)
+                   exponent=exponent, budget_bpw=budget_bpw, note=note, widened=widen)
 
 
 def measure_mix(meas: Measurer, types: Mapping[str, str], cancel: threading.Event | None = None,
@@ -305,10 +316,11 @@ def search(meas: Measurer, sens: Sensitivities, budget_bpw: float, *, exponents:
     """Solve the budgeted choice for each exponent, verify each distinct mix, keep the best measured one."""
     say = progress or (lambda what, frac: None)
     plans: list[MixPlan] = []
-    for a in exponents:
-        p = solve(sens, budget_bpw, a, min_fill=min_fill)
-        if all(p.types != q.types for q in plans):
-            plans.append(p)
+    for widen in (False, True) if min_fill > 0 else (False,):
+        for a in exponents:
+            p = solve(sens, budget_bpw, a, min_fill=min_fill, widen=widen)
+            if all(p.types != q.types for q in plans):
+                plans.append(p)
     if not verify:
         return SearchResult(plans[0], plans, sens)
     if meas.base_logits is None:

@@ -94,6 +94,9 @@ def test_the_solver_fills_the_budget_within_one_percent() -> None:
         full = solve(sens, bpw, min_fill=0.99)
         assert 0.99 * bpw <= full.bpw <= bpw and not full.note
         assert full.predicted_kld >= loose.predicted_kld  # the floor only narrows the choice
+        widened = solve(sens, bpw, min_fill=0.99, widen=True)  # the unbounded best, widened up to the floor
+        assert 0.99 * bpw <= widened.bpw <= bpw and widened.widened and not full.widened
+        assert widened.predicted_kld >= full.predicted_kld - 1e-15  # the knapsack is the optimum of the prediction
         if bpw > 5.0:
             assert loose.predicted_kld == 0.0 and loose.bpw == pytest.approx(5.0)  # the file itself is the best
             assert 0 < full.predicted_kld < 0.2 * solve(sens, 4.6).predicted_kld  # widening costs less than narrowing
