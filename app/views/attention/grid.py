@@ -189,7 +189,9 @@ class GridView(pg.GraphicsLayoutWidget):
             a, b = self._xs[kv * g], self._xs[min(n_heads, (kv + 1) * g) - 1] + t
             groups.append((float((a + b) / 2), f"KV {kv}" if g > 1 else ""))
         self.plot.getAxis("bottom").setTicks([groups])
-        self.plot.getAxis("bottom").setLabel("heads sharing a KV head (GQA)" if g > 1 else "")
+        self.plot.getAxis("bottom").setLabel("KV groups (GQA)" if g > 1 else "")  # short: the grid can be 160 px wide
+        self.plot.getAxis("bottom").setToolTip("Heads under one KV label share that KV head (grouped-query attention)"
+                                               if g > 1 else "")
         rows = [(float(li * (t + GAP) + t / 2), f"L{li}") for li in range(n_layers)]
         self.plot.getAxis("left").setTicks([rows])
         right = []
