@@ -113,14 +113,14 @@ def test_plan_follows_a_swapped_weight(tiny: dict[str, Path]) -> None:
         model.close()
 
 
-def test_other_caches_and_tails_take_the_numpy_path(tiny: dict[str, Path]) -> None:
+def test_quantized_and_f32_caches_take_the_numpy_path_short_caches_pad_to_256(tiny: dict[str, Path]) -> None:
     model = load_model(tiny["gemma3-types"])
     try:
         plan = ggml_decode.plan_for(model.net)
         assert not plan.fits(model.new_cache(64, "Q8_0"), 0)  # quantized rows: the NumPy path
         assert not plan.fits(model.new_cache(64, "F32"), 0)
         assert plan.fits(model.new_cache(40), 31)
-        assert not plan.fits(model.new_cache(40), 33)  # n_kv 40: keys past 32 sit in softmax's scalar tail
+        assert plan.fits(model.new_cache(40), 33)  # llama_context pads 40 cells to 256: n_kv 256, no scalar tail
         ids = list(range(5, 40))
         slow, _ = _steps(model, ids, fast=False, n_ctx=40)
         fast, _ = _steps(model, ids, fast=True, n_ctx=40)
