@@ -263,9 +263,15 @@ def solve(sens: Sensitivities, budget_bpw: float, exponent: float = 1.0, resolut
     note = ""
     if nbytes - sens.fixed_bytes < floor:
         largest = sens.fixed_bytes + sum(max(s.nbytes.values()) for s in sens.tensors.values())
-        note = (f"{8 * nbytes / sens.n_elements:.3f} bpw is below {min_fill:.0%} of the budget: "
-                + (f"the widest types the rows take give at most {8 * largest / sens.n_elements:.3f} bpw"
-                   if largest - sens.fixed_bytes < floor else "no choice of the candidate types lands between"))
+        if largest - sens.fixed_bytes < floor:
+            why = f"the widest types the rows take give at most {8 * largest / sens.n_elements:.3f} bpw"
+        elif widen:
+            why = ("the best mix under the budget, widened, leaves no tensor a wider type that fits the rest "
+                   "(a mix nearer the budget narrows other tensors instead)")
+        else:
+            why = "no choice of the candidate types lands between"
+        bpw = 8 * nbytes / sens.n_elements
+        note = f"{bpw:.3f} bpw is {bpw / budget_bpw:.1%} of the budget, below {min_fill:.0%}: {why}"
     return MixPlan(types, {n: sens.tensors[n].file_type for n in names}, nbytes, sens.n_elements, predicted,
                    exponent=exponent, budget_bpw=budget_bpw, note=note, widened=widen)
 
