@@ -27,11 +27,25 @@ from numba.extending import intrinsic
 
 from engine.quant.types import GGMLType
 
+from .activations import f16_to_f32
 from .kquant_dot import _hsum8, _splat
 from .legacy_dot import Q4_0_X8
-from .activations import f16_to_f32
 from .legacy_gemm import _SPEC, KINDS, TILE, _block_sums, _i64
-from .simd import F32, I8, I16, I32, I64, byte_ptr, call_intrinsic, const_vec, half_to_float, load, shuffle, splat_const, vec
+from .simd import (
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    byte_ptr,
+    call_intrinsic,
+    const_vec,
+    half_to_float,
+    load,
+    shuffle,
+    splat_const,
+    vec,
+)
 
 u64 = np.uint64
 _ROWS = 16  # rows per parallel task

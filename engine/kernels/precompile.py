@@ -1,10 +1,11 @@
-"""The first start's kernel compile, split over two processes.
+"""The first start's kernel compile, split over processes.
 
 numba compiles on one core, and a cold start of the ggml numerics compiles about seventy functions:
 half a minute for a small model. Most of it splits in two independent halves: the product kernels of
 the model's weight types (what `dispatch.warm_up` compiles) and everything else a forward pass runs
 (norms, RoPE, attention, the decode step). So on a cold cache the warm-up starts a second Python
-process that compiles the products into numba's on-disk cache, and meanwhile runs a *dry* forward
+process that compiles the products into numba's on-disk cache (two when the model has legacy quants and other
+types: each family's kernels in its own), and meanwhile runs a *dry* forward
 pass here: inside `dry_products()` every BlockProduct returns zeros without running (or compiling) a
 product kernel, so the pass compiles the other half. Then the real warm-up finds the products in the
 cache. Nothing of this runs when the cache is warm, on one core, or with GGUF_LENS_PRECOMPILE=0; if
@@ -64,48 +65,71 @@ def is_cached(dispatcher: Any) -> bool:
 
 
 class Helper:
-    """The second process compiling the product kernels."""
+    """The helper processes compiling the product kernels (one per kernel family, see `start`)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], names: list[str], errors: Any):
-        self.proc, self.names, self.errors, self.started = proc, names, errors, time.monotonic()
+    def __init__(self, procs: list[tuple[subprocess.Popen[bytes], list[str], Any]]):
+        self.procs, self.started = procs, time.monotonic()
+        self.names = [n for _, names, _ in procs for n in names]
 
     def wait(self, progress: Callable[[float], None] | None = None, limit: float = WAIT_LIMIT_S) -> bool:
-        """Wait until the helper is done (progress gets a rising fraction meanwhile); True when it succeeded."""
-        while self.proc.poll() is None:
+        """Wait until every helper is done (progress gets a rising fraction meanwhile); True when all succeeded."""
+        while any(proc.poll() is None for proc, _, _ in self.procs):
             elapsed = time.monotonic() - self.started
             if elapsed > limit:
                 log.warning("the kernel compile helper took over %.0f s; compiling here instead", limit)
-                self.proc.kill()
-                self.proc.wait()
+                for proc, _, _ in self.procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                for _, _, errors in self.procs:
+                    errors.close()
                 return False
             if progress is not None:
                 progress(min(0.95, elapsed / 30.0))
             time.sleep(0.1)
-        ok = self.proc.returncode == 0
-        if not ok:
-            self.errors.seek(0)
-            tail = self.errors.read()[-2000:].decode("utf-8", "replace")
-            log.warning("the kernel compile helper failed (exit %s); compiling here instead: %s",
-                        self.proc.returncode, tail)
-        self.errors.close()
-        log.info("product kernels for %s compiled in a second process in %.1f s", ", ".join(self.names),
+        ok = True
+        for proc, _, errors in self.procs:
+            if proc.returncode != 0:
+                ok = False
+                errors.seek(0)
+                tail = errors.read()[-2000:].decode("utf-8", "replace")
+                log.warning("the kernel compile helper failed (exit %s); compiling here instead: %s",
+                            proc.returncode, tail)
+            errors.close()
+        where = "a second process" if len(self.procs) == 1 else f"{len(self.procs)} more processes"
+        log.info("product kernels for %s compiled in %s in %.1f s", ", ".join(self.names), where,
                  time.monotonic() - self.started)
         return ok
 
 
+# the legacy quants share one batch kernel (legacy_gemm_vnni / legacy_gemm): their products compile together;
+# the k-quants, i-quants and floats in a second helper when the model has both (the compile is two-thirds of a
+# cold start, and one helper was its long pole)
+_LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+
+
+def families(names: list[str]) -> list[list[str]]:
+    """TYPE:ROWS names split into the legacy quants and the rest (an empty group is dropped)."""
+    groups = [[n for n in names if n.split(":")[0] in _LEGACY], [n for n in names if n.split(":")[0] not in _LEGACY]]
+    return [g for g in groups if g]
+
+
 def start(weights: Iterable[tuple[GGMLType, int]], probe: Any) -> Helper | None:
-    """Start the helper compiling the products of these (weight type, rows) when `probe` (a compiled function
+    """Start the helpers compiling the products of these (weight type, rows) when `probe` (a compiled function
     every forward pass runs) is not in numba's cache and there are two cores or more; None otherwise."""
     if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2 or is_cached(probe):
         return None
     names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in set(weights))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the helper's lifetime, closed by wait()
-    try:
-        proc = subprocess.Popen([sys.executable, "-c", _HELPER, *names], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=errors)
-    except OSError as err:
-        errors.close()
-        log.info("no second process for the kernel compile (%s)", err)
-        return None
-    return Helper(proc, names, errors)
+    procs: list[tuple[subprocess.Popen[bytes], list[str], Any]] = []
+    for group in families(names):
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the helper's lifetime, closed by wait()
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", _HELPER, *group], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=errors)
+        except OSError as err:
+            errors.close()
+            log.info("no second process for the kernel compile (%s)", err)
+            break
+        procs.append((proc, group, errors))
+    return Helper(procs) if procs else None

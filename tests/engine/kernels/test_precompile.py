@@ -122,3 +122,11 @@ def test_cold_start_splits_the_compile_and_gives_the_same_numbers(tmp_path):
     step = model.forward(np.array([11], np.int64), cache)
     assert np.array_equal(np.float32(child["logits"]), np.asarray(logits)[-1])
     assert np.array_equal(np.float32(child["step"]), np.asarray(step)[-1])
+
+
+def test_product_families_split_the_legacy_quants_from_the_rest():
+    """Gemma 3's weights: the legacy quants (one shared batch kernel) in one helper, the k-quants in another."""
+    names = ["Q4_K:640", "Q5_0:1024", "Q5_0:256", "Q6_K:640", "Q8_0:262144"]
+    assert precompile.families(names) == [["Q5_0:1024", "Q5_0:256", "Q8_0:262144"], ["Q4_K:640", "Q6_K:640"]]
+    assert precompile.families(["Q4_1:576", "Q8_0:576"]) == [["Q4_1:576", "Q8_0:576"]]
+    assert precompile.families(["F16:64"]) == [["F16:64"]]
