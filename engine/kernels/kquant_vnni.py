@@ -34,7 +34,7 @@ from numba.extending import intrinsic
 from engine.quant.iquant_grids import kvalues_iq4nl
 
 from .activations import bits_f32, f16_to_f32
-from .kquant_repack import GROUP_BYTES, _tile_gemv
+from .kquant_repack import GROUP_BYTES, gemv_q4_k_8x8
 from .kquant_repack_ref import GROUP, MAT_ROWS, Q4K_BYTES
 from .simd import F32, I32, I64, byte_ptr, call_intrinsic, load, vec
 
@@ -250,15 +250,26 @@ def _decode_q6_k(blk, codes, sc, dd):
             codes[w + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
 def gemm_q4_k_8x8_vnni(weight, xq, out):
     """out[a, r] for Q8_K rows xq (m, nb * 292) from quantize_q8_k_mat and a repack_q4_k_8x8 weight: rows
-    a < m - m % 4 as ggml_gemm_q4_K_8x8_q8_K, the others as ggml_gemv_q4_K_8x8_q8_K."""
-    nb = weight.shape[1] // GROUP_BYTES
+    a < m - m % 4 as ggml_gemm_q4_K_8x8_q8_K (the band kernel), the others as ggml_gemv_q4_K_8x8_q8_K
+    (kquant_repack's gemv, which a decode step compiles anyway: one kernel less to compile here)."""
     m = xq.shape[0]
     k = m - m % MAT_ROWS
+    if k:
+        _gemm_q4_k_rows(weight, xq[:k], out[:k])
+    for a in range(k, m):
+        gemv_q4_k_8x8(weight, xq[a], out[a])
+    return out
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _gemm_q4_k_rows(weight, xq, out):
+    """out[a, r] = ggml_gemm_q4_K_8x8_q8_K for every row of xq (their count a multiple of 4)."""
+    nb = weight.shape[1] // GROUP_BYTES
+    k = xq.shape[0]
     xt, bs, d8 = _pack(xq, nb, k)
-    gs, os, xs = u64(weight.strides[0]), u64(out.strides[0]), u64(xq.strides[0])
+    os = u64(out.strides[0])
     for g in prange(weight.shape[0]):
         codes = np.zeros((BAND, nb, 256), np.uint8)
         sc = np.zeros((BAND, nb, 16), np.int32)
@@ -272,9 +283,6 @@ def gemm_q4_k_8x8_vnni(weight, xq, out):
             _band_q4_k(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
                        min(TILE, k - t * TILE), BAND, out, u64(t * TILE) * os + u64(4 * GROUP * g), os)
-        if k < m:
-            _tile_gemv(weight, u64(g) * gs, Q4K_BYTES, GROUP_BYTES, nb, xq, u64(k) * xs, xs, m - k,
-                       out, u64(k) * os + u64(4 * GROUP * g), os)
     return out
 
 
@@ -293,25 +301,10 @@ def _decode_iq4_xs(blk, codes, sc, dd):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _decode_band(bits, blocks, g, rows, nb):
-    """Rows [8g, 8g + rows) of plain Q4_K / Q5_K / Q6_K blocks (bits 4, 5, 6) decoded for a band."""
-    size = 210 if bits == 6 else 144 if bits == 4 else 176 if bits == 5 else 136  # bits 0: IQ4_XS
-    codes = np.zeros((BAND, nb, 256), np.uint8)
-    sc = np.zeros((BAND, nb, 16), np.int32)
-    mn = np.zeros((BAND, nb, 16), np.int32)
-    dd = np.zeros((BAND, nb, 2), np.float32)
-    for c in range(rows):
-        for i in range(nb):
-            blk = blocks[g * BAND + c, i * size:(i + 1) * size]
-            if bits == 6:
-                _decode_q6_k(blk, codes[c, i], sc[c, i], dd[c, i])
-            elif bits == 4:
-                _decode_q4_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
-            elif bits == 5:
-                _decode_q5_k(blk, codes[c, i], sc[c, i], mn[c, i], dd[c, i])
-            else:
-                _decode_iq4_xs(blk, codes[c, i], sc[c, i], dd[c, i])
-    return codes, sc, mn, dd
+def _scratch(nb):
+    """A band's decoded codes, scales, mins and d / dmin."""
+    return (np.zeros((BAND, nb, 256), np.uint8), np.zeros((BAND, nb, 16), np.int32), np.zeros((BAND, nb, 16), np.int32),
+            np.zeros((BAND, nb, 2), np.float32))
 
 
 # one driver per type, each compiling its own band kernel only
@@ -323,7 +316,11 @@ def gemm_tiled_q6_k_vnni(blocks, xq, out):
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
-        codes, sc, mn, dd = _decode_band(6, blocks, g, rows, nb)
+        codes, sc, mn, dd = _scratch(nb)
+        for c in range(rows):  # each driver decodes its own type only (less to compile)
+            r = g * BAND + c
+            for i in range(nb):
+                _decode_q6_k(blocks[r, i * 210:(i + 1) * 210], codes[c, i], sc[c, i], dd[c, i])
         for t in range(xt.shape[0]):
             _band_q6_k(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
@@ -339,7 +336,11 @@ def gemm_tiled_q4_k_vnni(blocks, xq, out):
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
-        codes, sc, mn, dd = _decode_band(4, blocks, g, rows, nb)
+        codes, sc, mn, dd = _scratch(nb)
+        for c in range(rows):  # each driver decodes its own type only (less to compile)
+            r = g * BAND + c
+            for i in range(nb):
+                _decode_q4_k(blocks[r, i * 144:(i + 1) * 144], codes[c, i], sc[c, i], mn[c, i], dd[c, i])
         for t in range(xt.shape[0]):
             _band_q4_kt(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                         xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
@@ -355,7 +356,11 @@ def gemm_tiled_q5_k_vnni(blocks, xq, out):
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
-        codes, sc, mn, dd = _decode_band(5, blocks, g, rows, nb)
+        codes, sc, mn, dd = _scratch(nb)
+        for c in range(rows):  # each driver decodes its own type only (less to compile)
+            r = g * BAND + c
+            for i in range(nb):
+                _decode_q5_k(blocks[r, i * 176:(i + 1) * 176], codes[c, i], sc[c, i], mn[c, i], dd[c, i])
         for t in range(xt.shape[0]):
             _band_q5_kt(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                         xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
@@ -371,7 +376,11 @@ def gemm_tiled_iq4_xs_vnni(blocks, xq, out):
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
-        codes, sc, mn, dd = _decode_band(0, blocks, g, rows, nb)
+        codes, sc, mn, dd = _scratch(nb)
+        for c in range(rows):  # each driver decodes its own type only (less to compile)
+            r = g * BAND + c
+            for i in range(nb):
+                _decode_iq4_xs(blocks[r, i * 136:(i + 1) * 136], codes[c, i], sc[c, i], dd[c, i])
         for t in range(xt.shape[0]):
             _band_iq4_xs(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                          xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
