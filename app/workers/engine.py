@@ -16,6 +16,7 @@ from app.jobs.lens import lens_job
 from app.jobs.load import fetch_job, load_job
 from app.jobs.session import Emit, Session
 from app.workers.blas import limit_blas_threads, restore_blas_threads
+from app.workers.gc_guard import GuiThreadCollector
 from app.workers.runner import Runner, TaskJob
 
 
@@ -49,6 +50,7 @@ class Engine(QObject):
         self._task_pending: dict[str, dict[str, TaskJob]] = {}  # lane -> kind -> newest waiting job
         self._closing = False
         self._blas_before = limit_blas_threads()
+        self._gc = GuiThreadCollector(self)  # cyclic collections on the GUI thread only (see gc_guard)
 
     # -- threads
     def _start(self, runner: Runner) -> Runner:
@@ -82,6 +84,8 @@ class Engine(QObject):
         if self._blas_before is not None and not self.threads():
             restore_blas_threads(self._blas_before)
             self._blas_before = None
+        if not self.threads():
+            self._gc.stop()
         return not self.threads()
 
     # -- models

@@ -1,0 +1,47 @@
+"""gc_guard: while an Engine lives, cyclic garbage is collected on the GUI thread, never on a job thread."""
+from __future__ import annotations
+
+import gc
+import threading
+
+from app.workers import gc_guard
+from app.workers.engine import Engine
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_an_engine_holds_collections_on_the_gui_thread_until_it_shuts_down(qtbot) -> None:
+    was = gc.isenabled()
+    engine = Engine()
+    try:
+        assert gc_guard.active() and not gc.isenabled()
+        freed_on: list[str] = []
+
+        class Tracked(_Cycle):
+            def __del__(self) -> None:
+                freed_on.append(threading.current_thread().name)
+
+        def make_garbage() -> None:  # a job thread allocating far past gc's thresholds collects nothing
+            Tracked()
+            for _ in range(50_000):
+                _Cycle()
+
+        worker = threading.Thread(target=make_garbage, name="job")
+        worker.start()
+        worker.join()
+        assert freed_on == []
+        qtbot.waitUntil(lambda: freed_on != [], timeout=3 * gc_guard.TICK_MS * gc_guard.FULL_EVERY)
+        assert freed_on == [threading.current_thread().name]  # the GUI thread's timer freed it
+    finally:
+        assert engine.shutdown()
+    assert gc.isenabled() == was and not gc_guard.active()
+
+
+def test_two_engines_the_last_one_restores_collection(qtbot) -> None:
+    was = gc.isenabled()
+    a, b = Engine(), Engine()
+    assert a.shutdown() and not gc.isenabled()
+    assert b.shutdown() and gc.isenabled() == was
