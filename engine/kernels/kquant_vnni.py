@@ -34,9 +34,10 @@ from numba.extending import intrinsic
 from engine.quant.iquant_grids import kvalues_iq4nl
 
 from .activations import bits_f32, f16_to_f32
-from .kquant_repack import GROUP_BYTES, gemv_q4_k_8x8
+from .kquant_dot import _splat
+from .kquant_repack import GROUP_BYTES, _i64, gemv_q4_k_8x8
 from .kquant_repack_ref import GROUP, MAT_ROWS, Q4K_BYTES
-from .simd import F32, I32, I64, byte_ptr, call_intrinsic, load, vec
+from .simd import F32, I32, I64, byte_ptr, call_intrinsic, load, splat_const, vec
 
 u64 = np.uint64
 _IQ4 = (kvalues_iq4nl().astype(np.int32) + 128).astype(np.uint8)  # the IQ4_XS codes
@@ -53,11 +54,6 @@ _KIND = {"q4_k": (8, 0), "q6_k": (16, 32), "q4_kt": (8, 0), "q5_kt": (8, 0), "iq
 
 def _splat_i32(b, v):
     u = b.insert_element(ir.Constant(I32X16, None), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(u, u, ir.Constant(I32X16, [ir.Constant(I32, 0)] * 16))
-
-
-def _splat_f32(b, v):
-    u = b.insert_element(ir.Constant(F32X16, None), v, ir.Constant(I32, 0))
     return b.shuffle_vector(u, u, ir.Constant(I32X16, [ir.Constant(I32, 0)] * 16))
 
 
@@ -98,7 +94,7 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
             pair = [zero] * BAND
             for h in range(2):
                 sums_at = 64 * (16 + h) if width == 8 else 64 * h  # the 32-quant sums, or the 16-quant bsums
-                start = b.mul(load(b, pb_j, I32X16, sums_at), _splat_i32(b, ir.Constant(I32, -bias))) if bias else zero
+                start = b.mul(load(b, pb_j, I32X16, sums_at), splat_const(I32, -bias, 16)) if bias else zero
                 raw = [start] * BAND
                 for gg in range(h * width, (h + 1) * width):
                     a = load(b, px_j, I32X16, 64 * gg)
@@ -111,8 +107,8 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
                 pm_j = [b.gep(pm[r], [b.mul(j, ir.Constant(I64, 8))]) for r in range(BAND)]
                 b32 = [load(b, pb_j, I32X16, 64 * (16 + h)) for h in (0, 1)]
                 for r in range(BAND):
-                    d = _splat_f32(b, load(b, pd[r], F32, 0))
-                    dmin = _splat_f32(b, load(b, pd[r], F32, 4))
+                    d = _splat(b, load(b, pd[r], F32, 0), 16)
+                    dmin = _splat(b, load(b, pd[r], F32, 4), 16)
                     b.store(_fma(b, b.sitofp(pair[r], F32X16), b.fmul(d, d8), b.load(acc[r])), acc[r])
                     imin = b.add(b.mul(_splat_i32(b, load(b, pm_j[r], I32, 0)), b32[0]),
                                  b.mul(_splat_i32(b, load(b, pm_j[r], I32, 4)), b32[1]))
@@ -123,7 +119,7 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
         s1 = [b.load(v) for v in s1]
         if kind in ("q6_k", "iq4_xs"):  # res = float(isum) * fp16(d); acc = fma(res, d8, acc)
             for r in range(BAND):
-                res = b.fmul(b.sitofp(s1[r], F32X16), _splat_f32(b, load(b, pd[r], F32, 0)))
+                res = b.fmul(b.sitofp(s1[r], F32X16), _splat(b, load(b, pd[r], F32, 0), 16))
                 b.store(_fma(b, res, d8, b.load(acc[r])), acc[r])
         elif kind != "q4_k":  # tiled Q4_K / Q5_K: res = fma(-fp16(dmin), float(imin), float(isum) * fp16(d))
             b32 = [load(b, pb, I32X16, 64 * (16 + j)) for j in range(8)]
@@ -131,8 +127,8 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
                 imin = zero
                 for j in range(8):
                     imin = b.add(imin, b.mul(_splat_i32(b, load(b, pm[r], I32, 4 * j)), b32[j]))
-                res = b.fmul(b.sitofp(s1[r], F32X16), _splat_f32(b, load(b, pd[r], F32, 0)))
-                res = _fma(b, b.fneg(_splat_f32(b, load(b, pd[r], F32, 4))), b.sitofp(imin, F32X16), res)
+                res = b.fmul(b.sitofp(s1[r], F32X16), _splat(b, load(b, pd[r], F32, 0), 16))
+                res = _fma(b, b.fneg(_splat(b, load(b, pd[r], F32, 4), 16)), b.sitofp(imin, F32X16), res)
                 b.store(_fma(b, res, d8, b.load(acc[r])), acc[r])
     for r in range(BAND):
         with b.if_then(b.icmp_signed(">", rows, ir.Constant(I64, r)), likely=True):
@@ -141,10 +137,6 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
                 with b.if_then(b.icmp_signed(">", m, ir.Constant(I64, a)), likely=True):
                     dst = b.gep(po, [b.add(b.mul(ir.Constant(I64, a), os), ir.Constant(I64, 4 * r))])
                     b.store(b.extract_element(total, ir.Constant(I32, a)), b.bitcast(dst, F32.as_pointer()), align=4)
-
-
-def _i64(b, v):
-    return v if v.type == I64 else b.sext(v, I64)
 
 
 def _make(kind: str):

@@ -27,10 +27,9 @@ from numba.extending import intrinsic
 
 from engine.quant.types import GGMLType
 
-from .activations import f16_to_f32
 from .kquant_dot import _hsum8, _splat
 from .legacy_dot import Q4_0_X8
-from .legacy_gemm import _SPEC, KINDS, TILE, _block_sums, _i64
+from .legacy_gemm import _SPEC, KINDS, TILE, _block_sums, _i64, _scales
 from .simd import (
     F32,
     I8,
@@ -174,22 +173,17 @@ _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
 
 @njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
 def _pack(xq, nb, act, offset):
-    """Per (tile, block): the activations' quants as TILE rows of 32 bytes, each lane's correction
-    -offset * (sum of its four quants) as TILE rows of 8 int32, and the fp16 d (and s) as float32, TILE of
-    each; zero past the last activation."""
+    """Per (tile, block): the activations' quants as TILE rows of 32 bytes and each lane's correction
+    -offset * (sum of its four quants) as TILE rows of 8 int32; zero past the last activation. (Their scales
+    are legacy_gemm._scales', in the same tiles.)"""
     m = xq.shape[0]
     tiles = -(-m // TILE)
     xp = np.zeros((tiles, nb, TILE, 32), np.uint8)
     cp = np.zeros((tiles, nb, TILE, 8), np.int32)
-    sc = np.zeros((tiles, nb, 2, TILE), np.float32)
     for a in range(m):
         t, i = a // TILE, a % TILE
         for blk in range(nb):
-            o = blk * act
-            sc[t, blk, 0, i] = f16_to_f32(np.uint16(xq[a, o]) | (np.uint16(xq[a, o + 1]) << np.uint16(8)))
-            if act == 36:
-                sc[t, blk, 1, i] = f16_to_f32(np.uint16(xq[a, o + 2]) | (np.uint16(xq[a, o + 3]) << np.uint16(8)))
-            o += act - 32
+            o = blk * act + act - 32
             for lane in range(8):
                 s = 0
                 for e in range(4):
@@ -197,7 +191,7 @@ def _pack(xq, nb, act, offset):
                     xp[t, blk, i, 4 * lane + e] = v
                     s += (np.int32(v) ^ 128) - 128
                 cp[t, blk, i, lane] = -offset * s
-    return xp, cp, sc
+    return xp, cp
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -207,7 +201,8 @@ def gemm_int_vnni(kind, blocks, xq, out):
     act = 36 if kind == _Q4_1 or kind == _Q5_1 else 34
     offset = 8 if kind == _Q4_0 or kind == _Q4_0_X8 else 16 if kind == _Q5_0 else 128 if kind == _Q8_0 else 0
     nb = blocks.shape[1] // size
-    xp, cp, sc = _pack(xq, nb, act, offset)
+    xp, cp = _pack(xq, nb, act, offset)
+    sc = _scales(xq, nb, act)
     rs, os = u64(blocks.strides[0]), u64(out.strides[0])
     ts, bs = u64(sc.strides[0]), u64(sc.strides[1])
     xs, cs = u64(xp.strides[0]), u64(cp.strides[0])
