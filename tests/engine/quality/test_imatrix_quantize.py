@@ -3,19 +3,21 @@
 Fixture: tests/fixtures/imatrix/quantize.json and <model>.imatrix.gguf from tools/make_imatrix_fixtures.py
 (llama-quantize --allow-requantize [--imatrix <model>.imatrix.gguf] [--tensor-type ...] on the catalog models).
 The bytes of blk.0's attn_q and ffn_down (and the output matrix where the file has one) are requantized here in
-every case;
-the whole files were compared once by hand (see the report in the commit that made the fixture).
+every case, and two whole files (a k-quant preset with rules on SmolLM2, Q3_K_M on Gemma 3) are written by the CLI
+and compared with llama-quantize's file by sha256.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.cli.main import main
 from engine.gguf import open_gguf
 from engine.quality.imatrix import quant_weights_for, read_imatrix
 from engine.quality.requantize import make_plan, output_metadata, requantize_rows
@@ -68,3 +70,18 @@ def test_sample_tensors_byte_identical(key: str, case: str) -> None:
                       if tp.changed else g.rows(tp.name))
             got = hashlib.sha256(np.ascontiguousarray(blocks).tobytes()).hexdigest()[:16]
             assert got == want["hashes"][tp.name], f"{tp.name} as {tp.new.name}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("key", "case"), [("smollm2", "Q4_K_M_rules"), ("gemma3", "Q3_K_M")])
+def test_whole_file_byte_identical(key: str, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, path, _ = _golden(key)
+    spec = GOLDEN["cases"][case]
+    # the file names the imatrix as it was given: llama-quantize was handed "<key>.imatrix.gguf" in its folder
+    shutil.copy(FIX / f"{key}.imatrix.gguf", tmp_path / f"{key}.imatrix.gguf")
+    monkeypatch.chdir(tmp_path)
+    rules = [a for r in spec["rules"] for a in ("--tensor-type", r)]
+    assert main(["quantize", str(path), "out.gguf", "--type", spec["preset"], *rules,
+                 "--imatrix", f"{key}.imatrix.gguf", "--threads", "2"]) == 0
+    h = hashlib.sha256((tmp_path / "out.gguf").read_bytes()).hexdigest()
+    assert h == model["cases"][case]["file_sha256"]
