@@ -5,8 +5,11 @@ search measures sensitivities on assets/calibration_text.txt, and then the prese
 mix are both compared with the file on assets/eval_text.txt (not the calibration text) with the
 default ggml numerics. The mix is held within 1% of the preset's size (--min-fill 0.99) where the
 candidate types allow. Prints one JSON line per (model, preset) and the search's wall and CPU time.
+With --imatrix DIR (a folder of <key>.imatrix.gguf, e.g. tests/fixtures/imatrix: llama-imatrix's own matrices)
+the preset is quantized with the model's imatrix, as llama-quantize --imatrix does, and the search measures and
+quantizes with it too.
 
-    .venv/bin/python benchmarks/mix_vs_presets.py [MODEL ...] [--presets Q4_K_M,Q3_K_M] [--tokens 64]
+    .venv/bin/python benchmarks/mix_vs_presets.py [MODEL ...] [--presets Q4_K_M,Q3_K_M] [--tokens 64] [--imatrix DIR]
 """
 from __future__ import annotations
 
@@ -20,11 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.catalog import resolve_model
+from engine.cli.mix import load_importance
 from engine.model import load_model
 from engine.quality.compare import compare_models
 from engine.quality.mix_search import MIN_FILL, find_mix
-from engine.quality.requantize import Requantizer, make_plan
+from engine.quality.requantize import Requantizer
 from engine.quality.sensitivity_cache import SensitivityCache, cache_key
+
+IMATRIX_KEYS = {"llama": "smollm2", "gemma3": "gemma3"}  # the fixture's file of each catalog architecture
 
 
 def main() -> int:
@@ -35,6 +41,7 @@ def main() -> int:
     ap.add_argument("--min-fill", type=float, default=MIN_FILL, help="the mix is at least this share of the budget")
     ap.add_argument("--eval-tokens", type=int, default=512)
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--imatrix", metavar="DIR", help="quantize and search with DIR/<key>.imatrix.gguf")
     ap.add_argument("--group-layers", type=int, default=1, help="measure one role in N neighbouring layers at once")
     args = ap.parse_args()
     calib = (ROOT / "assets" / "calibration_text.txt").read_text(encoding="utf-8")
@@ -45,13 +52,18 @@ def main() -> int:
         other = load_model(path, warm=False)
         ids = base.tokenizer.encode(calib, add_special=True, parse_special=False)[: args.tokens]
         eval_ids = base.tokenizer.encode(held_out, add_special=True, parse_special=False)[: args.eval_tokens]
+        key = IMATRIX_KEYS.get(str(base.gguf.metadata.get("general.architecture")), path.stem)
+        im_path = Path(args.imatrix) / f"{key}.imatrix.gguf" if args.imatrix else None
+        imatrix, importance = load_importance(str(im_path) if im_path else None)
         cache = None if args.no_cache else SensitivityCache(
-            cache_key(path, ids, base.numerics, group_layers=args.group_layers), label=path.name)
+            cache_key(path, ids, base.numerics, importance, group_layers=args.group_layers), label=path.name)
         rq = Requantizer(other)
+        rq.set_imatrix(imatrix, im_path.name if im_path else "")
         for preset in args.presets.split(","):
-            plan = make_plan(base.gguf, preset)
+            plan = rq.plan(preset)
             t0, c0 = time.perf_counter(), time.process_time()
-            result = find_mix(other, ids, plan.new_bpw, cache=cache, group_layers=args.group_layers,
+            result = find_mix(other, ids, plan.new_bpw, importance=importance, cache=cache,
+                              group_layers=args.group_layers,
                               min_fill=args.min_fill,
                               progress=lambda what, frac: print(f"  {frac * 100:5.1f}% {what}", file=sys.stderr)
                               if int(frac * 1000) % 50 == 0 else None)
@@ -65,7 +77,7 @@ def main() -> int:
             kld_mix = compare_models(base, other, eval_ids).kld_mean
             rq.reset()
             print(json.dumps({
-                "model": path.name, "preset": preset, "preset_bytes": plan.new_bytes, "preset_bpw": plan.new_bpw,
+                "model": path.name, "preset": preset, "imatrix": str(im_path) if im_path else None, "preset_bytes": plan.new_bytes, "preset_bpw": plan.new_bpw,
                 "mix_bytes": mix.nbytes, "mix_bpw": mix.bpw, "size_ratio": mix.nbytes / plan.new_bytes,
                 "applied_bytes": applied.new_bytes if applied else None,
                 "kld_preset": kld_preset, "kld_mix": kld_mix, "ratio": kld_mix / kld_preset if kld_preset else None,

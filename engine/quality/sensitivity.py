@@ -48,9 +48,11 @@ Progress = Callable[[str, float], None]
 Quantizer = Callable[[npt.NDArray[np.float32], GGMLType, "npt.NDArray[np.float32] | None"], npt.NDArray[np.uint8]]
 
 _T = GGMLType
-# the types a searched mix may give a tensor (those llama-quantize and GGUF Lens both write)
+# the types a searched mix may give a tensor (those llama-quantize and GGUF Lens both write); F16 is the one
+# wider than Q8_0 that every row takes: without it a budget between "the rest at Q8_0" and the next step of a
+# big tensor (Gemma 3's 640-wide embedding: Q5_1 or Q8_0 only) cannot be reached within 1%
 CANDIDATE_TYPES: tuple[GGMLType, ...] = (
-    _T.Q2_K, _T.Q3_K, _T.Q4_0, _T.Q4_1, _T.Q4_K, _T.Q5_0, _T.Q5_1, _T.Q5_K, _T.Q6_K, _T.Q8_0,
+    _T.Q2_K, _T.Q3_K, _T.Q4_0, _T.Q4_1, _T.Q4_K, _T.Q5_0, _T.Q5_1, _T.Q5_K, _T.Q6_K, _T.Q8_0, _T.F16,
 )
 PROBE_BPW = 4.0  # each tensor's KLD is measured at the candidate nearest this many bits per weight
 MAX_TOKENS = 256  # calibration tokens run in one batch (the base run and the tails must batch alike)

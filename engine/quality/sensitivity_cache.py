@@ -21,7 +21,7 @@ from engine.quality.sensitivity import PROBE_BPW, TensorSensitivity
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when the measurement or the file layout changes: older files are then ignored (3: 128 sampled rows)
+FORMAT = 4  # bump when the measurement or the file layout changes: older files are then ignored (4: F16 candidates)
 
 
 def default_dir() -> Path:

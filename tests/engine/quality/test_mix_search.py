@@ -92,7 +92,7 @@ def test_budget_and_block_sizes_are_respected() -> None:
     with pytest.raises(SettingError, match="below the smallest mix"):
         solve(sens, 1.0)
     assert candidate_types(576, GGMLType.Q4_1) == [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                                                   GGMLType.Q8_0]
+                                                   GGMLType.Q8_0, GGMLType.F16]
 
 
 def test_rules_give_every_tensor_its_type() -> None:

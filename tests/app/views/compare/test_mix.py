@@ -158,6 +158,17 @@ def test_window_finds_a_mix_and_compares_it(qtbot, data_dir: Path, tiny: Path, t
     view.run.click()
     qtbot.waitUntil(lambda: view.record is not rec, timeout=60_000)
     assert float(view.record.own_l2.max()) < 1e-5  # the same weights: no layer adds anything
+    # Apply puts the searched mix in the Quantization lens: every tensor in memory has the type its rule names
+    from engine.quant.rules import match_rule, parse_rules
+
+    editor, rules = w.quant_bridge.editor, parse_rules(mixes[0].rules)
+    file_types = {t.name: t.type_name for t in w.state.model_record.tensors}
+    assert view.sweep.mix.chosen is not None and view.sweep.mix.chosen.rules == mixes[0].rules
+    view.sweep.mix.apply.click()
+    qtbot.waitUntil(lambda: editor.busy is None and not editor.applied.empty, timeout=60_000)
+    now = {t.name: t.type_name for t in w.state.model_record.tensors}
+    want = {n: (r.qtype.name if (r := match_rule(rules, n)) is not None else q) for n, q in file_types.items()}
+    assert now == want and now != file_types and "Done" in editor.message.text()
     w.close()
     assert w.engine.threads() == []
 
