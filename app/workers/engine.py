@@ -118,6 +118,7 @@ class Engine(QObject):
     def _on_loaded(self, result: object) -> None:
         self.load_progress.emit(None)
         self.loaded.emit(result)  # even from a superseded runner: its model is the one in use now
+        self._gc.refreeze_soon()  # the model's long-lived objects leave the regular full collections
 
     def _on_load_failed(self, runner: Runner, message: str) -> None:
         if runner is not self._loader:

@@ -45,3 +45,28 @@ def test_two_engines_the_last_one_restores_collection(qtbot) -> None:
     a, b = Engine(), Engine()
     assert a.shutdown() and not gc.isenabled()
     assert b.shutdown() and gc.isenabled() == was
+
+
+def test_refreeze_keeps_long_lived_objects_out_and_frees_frozen_garbage(qtbot) -> None:
+    engine = Engine()
+    collector = engine._gc
+    try:
+        freed: list[str] = []
+
+        class Tracked(_Cycle):
+            def __del__(self) -> None:
+                freed.append(threading.current_thread().name)
+
+        keep = [_Cycle() for _ in range(1000)]
+        doomed = Tracked()
+        collector.refreeze()
+        assert gc.get_freeze_count() >= len(keep) and freed == []
+        del doomed  # garbage now, but frozen: the regular full collections leave it
+        gc.collect(2)
+        assert freed == []
+        collector.refreeze_soon(delay_ticks=1)  # what the engine asks after a model load
+        qtbot.waitUntil(lambda: freed != [], timeout=10 * gc_guard.TICK_MS)
+        assert freed == [threading.current_thread().name] and gc.get_freeze_count() >= len(keep)
+    finally:
+        assert engine.shutdown()
+    assert gc.get_freeze_count() == 0  # the last collector unfreezes everything
