@@ -50,7 +50,8 @@ class Engine(QObject):
         self._task_pending: dict[str, dict[str, TaskJob]] = {}  # lane -> kind -> newest waiting job
         self._closing = False
         self._blas_before = limit_blas_threads()
-        self._gc = GuiThreadCollector(self)  # cyclic collections on the GUI thread only (see gc_guard)
+        # cyclic collections on the GUI thread only (see gc_guard); the thaw of frozen objects waits for no jobs
+        self._gc = GuiThreadCollector(self, idle=lambda: not self.threads())
 
     # -- threads
     def _start(self, runner: Runner) -> Runner:
@@ -118,7 +119,7 @@ class Engine(QObject):
     def _on_loaded(self, result: object) -> None:
         self.load_progress.emit(None)
         self.loaded.emit(result)  # even from a superseded runner: its model is the one in use now
-        self._gc.refreeze_soon()  # the model's long-lived objects leave the regular full collections
+        self._gc.freeze_soon()  # the model's long-lived objects leave the regular full collections
 
     def _on_load_failed(self, runner: Runner, message: str) -> None:
         if runner is not self._loader:

@@ -8,59 +8,77 @@ an Engine lives, automatic collection is off and a GUI-thread timer collects ins
 tick, everything every FULL_EVERY ticks. The last Engine to shut down turns automatic collection back on.
 
 A loaded model, its tokenizer and the window are a few hundred thousand long-lived objects: a full collection
-over them pauses the GUI for 0.1-0.3 s. So a while after a model loads (the Engine asks) and every REFREEZE_EVERY
-ticks, one full collection runs and what survives it is frozen (gc.freeze: left out of later collections); the
-regular full collections then only walk what was made since. Cycles among frozen objects that become garbage
-wait for the next refreeze, or for the last collector to stop, which unfreezes them.
+over them pauses the GUI for 0.1-0.3 s. So a moment after a model loads (the Engine asks) the young generations
+are collected and everything left is frozen (gc.freeze, which costs next to nothing): the regular full
+collections then walk only what was made since. Cycles among frozen objects that have become garbage wait for
+a thaw: every THAW_EVERY ticks, once no job runs (a reply streaming is never paused by it), one collection of
+everything, frozen objects included, and what survives is frozen again; and when the last collector stops.
 """
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer
 
 TICK_MS = 500
-FULL_EVERY = 20  # a full collection every 10 s
-REFREEZE_EVERY = 600  # unfreeze, collect everything and freeze the survivors every 5 min
-REFREEZE_DELAY = 4  # ticks after refreeze_soon (a model just loaded: its records are still being built)
+FULL_EVERY = 20  # a full collection (of what is not frozen) every 10 s
+THAW_EVERY = 600  # a collection of everything, frozen objects too, every 5 min when idle
+FREEZE_DELAY = 4  # ticks after freeze_soon (a model just loaded: its records are still being built)
 
-_active: list["GuiThreadCollector"] = []
+_active: list[GuiThreadCollector] = []
 _enabled_before: list[bool] = []
 
 
 class GuiThreadCollector(QObject):
-    """While alive (until `stop`), the process's cyclic collections run on this object's (the GUI) thread."""
+    """While alive (until `stop`), the process's cyclic collections run on this object's (the GUI) thread.
 
-    def __init__(self, parent: QObject | None = None, tick_ms: int = TICK_MS):
+    idle: whether nothing runs that a pause would stall (the thaw waits for it)."""
+
+    def __init__(self, parent: QObject | None = None, tick_ms: int = TICK_MS,
+                 idle: Callable[[], bool] = lambda: True):
         super().__init__(parent)
         if not _active:
             _enabled_before[:] = [gc.isenabled()]
             gc.disable()
         _active.append(self)
         self.ticks = 0
-        self._refreeze_at = -1
+        self.idle = idle
+        self._freeze_at = -1
+        self._thaw_due = False
         self._timer = QTimer(self)
         self._timer.timeout.connect(self.collect)
         self._timer.start(tick_ms)
 
     def collect(self) -> int:
-        """One tick: collect the young generations (every FULL_EVERY-th tick, all of them; at a refreeze, the
-        frozen ones too); returns what was freed."""
+        """One tick: collect the young generations (every FULL_EVERY-th tick all that is not frozen; at a
+        thaw, when idle, everything); returns what was freed."""
         self.ticks += 1
-        if self.ticks == self._refreeze_at or self.ticks % REFREEZE_EVERY == 0:
-            return self.refreeze()
+        if self.ticks % THAW_EVERY == 0:
+            self._thaw_due = True
+        if self._thaw_due and self.idle():
+            self._thaw_due = False
+            return self.thaw()
+        if self.ticks == self._freeze_at:
+            return self.freeze()
         return gc.collect(2 if self.ticks % FULL_EVERY == 0 else 1)
 
-    def refreeze(self) -> int:
+    def freeze(self) -> int:
+        """Collect the young generations and freeze what is left (cheap); returns what was freed."""
+        freed = gc.collect(1)
+        gc.freeze()
+        return freed
+
+    def thaw(self) -> int:
         """Collect everything, the frozen objects included, and freeze what survives; returns what was freed."""
         gc.unfreeze()
         freed = gc.collect(2)
         gc.freeze()
         return freed
 
-    def refreeze_soon(self, delay_ticks: int = REFREEZE_DELAY) -> None:
-        """Refreeze after delay_ticks ticks (after a model load, once the window has built what it shows)."""
-        self._refreeze_at = self.ticks + max(1, delay_ticks)
+    def freeze_soon(self, delay_ticks: int = FREEZE_DELAY) -> None:
+        """Freeze after delay_ticks ticks (after a model load, once the window has built what it shows)."""
+        self._freeze_at = self.ticks + max(1, delay_ticks)
 
     def stop(self) -> None:
         """No more ticks; the last collector to stop restores automatic collection as it was."""

@@ -47,7 +47,7 @@ def test_two_engines_the_last_one_restores_collection(qtbot) -> None:
     assert b.shutdown() and gc.isenabled() == was
 
 
-def test_refreeze_keeps_long_lived_objects_out_and_frees_frozen_garbage(qtbot) -> None:
+def test_freeze_keeps_long_lived_objects_out_and_the_idle_thaw_frees_frozen_garbage(qtbot, monkeypatch) -> None:
     engine = Engine()
     collector = engine._gc
     try:
@@ -59,12 +59,17 @@ def test_refreeze_keeps_long_lived_objects_out_and_frees_frozen_garbage(qtbot) -
 
         keep = [_Cycle() for _ in range(1000)]
         doomed = Tracked()
-        collector.refreeze()
-        assert gc.get_freeze_count() >= len(keep) and freed == []
+        collector.freeze_soon(delay_ticks=1)  # what the engine asks after a model load
+        qtbot.waitUntil(lambda: gc.get_freeze_count() >= len(keep), timeout=10 * gc_guard.TICK_MS)
         del doomed  # garbage now, but frozen: the regular full collections leave it
         gc.collect(2)
         assert freed == []
-        collector.refreeze_soon(delay_ticks=1)  # what the engine asks after a model load
+        busy = [True]
+        collector.idle = lambda: not busy[0]
+        monkeypatch.setattr(gc_guard, "THAW_EVERY", 2)  # a thaw is due every second tick
+        qtbot.wait(4 * gc_guard.TICK_MS)
+        assert freed == []  # a job runs: the thaw waits
+        busy[0] = False
         qtbot.waitUntil(lambda: freed != [], timeout=10 * gc_guard.TICK_MS)
         assert freed == [threading.current_thread().name] and gc.get_freeze_count() >= len(keep)
     finally:
