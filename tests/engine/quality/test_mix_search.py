@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import threading
 from pathlib import Path
@@ -27,6 +28,8 @@ from engine.quant.types import TYPES, GGMLType
 from tests.tiny_models import make_tiny_llama
 
 LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/tmp/llvenv/bin/python"))
+# llama.cpp's own tool, built from the vendored sources (tools/make_imatrix_fixtures.py); the check skips without it
+LLAMA_QUANTIZE = Path(os.environ.get("GGUF_LENS_LLAMA_QUANTIZE", "/tmp/llbuild/bin/llama-quantize"))
 TEXT = "the cat sat on the mat and the dog sat on the log, while 12 birds sang in the old tree by the river"
 
 
@@ -186,3 +189,15 @@ def test_cli_dry_run_prints_pasteable_rules(tiny: Path, tmp_path: Path, capsys: 
     assert not (tmp_path / "x.gguf").exists()
     assert main(["quantize", str(tiny), str(tmp_path / "x.gguf"), "--budget-bpw", "4.5"]) == 2
     assert "--calibration-text" in capsys.readouterr().err
+    if not LLAMA_QUANTIZE.exists():
+        return
+    # pasted into llama-quantize, the rules write the very file the search writes
+    command = shlex.split(out.strip().splitlines()[-1])
+    assert command[0] == "llama-quantize" and command[-2] == "OUT.gguf"
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    r = subprocess.run([str(LLAMA_QUANTIZE), *command[1:-2], str(theirs), command[-1], "2"], capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert main(["quantize", str(tiny), str(ours), "--budget-bpw", "4.5", "--calibration-text", str(text),
+                 "--no-cache", "--no-verify", "--group-layers", "2"]) == 0
+    assert ours.read_bytes() == theirs.read_bytes()
