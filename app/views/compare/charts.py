@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -31,6 +32,7 @@ FRONT = (213, 94, 0)
 OVERRIDES = (0, 158, 115)
 MIX = (204, 121, 167)
 OWN = (0, 158, 115)
+TITLE_WIDTH = 430  # px: a layer chart narrower than this gets the short title
 
 
 class SummaryTable(QTableWidget):
@@ -72,9 +74,13 @@ class LayerCurve(pg.PlotWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent, background="w")
-        self.setTitle(f"<span style='color:{_hex(POINT)}'>‖h<sub>B</sub>−h<sub>A</sub>‖/‖h<sub>A</sub>‖</span>"
-                      f" · <span style='color:{_hex(FRONT)}'>1 − cos</span> · <span style='color:{_hex(OWN)}'>"
-                      "layer's own share</span>", size="9pt")
+        self._titles = tuple(
+            f"<span style='color:{_hex(POINT)}'>{rel}</span> · <span style='color:{_hex(FRONT)}'>1 − cos</span> · "
+            f"<span style='color:{_hex(OWN)}'>{own}</span>"
+            for rel, own in (("‖h<sub>B</sub>−h<sub>A</sub>‖/‖h<sub>A</sub>‖", "layer's own share"),
+                             ("rel. L2", "own share")))  # the long title, and one that fits a narrow pane
+        self._title = -1
+        self._fit_title()
         self.setToolTip("Accumulated: the residual stream after each layer in B against A (everything before adds up).\n"
                         "Own share (green): B's layer run on A's input to it, against A's output of that layer: "
                         "the damage that layer adds by itself.")
@@ -84,6 +90,18 @@ class LayerCurve(pg.PlotWidget):
         self.cos = self.plot([], [], pen=pg.mkPen(FRONT, width=2, style=Qt.PenStyle.DashLine))
         self.own = pg.BarGraphItem(x=[], height=[], width=0.6, brush=pg.mkBrush(*OWN, 110), pen=pg.mkPen(None))
         self.addItem(self.own)
+
+    def _fit_title(self) -> None:
+        if "_titles" not in self.__dict__:  # a resize while PlotWidget's __init__ runs
+            return
+        short = int(self.width() < TITLE_WIDTH)
+        if short != self._title:
+            self._title = short
+            self.setTitle(self._titles[short], size="9pt")
+
+    def resizeEvent(self, ev: Any) -> None:  # noqa: N802 (Qt's name)
+        self._fit_title()  # before the layout, which takes the title's width as its least width
+        super().resizeEvent(ev)
 
     def clear_record(self) -> None:
         self.rel.setData([], [])

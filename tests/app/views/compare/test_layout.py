@@ -76,11 +76,31 @@ def test_compare_fits_the_window_on_every_page(window, qtbot) -> None:
     _settle(qtbot)
     assert view.summary.isVisible() and not view.summary.horizontalScrollBar().isVisible()
     assert view.summary.viewport().width() >= view.summary.horizontalHeader().length() - 1
-    assert view.layers.width() >= 200 and view.layers.height() >= 200
+    assert view.layers.width() >= 240 and view.layers.height() >= 200
+    assert _title_inside(view.layers)
     table, curve = view.stacks["summary"].width(), view.stacks["layers"].width()
     assert 0.38 < table / (table + curve) < 0.58 or (table <= 345 and curve > table)  # they share the page
     _logit_lens_gets_the_height(view, qtbot)
     _sweep_shows_its_points_and_whole_title(view, qtbot)
+
+
+def _title_inside(plot) -> bool:
+    """The plot's title (the layer chart's is its legend) drawn whole inside the widget."""
+    item = plot.getPlotItem().titleLabel.item
+    drawn = item.mapRectToScene(item.boundingRect())
+    return drawn.left() >= 0 and drawn.right() <= plot.width()
+
+
+def test_layer_chart_title_fits_from_the_narrowest_pane_up(qtbot) -> None:
+    from app.views.compare.charts import LayerCurve
+
+    curve = LayerCurve()
+    qtbot.addWidget(curve)
+    curve.show()
+    for width in (240, 300, 429, 430, 700, 1200):  # 240 px: the least the layout gives it
+        curve.resize(width, 300)
+        _settle(qtbot)
+        assert _title_inside(curve), (width, curve.getPlotItem().titleLabel.item.boundingRect().width())
 
 
 def _logit_lens_gets_the_height(view, qtbot) -> None:
