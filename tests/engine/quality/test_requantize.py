@@ -22,7 +22,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 ALL_GOLDEN = json.loads((FIXTURES / "quantize_presets.json").read_text())["models"]
 GOLDEN = ALL_GOLDEN["smollm2"]
 TINY = ALL_GOLDEN["tiny_untied"]
-LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/work/llvenv/bin/python"))
+LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/tmp/llvenv/bin/python"))
 
 
 def _sha16(data: np.ndarray) -> str:
