@@ -3,8 +3,6 @@ our engine and llama.cpp load it, and `compare --against` measures its KLD; the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +15,10 @@ from engine.quality.mix_search import solve
 from engine.quality.sensitivity import Sensitivities, TensorSensitivity, candidate_types
 from engine.quant import dequantize_rows, quantize
 from engine.quant.types import TYPES, GGMLType
+from tests.llama_cpp_tools import llama_cpp_n_vocab, need_llama_python
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 IMATRIX = FIXTURES / "imatrix" / "smollm2.imatrix.gguf"  # llama-imatrix's (tools/make_imatrix_fixtures.py)
-LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/tmp/llvenv/bin/python"))
 CALIB = ("The river ran past the mill and the old stone bridge, where the children counted boats and argued "
          "about the colour of the water in spring.")
 
@@ -62,14 +60,8 @@ def test_search_with_an_imatrix_writes_a_file_llama_cpp_loads(smollm2_path: Path
                  "--max-tokens", "48", "--json"]) == 0
     cmp = _json_line(capsys.readouterr().out)
     assert cmp["other"] == out.name and np.isfinite(cmp["kld_mean"]) and 0 < cmp["kld_mean"] < 1.0
-    if not LLAMA_PYTHON.exists():
-        pytest.skip(f"llama-cpp-python not found at {LLAMA_PYTHON} (set GGUF_LENS_LLAMA_PYTHON); loaded by GGUF Lens only")
-    script = ("import sys\nfrom llama_cpp import Llama\nm = Llama(model_path=sys.argv[1], n_ctx=64, verbose=False)\n"
-              "t = m.tokenize(b'The river ran past the mill')\nm.eval(t)\nprint(m.n_vocab())\n")
-    r = subprocess.run([str(LLAMA_PYTHON), "-c", script, str(out)], capture_output=True, text=True, timeout=300,
-                       check=False)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[-1] == "49152"
+    need_llama_python()  # loaded by GGUF Lens above; by llama.cpp from here
+    assert llama_cpp_n_vocab(out, "The river ran past the mill") == 49152
 
 
 def _upgrades(n: int = 40) -> Sensitivities:

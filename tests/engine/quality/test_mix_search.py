@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shlex
 import subprocess
 import threading
@@ -25,11 +24,9 @@ from engine.quality.sensitivity import (
 )
 from engine.quality.sensitivity_cache import SensitivityCache, cache_key
 from engine.quant.types import TYPES, GGMLType
+from tests.llama_cpp_tools import LLAMA_QUANTIZE, llama_cpp_n_vocab, need_llama_python, need_llama_quantize
 from tests.tiny_models import make_tiny_llama
 
-LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/tmp/llvenv/bin/python"))
-# llama.cpp's own tool, built from the vendored sources (tools/make_imatrix_fixtures.py); the check skips without it
-LLAMA_QUANTIZE = Path(os.environ.get("GGUF_LENS_LLAMA_QUANTIZE", "/tmp/llbuild/bin/llama-quantize"))
 TEXT = "the cat sat on the mat and the dog sat on the log, while 12 birds sang in the old tree by the river"
 
 
@@ -169,12 +166,8 @@ def test_search_writes_a_file_with_the_plan(tiny: Path, tmp_path: Path) -> None:
     assert written.new_bytes == plan.nbytes
     with open_gguf(out) as g:
         assert {n: g.tensors[n].qtype.name for n in plan.types} == plan.types
-    if LLAMA_PYTHON.exists():
-        script = ("import sys\nfrom llama_cpp import Llama\nm = Llama(model_path=sys.argv[1], n_ctx=64, verbose=False)\n"
-                  "t = m.tokenize(b'the cat sat')\nm.eval(t)\nprint(m.n_vocab())\n")
-        r = subprocess.run([str(LLAMA_PYTHON), "-c", script, str(out)], capture_output=True, text=True, timeout=300, check=False)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert r.stdout.split()[-1] == str(model.args.n_vocab)
+    need_llama_python()
+    assert llama_cpp_n_vocab(out, "the cat sat") == model.args.n_vocab
 
 
 def test_cli_dry_run_prints_pasteable_rules(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,8 +182,7 @@ def test_cli_dry_run_prints_pasteable_rules(tiny: Path, tmp_path: Path, capsys: 
     assert not (tmp_path / "x.gguf").exists()
     assert main(["quantize", str(tiny), str(tmp_path / "x.gguf"), "--budget-bpw", "4.5"]) == 2
     assert "--calibration-text" in capsys.readouterr().err
-    if not LLAMA_QUANTIZE.exists():
-        return
+    need_llama_quantize()
     # pasted into llama-quantize, the rules write the very file the search writes
     command = shlex.split(out.strip().splitlines()[-1])
     assert command[0] == "llama-quantize" and command[-2] == "OUT.gguf"

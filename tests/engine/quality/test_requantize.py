@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,12 +15,12 @@ from engine.gguf import open_gguf
 from engine.model import load_model
 from engine.quant.types import GGMLType
 from engine.quality.requantize import Requantizer, make_plan, quantize_file
+from tests.llama_cpp_tools import llama_cpp_n_vocab, need_llama_python
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 ALL_GOLDEN = json.loads((FIXTURES / "quantize_presets.json").read_text())["models"]
 GOLDEN = ALL_GOLDEN["smollm2"]
 TINY = ALL_GOLDEN["tiny_untied"]
-LLAMA_PYTHON = Path(os.environ.get("GGUF_LENS_LLAMA_PYTHON", "/tmp/llvenv/bin/python"))
 
 
 def _sha16(data: np.ndarray) -> str:
@@ -204,19 +202,11 @@ def test_reapply_keeps_what_is_already_there(smollm2) -> None:
     rq.reset()
 
 
-@pytest.mark.skipif(not LLAMA_PYTHON.exists(), reason="no Python with llama-cpp-python (set GGUF_LENS_LLAMA_PYTHON)")
 def test_written_file_loads_in_llama_cpp(smollm2_path: Path, tmp_path: Path) -> None:
+    need_llama_python()
     out = tmp_path / "rules.gguf"
     quantize_file(smollm2_path, out, "Q4_0", ["attn_v=Q8_0", "ffn_down=Q6_K"])
-    script = (
-        "import sys\nfrom llama_cpp import Llama\n"
-        "m = Llama(model_path=sys.argv[1], n_ctx=64, verbose=False)\n"
-        "toks = m.tokenize(b'The quick brown fox')\nm.eval(toks)\n"
-        "print(len(toks), m.n_vocab())\n"
-    )
-    r = subprocess.run([str(LLAMA_PYTHON), "-c", script, str(out)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[-1] == "49152"
+    assert llama_cpp_n_vocab(out, "The quick brown fox") == 49152
 
 
 def _ids(model, n: int = 100) -> list[int]:
