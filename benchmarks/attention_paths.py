@@ -15,8 +15,8 @@ import tracemalloc
 
 import numpy as np
 
-from engine.models.attention_tiled import attention_tiled
-from engine.models.base import attention, causal_mask
+from engine.ops.attention_tiled import attention_tiled
+from engine.ops.reference import attention, causal_mask
 
 
 def measure(fn) -> tuple[float, float]:

@@ -4,7 +4,7 @@
 
 Runs N greedy decode steps (after a short prompt) under cProfile and splits the step time into the time
 spent inside numba-compiled functions (the products, the fused norm/attention/GLU calls, the activation
-quantizers) and everything else (the Python of engine/models/ggml_decode.py, argmax, bookkeeping). The
+quantizers) and everything else (the Python of engine/runtime/decode_plan.py, argmax, bookkeeping). The
 profiler itself slows the Python side a little, so the Python share printed is an upper bound. One JSON line
 per model: ms per token in total, in compiled calls and in Python, and the compiled calls per token.
 """

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from kernels_legacy import best_of, ggml_vec_dot  # noqa: E402
 
-from engine.kernels import kquants as K  # noqa: E402
+from engine.kernels.kquant import family as K  # noqa: E402
 from engine.quant import quantize  # noqa: E402
 from engine.quant.types import GGMLType  # noqa: E402
 
@@ -48,7 +48,7 @@ def weights(rng: np.random.Generator, qtype: GGMLType, n_rows: int, n: int) -> n
 
 def asm_mix(name: str) -> str:
     """The SIMD instructions of one row product (one super-block loop), by mnemonic, from numba's assembly."""
-    from engine.kernels import kquant_dot  # noqa: PLC0415
+    from engine.kernels.kquant import dot as kquant_dot  # noqa: PLC0415
 
     dot = getattr(kquant_dot, f"_dot_{name.lower()}")
 

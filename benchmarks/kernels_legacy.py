@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.kernels import legacy
+from engine.kernels.legacy import family as legacy
 from engine.kernels.activations import quantize_activation
 from engine.quant import quantize
 from engine.quant.types import GGMLType

@@ -189,7 +189,8 @@ def try_drop_mapped() -> None:
     dispatch.BlockProduct.dequantize_tile = dequantize_tile
     # and repack a few MiB of rows at a time, releasing their pages as it goes: a big table (a tied embedding)
     # otherwise has all its raw pages and its whole repacked copy resident at once, a transient the size of it
-    from engine.kernels import legacy, legacy_repack  # noqa: PLC0415
+    from engine.kernels.legacy import family as legacy  # noqa: PLC0415
+    from engine.kernels.legacy import repack as legacy_repack
 
     whole = legacy_repack.repack
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from engine.errors import InferenceError
 from engine.gguf import GGUFFile, TensorInfo
-from engine.models.base import BaseArgs
-from engine.models.decoder import TILED_MIN_KEYS
+from engine.models.args import BaseArgs
+from engine.runtime.numerics import TILED_MIN_KEYS
 from engine.quant import dequantize_rows
 from engine.quant.types import TYPES, GGMLType
 

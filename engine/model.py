@@ -18,8 +18,10 @@ from engine.gguf import GGUFFile, open_gguf
 from engine.kernels.dispatch import NUMERICS
 from engine.memory import check_memory, scan_small_tensors
 from engine.models.registry import model_class
-from engine.models.base import BaseArgs
-from engine.models.decoder import DecoderModel, Weights
+from engine.models.args import BaseArgs
+from engine.models.decoder import DecoderModel
+from engine.models.weights import Weights
+from engine.runtime.numerics import numerics_for
 from engine.observe.recorder import Recorder
 from engine.tensor import DenseBudget
 from engine.tokenizer.vocab import Tokenizer
@@ -162,7 +164,7 @@ def load_model(
         copies = budget.limit if warm and numerics == "float32" else 0
         check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies, cache_type="F16" if numerics == "ggml" else "F32")
         weights = Weights(gguf, budget, numerics)
-        net = cls(args, weights)
+        net = cls(args, weights, numerics_for(numerics))
         warnings = list(gguf.warnings) + scan_small_tensors(gguf)
         extra = weights.unused()
         if extra:

@@ -98,3 +98,22 @@ def test_no_module_level_import_circles() -> None:
     graph = grimp.build_graph("engine", "app", exclude_type_checking_imports=True)
     edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
     assert _cycles(edges) == []
+
+
+def test_models_holds_architectures_and_their_shared_definitions_only() -> None:
+    """Every module in engine/models/ is an architecture (it registers one) or one of the named shared definitions;
+    execution machinery lives in engine/runtime and engine/ops."""
+    import importlib
+    import pkgutil
+
+    import engine.models as pkg
+    from engine.models import registry
+
+    registry._discover()
+    archs = {cls.__module__ for cls in registry.ARCHITECTURES.values()}
+    modules = {f"engine.models.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)}
+    shared = {f"engine.models.{name}" for name in registry._SHARED}
+    assert modules - shared == archs
+    for name in sorted(modules - shared):  # each architecture file is short: switches and metadata
+        source = Path(importlib.import_module(name).__file__).read_text()
+        assert len(source.splitlines()) <= 150, name

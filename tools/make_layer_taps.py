@@ -1,4 +1,4 @@
-"""Make tests/fixtures/taps/*.npz: llama.cpp's own intermediate tensors, the truth for engine.models.ggml_ops.
+"""Make tests/fixtures/taps/*.npz: llama.cpp's own intermediate tensors, the truth for engine.ops.ggml.
 
 Run with a Python that has llama-cpp-python (a development tool, never a runtime dependency), built from
 its sdist for the AVX-512 machine the fixtures describe (see README.md, "Golden fixtures"):

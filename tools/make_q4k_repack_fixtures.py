@@ -2,7 +2,7 @@
 
 On x86 with AVX2 ggml-cpu keeps a Q4_K weight with a multiple of 8 rows in its CPU_REPACK buffer
 (block_q4_Kx8, "q4_K_8x8") and multiplies it through ggml_gemm_q4_K_8x8_q8_K / ggml_gemv_q4_K_8x8_q8_K
-(see engine/kernels/kquant_repack_ref.py). This script runs that path itself: through ctypes it builds a
+(see engine/kernels/kquant/repack_ref.py). This script runs that path itself: through ctypes it builds a
 one-node ggml graph, MUL_MAT(W, X), with W allocated in ggml_backend_cpu_repack_buffer_type() (set_tensor
 repacks it) and X float32 rows, and computes it on the CPU backend, so forward_mul_mat's split of the rows
 (groups of 4 through quantize_mat + gemm, the rest through from_float + gemv) is llama.cpp's own. It also

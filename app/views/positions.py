@@ -2,6 +2,8 @@
 the unit circle, q.k against distance, and the sinusoidal encoding of "Attention Is All You Need" with its M_k."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -25,6 +27,9 @@ from engine.observe.positions import (
     wavelengths,
 )
 
+if TYPE_CHECKING:
+    from app.views.lenses import LensRequests
+
 MIN_POSITIONS = 128
 MAX_POSITIONS = 4096
 MAX_CIRCLE_LABELS = 24
@@ -40,6 +45,8 @@ class PositionsLens(QWidget):
 
     Every plot item is made once and updated in place (no clear/re-add): cheap enough to follow a streaming reply.
     """
+
+    title: ClassVar[str] = "Positions"  # the tab it shows in
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -164,6 +171,9 @@ class PositionsLens(QWidget):
         self.mk_bar.setImageItem(self.mk_image, insert_in=self.mk_plot)
 
     # ---- public API
+
+    def connect_requests(self, to: LensRequests) -> None:
+        """The Positions lens asks for nothing: it draws the model and the context's tokens it is given."""
 
     def set_model(self, model: ModelRecord) -> None:
         """Use the model's width, RoPE dimensions and per-layer bases; another model's tokens are dropped."""
@@ -333,7 +343,9 @@ class PositionsLens(QWidget):
         self.mk_plot.setTitle(f"M_k, k = {k} (first {d} of {self.d_model} dims)")
         pairs = max(0, self._positions() - k)
         mode = self.model.rope_mode if self.model is not None else "norm"
-        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, mode, k, self._positions())
+        if mode not in ("norm", "neox"):  # an architecture whose pair layout is unknown: the check assumes adjacent pairs
+            mode = "norm (assumed)"
+        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, mode.split()[0], k, self._positions())
                                for j in range(len(self.bases))), default=0.0)
         self.check.setText(
             f"Checks at k = {k} over {pairs} positions: RoPE (the model's own rotation, {mode} pairs, every base): "

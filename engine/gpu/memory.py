@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine.gpu.linear import TILE_BYTES
 from engine.gpu.plan import ArchPlan
-from engine.models.base import BaseArgs
+from engine.models.args import BaseArgs
 
 GIB = 1 << 30
 MARGIN = 256 << 20  # cuBLAS workspace, the kernels' modules, allocator slack

@@ -14,7 +14,8 @@ import numpy.typing as npt
 
 from engine.errors import SettingError
 from engine.models.decoder import DecoderModel
-from engine.models.base import LayerAttentionSpec
+from engine.models.ffn import DenseFFN
+from engine.models.args import LayerAttentionSpec
 from engine.tensor import Linear, QTensor
 
 F32 = npt.NDArray[np.float32]
@@ -57,8 +58,7 @@ class ArchPlan:
 def _llama(net: DecoderModel) -> ArchPlan:
     a = net.args
     layers = [
-        LayerPlan(L.attn_norm, [L.wq, L.wk, L.wv], L.wo, L.ffn_norm, [L.w_gate, L.w_up], L.w_down,
-                  net.freqs, None, net.spec)
+        LayerPlan(L.attn_norm, list(L.qkv_parts), L.wo, L.ffn_norm, list(L.ffn.parts), L.ffn.w_down, net.freqs, None, net.spec)
         for L in net.layers
     ]
     return ArchPlan(layers, net.tok_embd, None, net.out_norm, net.output, a.norm_eps, net.rope_mode == "neox", ACT_SILU)
@@ -68,10 +68,10 @@ def _gemma3(net: DecoderModel) -> ArchPlan:
     a = net.args
     layers = []
     for i, L in enumerate(net.layers):
-        local = a.is_local(i)
+        spec = net.specs[i]
         layers.append(LayerPlan(
-            L.attn_norm, [L.wq, L.wk, L.wv], L.wo, L.ffn_norm, [L.w_gate, L.w_up], L.w_down,
-            net.freqs_local if local else net.freqs_global, net.specs[i].window, net.specs[i],
+            L.attn_norm, list(L.qkv_parts), L.wo, L.ffn_norm, list(L.ffn.parts), L.ffn.w_down,
+            net.freqs_by_base[spec.rope_base], spec.window, spec,
             q_norm=L.q_norm, k_norm=L.k_norm, post_attn_norm=L.post_attn_norm, post_ffn_norm=L.post_ffn_norm,
         ))
     return ArchPlan(layers, net.tok_embd, math.sqrt(a.dim), net.out_norm, net.output, a.norm_eps,
@@ -101,8 +101,10 @@ def _unsupported(net: DecoderModel) -> str | None:
     if scaling is not None and scaling.mscale() != 1.0:
         return "RoPE magnitude scaling (YaRN, rope.scaling.attn_factor)"
     for layer in net.layers:
-        if getattr(layer, "biases", None) is not None:
+        if layer.biases is not None:
             return "q/k/v biases"
-        if not hasattr(layer, "wq"):
+        if len(layer.qkv_parts) != 3:
             return "a fused attn_qkv matrix"
+        if not isinstance(layer.ffn, DenseFFN) or len(layer.ffn.parts) != 2:
+            return "this kind of FFN"
     return None

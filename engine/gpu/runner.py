@@ -33,7 +33,7 @@ from engine.gpu.linear import BlockStore, DeviceLinear
 from engine.gpu.plan import ArchPlan, LayerPlan, arch_plan
 from engine.models.decoder import DecoderModel
 from engine.observe.recorder import Recorder
-from engine.tensor import FusedLinear, Linear
+from engine.tensor import Linear
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +168,11 @@ class GpuNet:
             return
         for i in range(self.n_cpu):
             layer = self.cpu.layers[i]
-            for f in vars(layer).values():
-                if isinstance(f, FusedLinear) and not f._fresh():
+            for f in layer.fused():
+                if not f._fresh():
                     f._build()
             layer.wo.dense()
-            layer.w_down.dense()
+            layer.ffn.w_down.dense()
             if progress is not None:
                 progress((i + 1) / max(1, self.n_cpu))
 

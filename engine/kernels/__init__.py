@@ -1,6 +1,9 @@
-"""Compiled CPU products on ggml blocks (numba): activation quantization as ggml-cpu does it (Q8_0, Q8_1, Q8_K),
-integer block dot products per type, each in the order of the kernel llama.cpp's CPU backend picks for that weight
-and batch (vec_dot, the repacked q4_K_8x8 gemv/gemm, the tiled k-quant path), and dequantization of row tiles.
+"""Compiled CPU products on ggml blocks (numba), by family: `legacy/` (Q4_0..Q8_0 and the float weights' table),
+`kquant/` (Q2_K..Q6_K), `iquant/` (IQ1..IQ4), `floats/` (F32/F16/BF16 vec_dot and tinyBLAS). Beside them: `types` (the
+one table of each weight type's vec_dot type and the activation block layouts), `activations` and `q8k` (activation
+quantization as ggml-cpu does it: Q8_0, Q8_1, Q8_K), `simd` (LLVM vector helpers), `dispatch` (`BlockProduct`: the
+kernel llama.cpp's CPU backend would run for a weight and batch, from the families' tables), `paths` (repacked and
+tiled variants), `fallback` (the NumPy path), `precompile` and `pages` (first-start compile, memory).
 
 Imports only `engine.quant` (the type table and the NumPy reference) and numpy/numba; the NumPy path never
 needs this package.

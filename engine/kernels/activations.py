@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.quant.floats import f32_to_bf16_bits, f32_to_f16_bits
+from engine.kernels.types import VEC_DOT_TYPE
 from engine.quant.types import GGMLType
 
 try:  # numba is optional: without it every kernel has a NumPy twin that makes the same numbers
@@ -49,17 +50,6 @@ Q8_1_BYTES = 36  # sizeof(block_q8_1): the GGUF table's 40 is gguf-py's historic
 HAVE_NUMBA = numba is not None
 KERNEL_LOCK = threading.Lock()
 
-# the activation type ggml-cpu quantizes to for each weight type (type_traits_cpu.vec_dot_type)
-VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
-    GGMLType.F32: GGMLType.F32,
-    GGMLType.F16: GGMLType.F16,
-    GGMLType.BF16: GGMLType.BF16,
-    GGMLType.Q4_0: GGMLType.Q8_0,
-    GGMLType.Q4_1: GGMLType.Q8_1,
-    GGMLType.Q5_0: GGMLType.Q8_0,
-    GGMLType.Q5_1: GGMLType.Q8_1,
-    GGMLType.Q8_0: GGMLType.Q8_0,
-}
 
 if HAVE_NUMBA:
     njit = numba.njit
@@ -393,6 +383,6 @@ QUANTIZERS: dict[GGMLType, Callable[[npt.ArrayLike], U8]] = {
 def quantize_activation(weight_type: GGMLType | int, x: npt.ArrayLike) -> U8:
     """x quantized to the vec_dot_type of `weight_type`, the bytes ggml-cpu's products read."""
     qtype = GGMLType(int(weight_type))
-    if qtype not in VEC_DOT_TYPE:
+    if VEC_DOT_TYPE.get(qtype) not in QUANTIZERS:
         raise ValueError(f"no activation quantizer for {qtype.name} weights here")
     return QUANTIZERS[VEC_DOT_TYPE[qtype]](x)

@@ -12,10 +12,8 @@ memory map). As ggml-cpu does before every product, x is first quantized to the 
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import pkgutil
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import numpy.typing as npt
 from engine.kernels import fallback, pages, paths, precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.quant import dequantize_rows
+from engine.kernels.types import I_QUANTS, K_QUANTS, VEC_DOT_TYPE
 from engine.quant.types import TYPES, GGMLType
 
 log = logging.getLogger(__name__)
@@ -41,16 +40,6 @@ TILED_MIN_ROWS = 8  # batches from this size take ggml-cpu's tiled k-quant path 
 TILE_BYTES = 8 << 20  # float32 bytes of one dequantized weight tile in the prefill path
 
 _T = GGMLType
-K_QUANTS = (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K)
-# the i-quants: vec_dot on Q8_K rows (Q8_0 for IQ4_NL), engine.kernels.iquant_dot
-I_QUANTS = (_T.IQ4_NL, _T.IQ4_XS, _T.IQ3_XXS, _T.IQ3_S, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ1_S, _T.IQ1_M)
-# type_traits_cpu[type].vec_dot_type in ggml-cpu.c
-VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
-    _T.F32: _T.F32, _T.F16: _T.F16, _T.BF16: _T.BF16,
-    _T.Q4_0: _T.Q8_0, _T.Q5_0: _T.Q8_0, _T.Q8_0: _T.Q8_0,
-    _T.Q4_1: _T.Q8_1, _T.Q5_1: _T.Q8_1,
-    **{t: _T.Q8_K for t in K_QUANTS + I_QUANTS}, _T.IQ4_NL: _T.Q8_0,
-}
 
 
 @dataclass
@@ -83,7 +72,7 @@ _LOAD_LOCK = threading.Lock()
 
 
 def _load() -> _Registry:
-    """Find the compiled kernels once: `gemv_<type>`, `gemm_<type>`, `dequantize_rows_<type>` in engine.kernels.*."""
+    """Load the compiled kernels once (the families' tables) and the activation quantizers."""
     if _REG.loaded:
         return _REG
     with _LOAD_LOCK:
@@ -91,6 +80,19 @@ def _load() -> _Registry:
             _find_kernels()
             _REG.loaded = True
     return _REG
+
+
+def _kernel_table() -> dict[GGMLType, KernelSet]:
+    """Each weight type's compiled functions, from its family's table (imported here: numba compiles on import)."""
+    from engine.kernels.iquant import dot as iquant  # noqa: PLC0415
+    from engine.kernels.kquant import family as kquant  # noqa: PLC0415
+    from engine.kernels.legacy import family as legacy  # noqa: PLC0415
+
+    table = {t: KernelSet(legacy.GEMV[t], legacy.GEMM[t], legacy.DEQUANTIZE_ROWS[t], legacy.REPACK[t]) for t in legacy.TYPES}
+    table.update({t: KernelSet(kquant.GEMV[t], kquant.GEMM[t], kquant.DEQUANTIZE_ROWS[t]) for t in K_QUANTS})
+    table.update({t: KernelSet(iquant.GEMV[t], iquant.GEMM[t]) for t in I_QUANTS})
+    assert set(table) == set(VEC_DOT_TYPE), "every type with a vec_dot_type has its kernels"
+    return table
 
 
 def _find_kernels() -> None:
@@ -106,19 +108,7 @@ def _find_kernels() -> None:
         _REG.reason = "numba is not installed"
     else:
         try:
-            import engine.kernels as pkg  # noqa: PLC0415
-
-            mods = [importlib.import_module(f"engine.kernels.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)
-                    if m.name not in ("dispatch", "warmup")]
-            for t in VEC_DOT_TYPE:
-                name = t.name.lower()
-                ks = KernelSet()
-                for mod in mods:
-                    ks.gemv = ks.gemv or getattr(mod, f"gemv_{name}", None)
-                    ks.gemm = ks.gemm or getattr(mod, f"gemm_{name}", None)
-                    ks.dequant = ks.dequant or getattr(mod, f"dequantize_rows_{name}", None)
-                    ks.repack = ks.repack or getattr(mod, f"repack_{name}", None)
-                _REG.kernels[t] = ks
+            _REG.kernels.update(_kernel_table())
             from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
 
             _REG.quantizers.update({t: getattr(activations, f"quantize_{t.name.lower()}") for t in (_T.Q8_0, _T.Q8_1)})
@@ -189,10 +179,10 @@ class Activation:
 
     def q8k_mat_bytes(self) -> U8:
         """Q8_K bytes as llama.cpp quantizes a batch for its repacked Q4_K gemm (rows in fours by
-        ggml_quantize_mat_q8_K_4x8, the rest by quantize_row_q8_K): engine.kernels.kquant_repack."""
+        ggml_quantize_mat_q8_K_4x8, the rest by quantize_row_q8_K): engine.kernels.kquant.repack."""
         got = self._bytes.get("q8_k_mat")
         if got is None:
-            from engine.kernels.kquant_repack import quantize_q8_k_mat  # noqa: PLC0415 - compiled kernels only
+            from engine.kernels.kquant.repack import quantize_q8_k_mat  # noqa: PLC0415 - compiled kernels only
 
             with KERNEL_LOCK:
                 got = self._bytes["q8_k_mat"] = quantize_q8_k_mat(self.x)
@@ -330,7 +320,7 @@ class BlockProduct:
         if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path == "q8_0_x16":
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
-        from engine.kernels.legacy import bind_gemv  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.legacy.family import bind_gemv  # noqa: PLC0415 - compiled kernels only
 
         return bind_gemv(self.kind, self.weight, xq, out)
 
@@ -360,7 +350,7 @@ class BlockProduct:
     def rows(self, ids: npt.ArrayLike) -> F32:
         """Rows `ids` of W as float32 (embedding look-ups of a tied output), from the repacked copy when there is one."""
         if self.path == "repack_8x8":
-            from engine.kernels.kquant_repack import unpack_q4_k_8x8  # noqa: PLC0415
+            from engine.kernels.kquant.repack import unpack_q4_k_8x8  # noqa: PLC0415
 
             return dequantize_rows(unpack_q4_k_8x8(self.weight, ids), self.qtype)
         if self.planar:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from engine.quant.types import GGMLType
 
-from . import pages
+from engine.kernels import pages
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -29,9 +29,9 @@ _X16: list[Any] = []
 
 
 def q8_0_x16() -> Any:
-    """engine.kernels.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
+    """engine.kernels.legacy.q8_0_x16 where the CPU has AVX512-VNNI, else None (the byte-plane kernel runs)."""
     if not _X16:
-        from engine.kernels import q8_0_x16  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.legacy import q8_0_x16  # noqa: PLC0415 - compiled kernels only
 
         _X16.append(q8_0_x16 if q8_0_x16.available() else None)
     return _X16[0]
@@ -45,10 +45,10 @@ def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
     """The integer batch kernel of the legacy quants: legacy_gemm_vnni's where the CPU has AVX512-VNNI (the
     same bits in fewer instructions), legacy_gemm's elsewhere."""
     if q8_0_x16() is not None:  # numba's target has AVX512-VNNI
-        from engine.kernels.legacy_gemm_vnni import gemm_int_vnni  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.legacy.gemm_vnni import gemm_int_vnni  # noqa: PLC0415 - compiled kernels only
 
         return gemm_int_vnni
-    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.legacy.gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
 
     return gemm_int
 
@@ -56,14 +56,14 @@ def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
 def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
     """(repacked weight, gemv, gemm) of llama.cpp's q4_K_8x8 path for Q4_K rows in eights, else None. The blocks'
     file pages are released: the products read the repacked copy only."""
-    from engine.kernels import kquant_repack  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.kquant import repack as kquant_repack  # noqa: PLC0415 - compiled kernels only
 
     if blocks.shape[0] % kquant_repack.GROUP:
         return None
     weight = kquant_repack.repack_q4_k_8x8(blocks)
     pages.release(blocks)
     if q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's batches, the same bits
-        from engine.kernels.kquant_vnni import gemm_q4_k_8x8_vnni  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.kquant.vnni import gemm_q4_k_8x8_vnni  # noqa: PLC0415 - compiled kernels only
 
         return weight, kquant_repack.gemv_q4_k_8x8, gemm_q4_k_8x8_vnni
     return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
@@ -72,22 +72,22 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
 def legacy_kind(qtype: GGMLType, n_rows: int) -> int:
     """The legacy kernels' type id for a weight: Q4_0_X8 for Q4_0 rows in eights (llama.cpp repacks those as
     q4_0_8x8 and multiplies every batch with one fma per block and row), else the type itself."""
-    from engine.kernels.legacy_dot import Q4_0_X8  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.legacy.dot import Q4_0_X8  # noqa: PLC0415 - compiled kernels only
 
     return Q4_0_X8 if qtype == _T.Q4_0 and n_rows % 8 == 0 else int(qtype)
 
 
 def legacy_gemv(kind: int) -> Callable:
     """The one-row product of the legacy kernels for a type id (legacy_kind)."""
-    from engine.kernels.legacy import kind_gemv  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.legacy.family import kind_gemv  # noqa: PLC0415 - compiled kernels only
 
     return kind_gemv(kind)
 
 
 def tinyblas_gemm(qtype: GGMLType) -> Callable[[np.ndarray, np.ndarray, F32], None] | None:
     """llamafile's tinyBLAS order for F16 x F16, F32 x F32 and (with AVX512_BF16) BF16 x BF16 batches
-    (engine.kernels.tinyblas); None for other types, and for BF16 without AVX512_BF16 (the NumPy tiles run)."""
-    from engine.kernels import tinyblas  # noqa: PLC0415 - compiled kernels only
+    (engine.kernels.floats.tinyblas); None for other types, and for BF16 without AVX512_BF16 (the NumPy tiles run)."""
+    from engine.kernels.floats import tinyblas  # noqa: PLC0415 - compiled kernels only
 
     if qtype in (_T.F16, _T.F32):
         return tinyblas.gemm
@@ -102,14 +102,14 @@ def tinyblas_takes(n_rows: int, n: int, n_out: int, qtype: GGMLType = _T.F32) ->
 
 def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable] | None:
     """(path, gemv, gemm) with the numbers of llama.cpp's repacked kernels where its CPU_REPACK buffer takes the
-    weight (computed on the GGUF blocks): IQ4_NL rows in eights (iq4_nl_8x8, engine.kernels.iquant_dot), Q2_K
-    rows in eights with AVX-512 (q2_K_8x8, engine.kernels.iquant_tiled); else None."""
+    weight (computed on the GGUF blocks): IQ4_NL rows in eights (iq4_nl_8x8, engine.kernels.iquant.dot), Q2_K
+    rows in eights with AVX-512 (q2_K_8x8, engine.kernels.iquant.tiled); else None."""
     if qtype == _T.IQ4_NL and n_rows % 8 == 0:
-        from engine.kernels import iquant_dot  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.iquant import dot as iquant_dot  # noqa: PLC0415 - compiled kernels only
 
         return "iq4_nl_x8", iquant_dot.gemv_iq4_nl_x8, iquant_dot.gemm_iq4_nl_x8
     if takes_q2_k_x8(qtype, n_rows):
-        from engine.kernels.iquant_tiled import gemm_q2_k_x8, gemv_q2_k_x8  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.iquant.tiled import gemm_q2_k_x8, gemv_q2_k_x8  # noqa: PLC0415 - compiled kernels only
 
         return "q2_k_x8", gemv_q2_k_x8, gemm_q2_k_x8
     return None
@@ -119,19 +119,19 @@ def tiled_gemm(qtype: GGMLType) -> Callable:
     """The tiled gemm of a plain-buffer weight (batches of TILED_MIN_ROWS rows or more): Q3_K..Q6_K in
     kquant_tiled, Q2_K and the Q8_K i-quants in iquant_tiled."""
     if qtype == _T.IQ4_XS and q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's band kernel, the same bits
-        from engine.kernels.kquant_vnni import gemm_tiled_iq4_xs_vnni  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.kquant.vnni import gemm_tiled_iq4_xs_vnni  # noqa: PLC0415 - compiled kernels only
 
         return gemm_tiled_iq4_xs_vnni
     if qtype.name in TILED_IQ:
-        from engine.kernels.iquant_tiled import KINDS, gemm_tiled  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.iquant.tiled import KINDS, gemm_tiled  # noqa: PLC0415 - compiled kernels only
 
         kind = KINDS[qtype.name]
         return lambda blocks, xq, out: gemm_tiled(kind, blocks, xq, out)
     if qtype in (_T.Q4_K, _T.Q5_K, _T.Q6_K) and q8_0_x16() is not None:  # AVX512-VNNI: the same bits, faster
-        from engine.kernels import kquant_vnni  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.kquant import vnni as kquant_vnni  # noqa: PLC0415 - compiled kernels only
 
         return getattr(kquant_vnni, f"gemm_tiled_{qtype.name.lower()}_vnni")
-    from engine.kernels import kquant_tiled  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.kquant import tiled as kquant_tiled  # noqa: PLC0415 - compiled kernels only
 
     return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
 

@@ -25,10 +25,10 @@ try:  # numba is optional: without it quantize_q8_k is the NumPy reference
     from numba import njit, prange, types
     from numba.extending import intrinsic
 
-    from .simd import (
+    from engine.kernels.simd import (
         F32 as _F,  # the LLVM float type (F32 here is the NumPy array alias)
     )
-    from .simd import I8, I16, I32, byte_ptr, call_intrinsic, load, shuffle, vec
+    from engine.kernels.simd import I8, I16, I32, byte_ptr, call_intrinsic, load, shuffle, vec
 except ImportError:  # pragma: no cover - exercised only where numba is absent
     njit = None
 

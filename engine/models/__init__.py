@@ -1,1 +1,7 @@
-"""Architectures, one file each; `registry.model_class` imports them all on first use."""
+"""Architectures, and only them: one short file per architecture (`llama`, `qwen2`, `qwen3`, `phi3`, `gemma2`,
+`gemma3`), each the switches and metadata of the one block graph in `transformer` (its seams: `attention`, the FFN of
+`ffn`, the norms), and the shared definitions they stand on: `args` (hyper-parameters, typed metadata), `weights`
+(shape-checked tensors), `decoder` (the forward contract and the numerics protocol a model is handed), `rope` (pair
+layouts and scaling) and `registry` (`general.architecture` -> class; it imports every other module here on first
+use). How ops are computed lives in engine.ops, how a model is executed in engine.runtime.
+"""

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine.models.base import MetadataView
-from engine.models.decoder import Weights
+from engine.models.args import MetadataView
+from engine.models.weights import Weights
 from engine.models.registry import register
 from engine.models.transformer import Transformer, TransformerArgs
 
@@ -55,6 +55,7 @@ class Gemma2(Transformer):
     post_norms = True
     embed_scale = True
     always_tied = True
+    swa_pattern = SWA_PATTERN
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> Gemma2Args:

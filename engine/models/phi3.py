@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models.decoder import Weights
+from engine.models.weights import Weights
+from engine.models.decoder import Numerics
+from engine.models.ffn import DenseFFN
 from engine.models.registry import register
 from engine.models.rope import rope_freqs
 from engine.models.transformer import Transformer, TransformerArgs
-from engine.tensor import Linear
 
 FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -34,9 +35,9 @@ class Phi3(Transformer):
         args.sliding_window = None  # llama_model_phi3::load_arch_hparams: "Phi SWA is currently disabled"
         return args
 
-    def __init__(self, args: TransformerArgs, w: Weights):
+    def __init__(self, args: TransformerArgs, w: Weights, ops: Numerics):
         self._factors = {name: w.vector(name, args.rope_dim // 2) for name in FACTORS if w.has(name)}
-        super().__init__(args, w)
+        super().__init__(args, w, ops)
         self._scalings = {name: args.scaling(f) for name, f in self._factors.items()}
         self._chosen = ""
         self.select_rope(args.n_ctx)
@@ -44,8 +45,9 @@ class Phi3(Transformer):
     def load_rope_factors(self, w: Weights, a: TransformerArgs) -> None:
         return None  # chosen per context size in select_rope
 
-    def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> list[Linear]:
-        return [w.linear(b + "ffn_up.weight", a.dim, 2 * a.hidden_dim)]  # gate rows, then up rows
+    def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> DenseFFN:
+        up = w.linear(b + "ffn_up.weight", a.dim, 2 * a.hidden_dim)  # gate rows, then up rows
+        return DenseFFN([up], w.linear(b + "ffn_down.weight", a.hidden_dim, a.dim), self.glu)
 
     def select_rope(self, n_ctx: int) -> None:
         """model.get_rope_factors: the long factors when the context exceeds the original one, else the short."""

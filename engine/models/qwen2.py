@@ -7,7 +7,7 @@ token embeddings. The graph is engine.models.transformer's.
 from __future__ import annotations
 
 from engine.errors import ModelFormatError
-from engine.models.decoder import Weights
+from engine.models.weights import Weights
 from engine.models.registry import register
 from engine.models.transformer import Layer, Transformer, TransformerArgs
 

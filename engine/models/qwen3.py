@@ -8,7 +8,7 @@ engine.models.transformer's.
 """
 from __future__ import annotations
 
-from engine.models.decoder import Weights
+from engine.models.weights import Weights
 from engine.models.registry import register
 from engine.models.transformer import Transformer, TransformerArgs
 

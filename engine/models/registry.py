@@ -34,7 +34,8 @@ def model_class(arch: str) -> type[DecoderModel]:
         raise ModelFormatError("general.architecture", f"is not supported (supported: {known})", arch) from None
 
 
-_SHARED = {"base", "decoder", "registry", "rope", "transformer"}
+# the shared definitions beside the architectures (every other module here is one architecture)
+_SHARED = {"args", "decoder", "ffn", "registry", "rope", "transformer", "weights"}
 
 
 def _discover() -> None:

@@ -5,7 +5,8 @@ and they differ in a handful of places: biases on q/k/v, per-head q/k RMSNorm, a
 matrix, where the query scale goes, post-attention and post-FFN norms, the GLU, soft-capping, sliding windows
 on some layers, RoPE's pair layout and scaling. `Transformer.run_layers` is that graph with each of those as a
 switch, op for op in the order llama.cpp adds the ops; each architecture file sets its switches and reads its
-metadata. (gemma3.py keeps its own loop, held bit for bit to llama.cpp by the golden tests.)
+metadata. A block is two seams, `attention` and the layer's FFN (engine.models.ffn: dense, and room for experts),
+between the norms; the recorder is called from here, so every architecture records the same things.
 """
 from __future__ import annotations
 
@@ -19,17 +20,12 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.errors import ModelFormatError
-from engine.models import ggml_ops
-from engine.models.base import (
-    BaseArgs,
-    LayerAttentionSpec,
-    MetadataView,
-    gelu_tanh,
-    silu,
-    soft_cap,
-)
-from engine.models.decoder import DecoderModel, Weights
+from engine.models.args import BaseArgs, LayerAttentionSpec, MetadataView
+from engine.models.decoder import DecoderModel, Numerics
+from engine.models.ffn import DenseFFN
 from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs, yarn_attn_factor
+from engine.models.weights import Weights
+from engine.ops.reference import soft_cap
 from engine.tensor import FusedLinear, Linear
 
 if TYPE_CHECKING:  # the recorder is passed in; models never build one
@@ -73,19 +69,26 @@ class TransformerArgs(BaseArgs):
         factor = m.float("rope.scaling.factor", m.float("rope.scale_linear", 0.0))
         if factor < 0:
             raise ModelFormatError(f"{arch}.rope.scaling.factor", "must not be negative", factor)
-        value_length = m.optional_int("attention.value_length")
-        if value_length is not None and value_length != common["head_dim"]:
-            raise ModelFormatError(f"{arch}.attention.value_length", f"differs from key_length {common['head_dim']}: "
-                                   "not supported by GGUF Lens", value_length)
         args = cls(**common, rope_scaling_type=kind,
                    rope_freq_scale=1.0 if factor == 0.0 or kind == "none" else float(np.float32(1.0) / np.float32(factor)),
                    rope_attn_factor=m.float("rope.scaling.attn_factor", 1.0),
                    n_ctx_orig=m.int("rope.scaling.original_context_length", common["n_ctx"]), **extra)
         args.rope_base_swa = m.float("rope.freq_base_swa", args.rope_base)
         args.check()
+        value_length = m.optional_int("attention.value_length")  # after check(): key_length is known to be sane
+        if value_length is not None and value_length != args.head_dim:
+            raise ModelFormatError(f"{arch}.attention.value_length", f"differs from key_length {args.head_dim}: "
+                                   "not supported by GGUF Lens", value_length)
         if args.attn_scale == 0.0:
             args.attn_scale = 1.0 / math.sqrt(args.head_dim)
         return args
+
+    def layer_specs(self) -> list[LayerAttentionSpec]:
+        """Each layer's attention: the scale, its sliding window and RoPE base (the SWA layers' own), the soft-cap."""
+        group = self.n_heads // self.n_kv_heads
+        return [LayerAttentionSpec(self.attn_scale, self.sliding_window if self.is_swa(i) else None, group,
+                                   self.rope_base_swa if self.is_swa(i) else self.rope_base, self.attn_softcap)
+                for i in range(self.n_layers)]
 
     def scaling(self, factors: F32 | None) -> RopeScaling:
         """ggml_rope_ext's scaling arguments as llama_context derives them from these hyper-parameters."""
@@ -105,26 +108,20 @@ class Layer:
     qkv_parts: list[Linear]  # [wq, wk, wv], or [wqkv] (fused, split by q_dim / kv_dim)
     wo: Linear
     ffn_norm: F32
-    ffn_parts: list[Linear]  # [w_gate, w_up], or [w_up] holding gate then up (Phi-3)
-    w_down: Linear
+    ffn: DenseFFN  # the FFN seam: the gated dense FFN (engine.models.ffn)
     q_dim: int
     kv_dim: int
     biases: tuple[F32, F32, F32] | None = None  # q, k, v biases (ggml_add after the products)
-    q_norm: F32 | None = None  # per-head RMSNorm before RoPE (Qwen 3)
+    q_norm: F32 | None = None  # per-head RMSNorm before RoPE (Qwen 3, Gemma 3)
     k_norm: F32 | None = None
-    post_attn_norm: F32 | None = None  # Gemma 2
+    post_attn_norm: F32 | None = None  # Gemma 2 and 3
     post_ffn_norm: F32 | None = None
     qkv: FusedLinear = field(init=False)
-    gate_up: FusedLinear = field(init=False)
 
     def __post_init__(self) -> None:
         self.qkv = FusedLinear(self.qkv_parts)
-        self.gate_up = FusedLinear(self.ffn_parts)
         names = ("wq", "wk", "wv") if len(self.qkv_parts) == 3 else ("wqkv",)
         for name, lin in zip(names, self.qkv_parts):
-            setattr(self, name, lin)
-        names = ("w_gate", "w_up") if len(self.ffn_parts) == 2 else ("w_up",)
-        for name, lin in zip(names, self.ffn_parts):
             setattr(self, name, lin)
 
     def split_qkv(self, parts: list[F32]) -> list[F32]:
@@ -135,13 +132,13 @@ class Layer:
         a, b = self.q_dim, self.q_dim + self.kv_dim
         return [y[..., :a], y[..., a:b], y[..., b:]]
 
-    def split_ffn(self, parts: list[F32]) -> list[F32]:
-        """gate, up: the parts, or the halves of the fused ffn_up (ggml_swiglu's first half is the gate)."""
-        if len(parts) == 2:
-            return parts
-        (y,) = parts
-        n = y.shape[-1] // 2
-        return [y[..., :n], y[..., n:]]
+    def linears(self) -> list[Linear]:
+        """The block's matrices in the order its graph multiplies them."""
+        return [*self.qkv_parts, self.wo, *self.ffn.linears()]
+
+    def fused(self) -> list[FusedLinear]:
+        """The products that multiply several matrices' rows at once (q/k/v, gate/up)."""
+        return [self.qkv, self.ffn.gate_up]
 
 
 class Transformer(DecoderModel):
@@ -153,13 +150,14 @@ class Transformer(DecoderModel):
     post_norms: ClassVar[bool] = False  # post_attention_norm / post_ffw_norm required
     embed_scale: ClassVar[bool] = False  # the embeddings times sqrtf(dim) (Gemma)
     always_tied: ClassVar[bool] = False  # the head is token_embd even when output.weight exists (Gemma 2)
+    refused: ClassVar[re.Pattern[str]] = NOT_APPLIED  # tensors this graph does not apply: refused by name
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
         return cls.Args.read(md, n_vocab, cls.arch_name, cls.default_rope_base)
 
-    def __init__(self, args: TransformerArgs, w: Weights):
-        super().__init__(args, w)
+    def __init__(self, args: TransformerArgs, w: Weights, ops: Numerics):
+        super().__init__(args, w, ops)
         a = args
         self.tok_embd = w.qtensor("token_embd.weight", (a.dim, a.n_vocab))
         self.layers = [self.load_layer(w, i, a) for i in range(a.n_layers)]
@@ -170,12 +168,7 @@ class Transformer(DecoderModel):
         self.refuse_ignored(w)
         self.attn_softcap = a.attn_softcap
         self.rope_scaling = a.scaling(self.load_rope_factors(w, a))
-        group = a.n_heads // a.n_kv_heads
-        self.specs = [
-            LayerAttentionSpec(a.attn_scale, a.sliding_window if a.is_swa(i) else None, group,
-                               a.rope_base_swa if a.is_swa(i) else a.rope_base, a.attn_softcap)
-            for i in range(a.n_layers)
-        ]
+        self.specs = a.layer_specs()
         self.spec = self.specs[0]
         self.freqs_by_base = {s.rope_base: rope_freqs(a.rope_dim, s.rope_base, self.rope_scaling) for s in self.specs}
         self.freqs = self.freqs_by_base.get(a.rope_base, self.freqs_by_base[self.spec.rope_base])  # the GPU plan's
@@ -184,7 +177,7 @@ class Transformer(DecoderModel):
         """Tensors llama.cpp would add into the graph (optional biases of build_attn / build_ffn, output.bias) that
         this one does not: refused by name, never left out silently (that would change every logit)."""
         for name in w.unused():
-            if NOT_APPLIED.match(name):
+            if self.refused.match(name):
                 raise ModelFormatError(name, f"is not applied by GGUF Lens's {self.arch_name} graph yet; the logits would be wrong")
 
     def load_rope_factors(self, w: Weights, a: TransformerArgs) -> F32 | None:
@@ -223,73 +216,72 @@ class Transformer(DecoderModel):
         if self.post_norms:
             extra["post_attn_norm"] = w.vector(b + "post_attention_norm.weight", a.dim)
             extra["post_ffn_norm"] = w.vector(b + "post_ffw_norm.weight", a.dim)
-        return Layer(attn_norm, qkv, w.linear(b + "attn_output.weight", q_dim, a.dim),
-                     w.vector(b + "ffn_norm.weight", a.dim), self.load_ffn(w, b, a),
-                     w.linear(b + "ffn_down.weight", a.hidden_dim, a.dim), q_dim, kv_dim, biases, **extra)
+        wo = w.linear(b + "attn_output.weight", q_dim, a.dim)
+        ffn_norm = w.vector(b + "ffn_norm.weight", a.dim)
+        return Layer(attn_norm, qkv, wo, ffn_norm, self.load_ffn(w, b, a), q_dim, kv_dim, biases, **extra)
 
-    def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> list[Linear]:
-        return [w.linear(b + "ffn_gate.weight", a.dim, a.hidden_dim), w.linear(b + "ffn_up.weight", a.dim, a.hidden_dim)]
+    def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> DenseFFN:
+        """Block b's FFN: ffn_gate and ffn_up, then ffn_down."""
+        parts = [w.linear(b + "ffn_gate.weight", a.dim, a.hidden_dim), w.linear(b + "ffn_up.weight", a.dim, a.hidden_dim)]
+        return DenseFFN(parts, w.linear(b + "ffn_down.weight", a.hidden_dim, a.dim), self.glu)
 
     def embed(self, ids: npt.NDArray[np.int64]) -> F32:
-        x = self.embed_rows(self.tok_embd, ids)  # (T, dim)
+        x = self.ops.embed_rows(self, self.tok_embd, ids)  # (T, dim)
         return x * np.float32(math.sqrt(self.args.dim)) if self.embed_scale else x
 
-    def glu_act(self, gate: F32, up: F32) -> F32:
-        if self.glu == "geglu":
-            return ggml_ops.geglu(gate, up) if self.numerics == "ggml" else gelu_tanh(gate) * up
-        return ggml_ops.swiglu(gate, up) if self.numerics == "ggml" else silu(gate) * up
-
     def run_layers(self, x: F32, start: int, cache: KVCache, recorder: Recorder | None, which: range) -> F32:
-        a = self.args
-        t, d = x.shape[0], a.head_dim
+        t = x.shape[0]
         pos = np.arange(start, start + t)
-        tables = {base: self.rope_tables(pos, base, f) for base, f in self.freqs_by_base.items()}
+        tables = {base: self.ops.rope_tables(self, pos, base, f) for base, f in self.freqs_by_base.items()}
         masks: dict = {}
         for i in which:
-            layer, spec = self.layers[i], self.specs[i]
-            cos, sin = tables[spec.rope_base]
+            layer = self.layers[i]
             h = self.norm(x, layer.attn_norm)
-            if recorder is not None:  # the inputs of the products, for an importance matrix
-                recorder.record_input(tuple(p.weight.name for p in layer.qkv_parts), h)
-            q, k, v = layer.split_qkv(layer.qkv(h))
-            if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
-                q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
-            q = q.reshape(t, a.n_heads, d)  # (T, Hq, d)
-            k = k.reshape(t, a.n_kv_heads, d)  # (T, Hkv, d)
-            v = v.reshape(t, a.n_kv_heads, d)
-            if layer.q_norm is not None:  # build_norm on each head before RoPE (qwen3.cpp)
-                q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
-            # Gemma 2 and Phi-3 scale the query after RoPE (ggml_scale) and attend with kq_scale 1
-            q_scale, kq_scale = (spec.scale, 1.0) if self.query_scaled else (1.0, spec.scale)
-            fast = None if t > 1 or self.attn_softcap is not None else self.decode_attention(
-                i, q[0], k[0], v[0], cache, start, cos[0], sin[0], q_scale, kq_scale, spec.window)
-            if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
-                q, o = fast
-            else:
-                q = self.rotate(q.transpose(1, 0, 2), cos, sin)  # (Hq, T, d)
-                k = self.rotate(k.transpose(1, 0, 2), cos, sin)  # (Hkv, T, d)
-                cache.put(i, start, k, v.transpose(1, 0, 2))
-                qs = q * np.float32(q_scale) if q_scale != 1.0 else q
-                o = self.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap)
-            if recorder is not None:
-                recorder.record_q(i, start, q, spec)
-            o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
-            if recorder is not None:
-                recorder.record_input((layer.wo.weight.name,), o)
-            o = layer.wo(o)
+            o = self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder)
             x = x + (self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o)
             h = self.norm(x, layer.ffn_norm)
-            if recorder is not None:
-                recorder.record_input(tuple(p.weight.name for p in layer.ffn_parts), h)
-            gate, up = layer.split_ffn(layer.gate_up(h))
-            g = self.glu_act(gate, up)
-            if recorder is not None:
-                recorder.record_input((layer.w_down.weight.name,), g)
-            f = layer.w_down(g)
+            f = layer.ffn(h, self.ops, recorder)
             x = x + (self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         return x
+
+    def attention(
+        self, i: int, layer: Layer, h: F32, start: int, pos: np.ndarray, rope: tuple[F32, F32], cache: KVCache,
+        masks: dict, recorder: Recorder | None,
+    ) -> F32:
+        """Layer i's attention block on its normed input h (T, dim): the output product's rows (T, dim)."""
+        a, spec, ops = self.args, self.specs[i], self.ops
+        t, d = h.shape[0], a.head_dim
+        cos, sin = rope
+        if recorder is not None:  # the inputs of the products, for an importance matrix
+            recorder.record_input(tuple(p.weight.name for p in layer.qkv_parts), h)
+        q, k, v = layer.split_qkv(layer.qkv(h))
+        if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
+            q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
+        q = q.reshape(t, a.n_heads, d)  # (T, Hq, d)
+        k = k.reshape(t, a.n_kv_heads, d)  # (T, Hkv, d)
+        v = v.reshape(t, a.n_kv_heads, d)
+        if layer.q_norm is not None:  # build_norm on each head before RoPE (qwen3.cpp, gemma3.cpp)
+            q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
+        # Gemma 2/3 and Phi-3 scale the query after RoPE (ggml_scale) and attend with kq_scale 1
+        q_scale, kq_scale = (spec.scale, 1.0) if self.query_scaled else (1.0, spec.scale)
+        fast = None if t > 1 or self.attn_softcap is not None else ops.decode_attention(
+            cache, i, q[0], k[0], v[0], start, cos[0], sin[0], self.rope_mode == "neox", q_scale, kq_scale, spec.window)
+        if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
+            q, o = fast
+        else:
+            q = ops.rotate(q.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hq, T, d)
+            k = ops.rotate(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
+            cache.put(i, start, k, v.transpose(1, 0, 2))
+            qs = q * np.float32(q_scale) if q_scale != 1.0 else q
+            o = ops.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap)
+        if recorder is not None:
+            recorder.record_q(i, start, q, spec)
+        o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
+        if recorder is not None:
+            recorder.record_input((layer.wo.weight.name,), o)
+        return layer.wo(o)
 
     def head(self, x: F32, all_logits: bool) -> F32:
         x = self.norm(x if all_logits else x[-1:], self.out_norm)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from engine.models.base import causal_mask, soft_cap
+from engine.ops.reference import causal_mask, soft_cap
 
 if TYPE_CHECKING:
     from engine.cache import KVCache

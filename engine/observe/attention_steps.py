@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import soft_cap
+from engine.ops.reference import soft_cap
 from engine.observe.recorder import Recorder
 
 F32 = npt.NDArray[np.float32]

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from engine.errors import ModelFormatError
+from engine.models.registry import model_class
 from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs
 
 F32 = npt.NDArray[np.float32]
@@ -139,6 +141,9 @@ def scaled_freqs(rope_dim: int, base: float, ratio: tuple[float, ...] = ()) -> F
     return f * np.asarray(ratio, np.float64)[: f.size] if len(ratio) == f.size else f
 
 
+UNKNOWN_MODE = "unknown"  # the RoPE pair layout of an architecture without a class here
+
+
 @dataclass(frozen=True)
 class LayerRope:
     """How one layer encodes positions: RoPE base and mode, sliding window, attention scale."""
@@ -146,7 +151,7 @@ class LayerRope:
     base: float
     window: int | None
     rope_dim: int
-    mode: str  # 'norm' | 'neox'
+    mode: str  # 'norm' | 'neox' | 'unknown' (an architecture GGUF Lens does not run)
     scale: float
 
     @property
@@ -154,22 +159,15 @@ class LayerRope:
         return rope_freqs(self.rope_dim, self.base)
 
 
-# Per-architecture rules for layers that differ, as llama.cpp's llama-model.cpp sets them:
-# (rope mode, sliding-window pattern n (every n-th layer is global; 0 = none), local RoPE base)
-_ARCH_ROPE: dict[str, tuple[str, int, float | None]] = {
-    "llama": ("norm", 0, None),
-    "gemma3": ("neox", 6, 10000.0),  # set_swa_pattern(6); rope_freq_base_train_swa = 10000
-    "gemma2": ("neox", 2, None),
-    "qwen2": ("neox", 0, None),
-    "qwen3": ("neox", 0, None),
-    "phi3": ("neox", 0, None),
-}
-
-
 def layer_rope_layout(md: dict[str, Any], n_layers: int, rope_base: float, head_dim: int) -> list[LayerRope]:
-    """Per-layer RoPE base, window and scale from GGUF metadata (local vs global layers where the arch has them)."""
+    """Per-layer RoPE base, window and scale from GGUF metadata (local vs global layers where the arch has them), by
+    the rules the architecture's class declares (engine.models.registry)."""
     arch = str(md.get("general.architecture", ""))
-    mode, pattern, local_base = _ARCH_ROPE.get(arch, ("norm", 0, None))
+    try:  # the architecture's own rules
+        cls = model_class(arch)
+        mode, pattern, local_base = cls.rope_mode, cls.swa_pattern, cls.rope_base_swa
+    except ModelFormatError:  # an architecture GGUF Lens does not run: its pair layout is not known, and says so
+        mode, pattern, local_base = UNKNOWN_MODE, 0, None
     swa_base = md.get(f"{arch}.rope.freq_base_swa")
     if isinstance(swa_base, (int, float, np.integer, np.floating)) and swa_base > 0:
         local_base = float(swa_base)

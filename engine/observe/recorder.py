@@ -13,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.models.base import LayerAttentionSpec, causal_mask, soft_cap, softmax
+from engine.models.args import LayerAttentionSpec
+from engine.ops.reference import causal_mask, soft_cap, softmax
 
 
 @dataclass

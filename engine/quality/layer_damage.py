@@ -29,15 +29,12 @@ def own_layer_divergence(
     cache_type: str | None = None, cancel: threading.Event | None = None,
 ) -> tuple[F32, F32]:
     """(rel L2, mean cosine) per layer of B's layer i on A's input against A's output of layer i."""
-    from engine.models.decoder import attention_rounding
-
     n = len(ids)
     net = b.net
     n_layers = int(net.args.n_layers)
     cache = net.new_cache(max(n, 16), cache_type)
     cache.reserve(n)
-    net._rounding = attention_rounding(cache.qtype) if net.numerics == "ggml" else (None, None)
-    net.select_rope(cache.n_ctx)
+    net.begin(cache)
     x_in = a.net.embed(np.asarray(ids, np.int64))
     rel, cos = np.zeros(n_layers, np.float32), np.zeros(n_layers, np.float32)
     for i in range(n_layers):

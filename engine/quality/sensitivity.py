@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +39,6 @@ from engine.tensor import QTensor
 
 if TYPE_CHECKING:
     from engine.model import Model
-    from engine.quality.sensitivity_cache import SensitivityCache
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +154,13 @@ class TensorSensitivity:
         return s
 
 
+class SensitivityStore(Protocol):
+    """Where measured tensors are kept between runs (engine.quality.sensitivity_cache.SensitivityCache)."""
+
+    def load(self) -> tuple[dict[str, TensorSensitivity], str | None]: ...
+    def save(self, tensors: Mapping[str, TensorSensitivity]) -> None: ...
+
+
 @dataclass
 class Sensitivities:
     """Every quantizable tensor's sensitivity, and the sizes of the tensors a mix cannot change."""
@@ -190,13 +196,10 @@ class Measurer:
     def _run(self, x: np.ndarray, first: int, keep_inputs: bool = False) -> np.ndarray:
         """The logits (float32) of every position but the last after running layers [first, L) on residual
         stream x (as forward does); the last position predicts no token of the text."""
-        from engine.models.decoder import attention_rounding
-
         net = self.net
         cache = net.new_cache(max(len(self.ids), 16))
         cache.reserve(len(self.ids))
-        net._rounding = attention_rounding(cache.qtype) if net.numerics == "ggml" else (None, None)
-        net.select_rope(cache.n_ctx)
+        net.begin(cache)
         for i in range(first, net.args.n_layers):
             if keep_inputs:
                 self.inputs.append(x)
@@ -334,7 +337,7 @@ def quantizable_tensors(model: Model) -> tuple[list[str], int, int]:
 
 def measure_all(
     model: Model, ids: Sequence[int], *, importance: Mapping[str, np.ndarray] | None = None,
-    quantizer: Quantizer = plain_quantizer, cache: SensitivityCache | None = None,
+    quantizer: Quantizer = plain_quantizer, cache: SensitivityStore | None = None,
     progress: Progress | None = None, cancel: threading.Event | None = None, group_layers: int = 1,
     meas: Measurer | None = None,
 ) -> Sensitivities | None:

@@ -19,7 +19,7 @@ import engine.models.registry  # noqa: E402,F401 - import order: the models befo
 from app.records.attention import make_attention_record, make_head_record  # noqa: E402
 from app.records.model import LayerInfo, ModelRecord, TensorRow  # noqa: E402
 from engine.cache import KVCache  # noqa: E402
-from engine.models.base import LayerAttentionSpec
+from engine.models.args import LayerAttentionSpec
 from engine.observe.recorder import Recorder  # noqa: E402
 from tests.conftest import SMOLLM2_FILE, model_path  # noqa: E402
 

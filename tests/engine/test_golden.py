@@ -77,13 +77,13 @@ def test_tiled_attention_equals_plain_on_the_real_model(run_f32) -> None:
 
     _, model, _, ids, logits, *_ = run_f32
     net = model.net
-    saved = net.tiled_min_keys
-    net.tiled_min_keys = 64
+    saved = net.ops.tiled_min_keys
+    net.ops.tiled_min_keys = 64
     try:
         tiled = prefill(model, ids, model.new_cache(1024), all_logits=True, chunk_size=128)
         assert net.attention_path == "tiled"
     finally:
-        net.tiled_min_keys = saved
+        net.ops.tiled_min_keys = saved
     np.testing.assert_allclose(tiled, logits, rtol=1e-3, atol=1e-3)
     assert (tiled.argmax(-1) == logits.argmax(-1)).all()
 

@@ -8,7 +8,7 @@ files are absent (CI) these tests skip; the bit-exact dequantization and kernel 
 Two references per file, both llama.cpp as it runs by default (IQ4_NL weights with rows in eights repacked to
 iq4_nl_8x8, which the engine reproduces bit for bit; SmolLM2's 576-wide rows are IQ4_NL in all three files):
 - one 128-token batch: the other i-quants (IQ4_XS, IQ3_S ffn_down) take llama.cpp's tiled path there, which
-  engine.kernels.iquant_tiled reproduces, so with ggml numerics every file's logits are llama.cpp's (KLD at the
+  engine.kernels.iquant.tiled reproduces, so with ggml numerics every file's logits are llama.cpp's (KLD at the
   rounding of the stored log-probs); float32 numerics (no 8-bit activations) stay within KLD 0.008 and 92% the
   same top token on these 128 positions (measured: IQ4_NL 0.0026 / 97.7%, IQ4_XS 0.0037 / 93.8%, IQ3_S 0.0063 /
   92.2%), short of the issue's 0.005 / 96% for the two lower types;

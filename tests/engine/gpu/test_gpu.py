@@ -29,7 +29,7 @@ from engine.gpu.device import Device, arg
 from engine.gpu.linear import DEVICE_TYPES, BlockStore, DeviceLinear
 from engine.gpu.plan import ACT_GELU_TANH, ACT_SILU, arch_plan
 from engine.model import Model, load_model
-from engine.models.base import attention, causal_mask, gelu_tanh, rms_norm, silu
+from engine.ops.reference import attention, causal_mask, gelu_tanh, rms_norm, silu
 from engine.models.rope import apply_rope, rope_angles, rope_freqs
 from engine.observe.recorder import Recorder
 from engine.quant import dequantize_rows, quantize

@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import dispatch, iquant_dot
+from engine.kernels import dispatch
+from engine.kernels.iquant import dot as iquant_dot
 from engine.kernels.activations import quantize_q8_0
 from engine.kernels.q8k import quantize_q8_k
 from engine.quant import GGMLType, dequantize_rows

@@ -3,7 +3,7 @@
 Fixtures from llama-cpp-python's libggml-cpu (x86, AVX2 + AVX-512 VNNI build): tests/fixtures/kernels/iquant_dot.npz
 (tools/make_iquant_fixtures.py: 20 weight rows per i-quant, MUL_MAT of 9 activation rows, which takes the
 tiled path) and tests/fixtures/kernels/kquant_tiled.npz (tools/make_kquant_tiled_fixtures.py: 44 Q2_K rows in
-the plain buffer, MUL_MAT of 1 to 33 rows). engine.kernels.iquant_tiled must give every value; vec_dot's
+the plain buffer, MUL_MAT of 1 to 33 rows). engine.kernels.iquant.tiled must give every value; vec_dot's
 order (iquant_dot) must not, so the test can tell the paths apart; BlockProduct must take each where llama.cpp does.
 """
 from __future__ import annotations
@@ -15,8 +15,10 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import dispatch, iquant_dot, kquant_dot, paths
-from engine.kernels.iquant_tiled import KINDS, gemm_tiled
+from engine.kernels import dispatch, paths
+from engine.kernels.iquant import dot as iquant_dot
+from engine.kernels.kquant import dot as kquant_dot
+from engine.kernels.iquant.tiled import KINDS, gemm_tiled
 from engine.kernels.q8k import quantize_q8_k
 from engine.quant import GGMLType
 

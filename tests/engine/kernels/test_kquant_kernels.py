@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import kquants as K  # noqa: E402
-from engine.kernels.kquant_ref import fma_f32, hsum8  # noqa: E402
+from engine.kernels.kquant import family as K  # noqa: E402
+from engine.kernels.kquant.ref import fma_f32, hsum8  # noqa: E402
 from engine.kernels.q8k import (  # noqa: E402
     Q8K_BLOCK_BYTES,
     q8k_fields,
@@ -251,7 +251,7 @@ def test_dequantize_rows_bit_identical_with_engine_quant(name):
 PORTABLE_CHECK = r"""
 import numpy as np
 from numba.core.registry import cpu_target
-from engine.kernels import kquants as K
+from engine.kernels.kquant import family as K
 from engine.kernels.simd import target_features
 from engine.quant import GGMLType, dequantize_rows
 assert "+avx2" not in target_features(cpu_target.target_context), target_features(cpu_target.target_context)

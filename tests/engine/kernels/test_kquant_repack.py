@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import kquant_repack as R
-from engine.kernels import kquant_repack_ref as ref
+from engine.kernels.kquant import repack as R
+from engine.kernels.kquant import repack_ref as ref
 from engine.kernels.q8k import quantize_q8_k, quantize_q8_k_ref
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "kernels" / "q4k_repack.npz"

@@ -3,8 +3,8 @@
 Fixture: tests/fixtures/kernels/kquant_tiled.npz, made by tools/make_kquant_tiled_fixtures.py from
 llama-cpp-python's libggml-cpu (x86, AVX2 + AVX-512 VNNI build): MUL_MAT results of Q3_K, Q4_K, Q5_K and Q6_K
 weights in the plain CPU buffer (44 rows, not repacked) for 1, 7, 8, 9, 16 and 33 activation rows. Below 8 rows
-ggml-cpu runs ggml_vec_dot_q*_K_q8_K (engine.kernels.kquant_dot), from 8 its tiled path
-(engine.kernels.kquant_tiled); BlockProduct is checked to pick the right one for the types it routes.
+ggml-cpu runs ggml_vec_dot_q*_K_q8_K (engine.kernels.kquant.dot), from 8 its tiled path
+(engine.kernels.kquant.tiled); BlockProduct is checked to pick the right one for the types it routes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("numba")
 
-from engine.kernels import kquant_dot, kquant_tiled
+from engine.kernels.kquant import dot as kquant_dot
+from engine.kernels.kquant import tiled as kquant_tiled
 from engine.kernels.dispatch import BlockProduct, compiled
 from engine.kernels.q8k import quantize_q8_k
 from engine.quant import GGMLType

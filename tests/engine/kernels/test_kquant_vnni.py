@@ -21,7 +21,7 @@ def vnni():
 
     if paths.q8_0_x16() is None:
         pytest.skip("numba's target has no AVX512-VNNI")
-    from engine.kernels import kquant_vnni  # noqa: PLC0415
+    from engine.kernels.kquant import vnni as kquant_vnni  # noqa: PLC0415
 
     return kquant_vnni
 
@@ -32,7 +32,7 @@ def _load(path) -> dict[str, np.ndarray]:
 
 
 def _q4_k(vnni, weight: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    from engine.kernels import kquant_repack as R  # noqa: PLC0415
+    from engine.kernels.kquant import repack as R  # noqa: PLC0415
 
     out = np.full((x.shape[0], weight.shape[0] * 8), np.nan, np.float32) if out is None else out
     vnni.gemm_q4_k_8x8_vnni(weight, R.quantize_q8_k_mat(x), out)
@@ -40,7 +40,7 @@ def _q4_k(vnni, weight: np.ndarray, x: np.ndarray, out: np.ndarray | None = None
 
 
 def test_q4_k_equals_llama_cpp(vnni) -> None:
-    from engine.kernels import kquant_repack as R  # noqa: PLC0415
+    from engine.kernels.kquant import repack as R  # noqa: PLC0415
 
     golden = _load(repack_tests.FIXTURE)
     for key, wcase, m in repack_tests._cases(golden):
@@ -51,8 +51,8 @@ def test_q4_k_equals_llama_cpp(vnni) -> None:
 @pytest.mark.parametrize("rows,nb,m", [(8, 1, 1), (16, 2, 5), (24, 3, 16), (8, 4, 19), (32, 1, 36), (40, 2, 67)])
 def test_q4_k_equals_the_reference_on_random_blocks(vnni, rows: int, nb: int, m: int) -> None:
     """Max scales and mins, every quant 15, a zero block; tiles of 16 with a short last one and the gemv rows."""
-    from engine.kernels import kquant_repack as R  # noqa: PLC0415
-    from engine.kernels import kquant_repack_ref as ref  # noqa: PLC0415
+    from engine.kernels.kquant import repack as R  # noqa: PLC0415
+    from engine.kernels.kquant import repack_ref as ref  # noqa: PLC0415
 
     rng = np.random.default_rng(rows * 1000 + nb * 10 + m)
     w = repack_tests._random_q4_k(rng, rows, nb)
@@ -64,7 +64,7 @@ def test_q4_k_equals_the_reference_on_random_blocks(vnni, rows: int, nb: int, m:
 
 
 def test_q4_k_writes_strided_output(vnni) -> None:
-    from engine.kernels import kquant_repack as R  # noqa: PLC0415
+    from engine.kernels.kquant import repack as R  # noqa: PLC0415
 
     rng = np.random.default_rng(9)
     weight = R.repack_q4_k_8x8(repack_tests._random_q4_k(rng, 16, 2))
@@ -95,7 +95,7 @@ def test_tiled_equal_llama_cpp(vnni, t: str) -> None:
 @pytest.mark.parametrize("t,size,d_at", [("Q4_K", 144, (0, 2)), ("Q5_K", 176, (0, 2)), ("Q6_K", 210, (208,))])
 def test_tiled_equal_the_plain_tiled_kernels_on_edge_blocks(vnni, t: str, size: int, d_at: tuple) -> None:
     """Random bytes (every code, scale, min and scale sign), a zero block, activations at the quantizer's extremes."""
-    from engine.kernels import kquant_tiled  # noqa: PLC0415
+    from engine.kernels.kquant import tiled as kquant_tiled  # noqa: PLC0415
     from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
 
     rng = np.random.default_rng(5)
@@ -114,7 +114,7 @@ def test_tiled_equal_the_plain_tiled_kernels_on_edge_blocks(vnni, t: str, size: 
 
 def test_iq4_xs_equals_llama_cpp(vnni) -> None:
     """IQ4_XS through the band kernel: llama.cpp's tiled MUL_MAT of 9 rows, and iquant_tiled's on random blocks."""
-    from engine.kernels.iquant_tiled import KINDS, gemm_tiled  # noqa: PLC0415
+    from engine.kernels.iquant.tiled import KINDS, gemm_tiled  # noqa: PLC0415
     from engine.kernels.q8k import quantize_q8_k  # noqa: PLC0415
 
     golden = _load(tiled_tests.FIXTURE.parent / "iquant_dot.npz")

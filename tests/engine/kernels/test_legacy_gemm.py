@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels import legacy
+from engine.kernels.legacy import family as legacy
 from engine.kernels.activations import HAVE_NUMBA, quantize_activation
 from engine.kernels.dispatch import BlockProduct, compiled
 from engine.quant import quantize
@@ -20,14 +20,14 @@ KERNELS = ("gemm_int", "gemm_int_vnni")  # legacy_gemm's (sign trick), legacy_ge
 def kernel(which: str):
     """The batch kernel by name; skips where the VNNI one cannot run."""
     if which == "gemm_int":
-        from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415
+        from engine.kernels.legacy.gemm import gemm_int  # noqa: PLC0415
 
         return gemm_int
     from engine.kernels import paths  # noqa: PLC0415
 
     if paths.q8_0_x16() is None:
         pytest.skip("numba's target has no AVX512-VNNI")
-    from engine.kernels.legacy_gemm_vnni import gemm_int_vnni  # noqa: PLC0415
+    from engine.kernels.legacy.gemm_vnni import gemm_int_vnni  # noqa: PLC0415
 
     return gemm_int_vnni
 

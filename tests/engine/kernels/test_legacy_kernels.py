@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kernels import legacy
+from engine.kernels.legacy import family as legacy
 from engine.kernels.activations import HAVE_NUMBA, quantize_activation
-from engine.kernels.legacy_ref import dot_ref, fma32_ref
-from engine.kernels.legacy_repack import ROW_GROUP, repack, unpack_planes
+from engine.kernels.legacy.ref import dot_ref, fma32_ref
+from engine.kernels.legacy.repack import ROW_GROUP, repack, unpack_planes
 from engine.quant import dequantize_rows, quantize
 from engine.quant.types import TYPES, GGMLType
 

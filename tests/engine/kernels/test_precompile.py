@@ -89,7 +89,8 @@ class Keep(logging.Handler):
 log = logging.getLogger("engine.kernels.precompile")
 log.addHandler(Keep()); log.setLevel(logging.INFO)
 from engine.model import load_model
-from engine.kernels import legacy_products, q8_0_x16
+from engine.kernels.legacy import products as legacy_products
+from engine.kernels.legacy import q8_0_x16
 model = load_model(sys.argv[1])
 cache = model.new_cache(64)
 ids = np.array([5, 60, 61, 9, 70], np.int64)

@@ -33,9 +33,9 @@ def _cases(golden, *, repacked: bool):
 
 @pytest.mark.parametrize("which", ["gemm_int", "gemm_int_vnni"])
 def test_kernels_equal_llamacpp_bit_for_bit(golden, which):
-    from engine.kernels.legacy import kind_gemv  # noqa: PLC0415
-    from engine.kernels.legacy_dot import Q4_0_X8  # noqa: PLC0415
-    from engine.kernels.legacy_repack import repack  # noqa: PLC0415
+    from engine.kernels.legacy.family import kind_gemv  # noqa: PLC0415
+    from engine.kernels.legacy.dot import Q4_0_X8  # noqa: PLC0415
+    from engine.kernels.legacy.repack import repack  # noqa: PLC0415
     from tests.engine.kernels.test_legacy_gemm import kernel  # noqa: PLC0415
 
     gemm_int = kernel(which)
@@ -72,7 +72,7 @@ def test_block_product_takes_the_repacked_numbers_where_llamacpp_does(golden):
 
 def test_vec_dot_numbers_differ_from_the_repacked_ones(golden):
     """The two paths really differ on these inputs (else the tests above could not tell them apart)."""
-    from engine.kernels.legacy_gemm import gemm_int  # noqa: PLC0415
+    from engine.kernels.legacy.gemm import gemm_int  # noqa: PLC0415
 
     w, x = golden["w_quantized"], golden["x"][:16]
     out = np.empty((16, w.shape[0]), np.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels import legacy
+from engine.kernels.legacy import family as legacy
 from engine.kernels.activations import quantize_activation
 from engine.kernels.dispatch import BlockProduct, compiled
 from engine.quant import dequantize_rows, quantize
@@ -17,7 +17,7 @@ T = GGMLType
 def _x16():
     if not compiled():
         pytest.skip("the compiled kernels are not in use")
-    from engine.kernels import q8_0_x16
+    from engine.kernels.legacy import q8_0_x16
 
     if not q8_0_x16.available():
         pytest.skip("no AVX512-VNNI on this CPU: the byte-plane kernel runs")

@@ -51,7 +51,7 @@ def test_the_two_orders_differ_on_these_inputs(golden):
 def test_weight_rows_and_widths_choose_the_kernel_as_llamacpp(golden, qtype: GGMLType, rows: int, n: int):
     """tinyBLAS takes a weight's rows in fours only (22 rows: vec_dot), BF16 rows in 32s only (528: vec_dot);
     BF16 batches run VDPBF16PS itself where the CPU has AVX512_BF16, denormals read as zero included."""
-    from engine.kernels import tinyblas  # noqa: PLC0415
+    from engine.kernels.floats import tinyblas  # noqa: PLC0415
 
     if qtype == GGMLType.BF16 and rows == 24 and n == 512 and not tinyblas.bf16_available():
         pytest.skip("BF16 batches need AVX512_BF16 (without it they are not llama.cpp's AVX512_BF16 numbers)")

@@ -8,7 +8,7 @@ import pytest
 
 from engine.kernels.dispatch import compiled
 from engine.model import load_model
-from engine.models import ggml_ops
+from engine.ops import ggml as ggml_ops
 from engine.models.rope import RopeScaling, rope_angles, rope_freqs
 from tests.engine.golden import log_softmax
 from tests.engine.models.arch_cases import model_file, our_logits, reference, stats
@@ -80,11 +80,11 @@ def test_yarn_blends_interpolated_and_extrapolated_frequencies() -> None:
 def test_which_architectures_take_the_compiled_decode_step(folder: Path, name: str, takes: bool) -> None:
     """Biases, q/k norms, fused matrices, partial RoPE, frequency factors and Gemma 2's soft-capping all run in the
     compiled step (test_arch_logits holds its numbers to llama.cpp's decode steps)."""
-    from engine.models.ggml_decode import plan_for  # noqa: PLC0415
+    from engine.runtime.decode_plan import plan_for  # noqa: PLC0415
 
     model = load_model(model_file(folder, name, "Q8_0"), numerics="ggml")
     try:
-        assert plan_for(model.net).ok is takes
+        assert plan_for(model.net, model.net.ops).ok is takes
     finally:
         model.close()
 
@@ -103,7 +103,7 @@ def test_phi3_picks_long_factors_past_the_original_context(folder: Path) -> None
 
 @pytest.mark.parametrize("name", ["llama3", "llama_yarn", "qwen2", "qwen3", "gemma2", "phi3"])
 def test_float32_decode_steps_equal_the_prompt_pass(folder: Path, name: str) -> None:
-    """float32 numerics: the one-token path (engine.models.decode's compiled attention where it runs) gives the
+    """float32 numerics: the one-token path (engine.ops.attention_decode's compiled attention where it runs) gives the
     prompt pass's logits: biases, q/k norms, the fused matrices, partial RoPE, the scaled query, the factors."""
     from engine.generate import prefill  # noqa: PLC0415
 

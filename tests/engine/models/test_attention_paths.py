@@ -1,6 +1,7 @@
 """Tiled (online-softmax) attention equals the plain path; Gemma 3's sliding window against a naive reference."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -8,9 +9,10 @@ import numpy as np
 import pytest
 
 from engine.gguf import open_gguf
-from engine.models.attention_tiled import attention_tiled
-from engine.models.base import attention, causal_mask
-from engine.models.decoder import Weights
+from engine.ops.attention_tiled import attention_tiled
+from engine.ops.reference import attention, causal_mask
+from engine.models.weights import Weights
+from engine.runtime.numerics import numerics_for
 from engine.models.registry import model_class
 from engine.tensor import DenseBudget
 from tests.tiny_models import make_tiny_gemma3
@@ -32,7 +34,8 @@ def test_tiled_equals_plain_on_long_random_inputs(start: int, t: int, s: int, wi
 def load_net(path: Path):
     g = open_gguf(path)
     cls = model_class(g.metadata["general.architecture"])
-    return cls(cls.args_from_metadata(g.metadata, g.tensors["token_embd.weight"].shape[1]), Weights(g, DenseBudget(1 << 30)))
+    return cls(cls.args_from_metadata(g.metadata, g.tensors["token_embd.weight"].shape[1]), Weights(g, DenseBudget(1 << 30)),
+               numerics_for("float32"))
 
 
 def naive_gemma3(net, ids: list[int]) -> np.ndarray:
@@ -56,8 +59,8 @@ def naive_gemma3(net, ids: list[int]) -> np.ndarray:
     n = len(ids)
     x = net.tok_embd.rows(ids).astype(np.float64) * math.sqrt(a.dim)
     for i, L in enumerate(net.layers):
-        local = a.is_local(i)
-        base = a.rope_base_local if local else a.rope_base
+        local = a.is_swa(i)
+        base = a.rope_base_swa if local else a.rope_base
         h = rms(x, L.attn_norm)
         q = (h @ L.wq.dense().T).reshape(n, a.n_heads, a.head_dim)
         k = (h @ L.wk.dense().T).reshape(n, a.n_kv_heads, a.head_dim)
@@ -76,14 +79,14 @@ def naive_gemma3(net, ids: list[int]) -> np.ndarray:
         o = out.reshape(n, -1) @ L.wo.dense().T
         x = x + rms(o, L.post_attn_norm)
         h = rms(x, L.ffn_norm)
-        f = (gelu(h @ L.w_gate.dense().T) * (h @ L.w_up.dense().T)) @ L.w_down.dense().T
+        f = (gelu(h @ L.ffn.w_gate.dense().T) * (h @ L.ffn.w_up.dense().T)) @ L.ffn.w_down.dense().T
         x = x + rms(f, L.post_ffn_norm)
     return rms(x, net.out_norm) @ net.output.dense().T
 
 
 def test_sliding_window_longer_than_window_matches_naive_reference(tmp_path: Path) -> None:
     net = load_net(make_tiny_gemma3(tmp_path / "g.gguf", window=16, n_layers=6))
-    assert [net.args.is_local(i) for i in range(6)] == [True] * 5 + [False]
+    assert [net.args.is_swa(i) for i in range(6)] == [True] * 5 + [False]
     ids = list(np.random.default_rng(1).integers(3, 250, size=60))
     ref = naive_gemma3(net, ids)
     # chunked prefill (chunks straddle the window) and then single-token decode
@@ -98,8 +101,8 @@ def test_sliding_window_longer_than_window_matches_naive_reference(tmp_path: Pat
         cache.commit([tkn])
     ours = np.concatenate(rows)
     np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3)
-    # the window matters: with it removed the logits differ
-    net.args.sliding_window = None
+    # the window matters: with it removed (each layer's RoPE base kept) the logits differ
+    net.specs = [dataclasses.replace(spec, window=None) for spec in net.specs]
     full = net.forward(ids, net.new_cache(128), all_logits=True)
     assert np.abs(full[40:] - ref[40:]).max() > 1e-2
 
@@ -109,7 +112,7 @@ def test_tiled_path_on_a_model_equals_plain(tmp_path: Path) -> None:
     ids = list(np.random.default_rng(2).integers(3, 250, size=300))
     plain = net.forward(ids, net.new_cache(512), all_logits=True)
     assert net.attention_path == "plain"
-    net.tiled_min_keys = 64
+    net.ops.tiled_min_keys = 64
     tiled = net.forward(ids, net.new_cache(512), all_logits=True)
     assert net.attention_path == "tiled"
     np.testing.assert_allclose(tiled, plain, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""The compiled decode step (engine.models.ggml_decode) gives the NumPy path's bits: logits, cache, recordings."""
+"""The compiled decode step (engine.runtime.decode_plan) gives the NumPy path's bits: logits, cache, recordings."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from benchmarks.synthetic_model import spec, write_synthetic
 from engine.kernels.dispatch import compiled
 from engine.model import load_model
-from engine.models import ggml_decode
+from engine.runtime import decode_plan as ggml_decode
 from engine.observe.recorder import Recorder
 from engine.quant import quantize
 from engine.quant.types import GGMLType
@@ -70,7 +70,7 @@ def test_compiled_step_equals_the_numpy_path(tiny: dict[str, Path], name: str) -
         ids = list(range(5, 25))  # past Gemma's window of 8
         slow, c_slow = _steps(model, ids, fast=False)
         fast, c_fast = _steps(model, ids, fast=True)
-        assert model.net._decode_plan.ok  # the compiled step ran
+        assert model.net.ops.decode_plan.ok  # the compiled step ran
         assert _same_bits(slow, fast)
         for layer in range(model.net.args.n_layers):
             assert np.array_equal(c_slow.k[layer][:, : len(ids)], c_fast.k[layer][:, : len(ids)])
@@ -100,14 +100,14 @@ def test_plan_follows_a_swapped_weight(tiny: dict[str, Path]) -> None:
     try:
         ids = list(range(5, 12))
         _steps(model, ids, fast=True)
-        first = model.net._decode_plan
+        first = model.net.ops.decode_plan
         lin = model.net.layers[0].wq
         w = lin.weight
         rows = quantize(w.dequantize(), T.Q8_0)
         lin.replace(QTensor(w.name, T.Q8_0, w.shape, rows))  # the Quantization lens swaps blocks like this
         slow, _ = _steps(model, ids, fast=False)
         fast, _ = _steps(model, ids, fast=True)
-        assert model.net._decode_plan is not first
+        assert model.net.ops.decode_plan is not first
         assert _same_bits(slow, fast)
     finally:
         model.close()
@@ -116,7 +116,7 @@ def test_plan_follows_a_swapped_weight(tiny: dict[str, Path]) -> None:
 def test_quantized_and_f32_caches_take_the_numpy_path_short_caches_pad_to_256(tiny: dict[str, Path]) -> None:
     model = load_model(tiny["gemma3-types"])
     try:
-        plan = ggml_decode.plan_for(model.net)
+        plan = ggml_decode.plan_for(model.net, model.net.ops)
         assert not plan.fits(model.new_cache(64, "Q8_0"), 0)  # quantized rows: the NumPy path
         assert not plan.fits(model.new_cache(64, "F32"), 0)
         assert plan.fits(model.new_cache(40), 31)

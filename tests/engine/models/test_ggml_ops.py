@@ -1,4 +1,4 @@
-"""engine.models.ggml_ops / ggml_attention / ggml_math against llama.cpp's own tensors, bit for bit.
+"""engine.ops.ggml / ggml_attention / ggml_math against llama.cpp's own tensors, bit for bit.
 
 The fixtures (tests/fixtures/taps, tools/make_layer_taps.py) hold the inputs and outputs of every op of
 layer 0 and one later layer of both catalog models, tapped from llama.cpp (llama-cpp-python 0.3.36,
@@ -22,10 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.kernels import legacy
-from engine.models import base, ggml_attention, ggml_math, ggml_ops
-from engine.models.ggml_attention import attention, kq, kqv
-from engine.models.ggml_ops import geglu, rms_norm, rope, rope_cache, soft_max, swiglu
+from engine.kernels.legacy import family as legacy
+from engine.ops import reference as base
+from engine.ops import attention_ggml as ggml_attention
+from engine.ops import ggml_math
+from engine.ops import ggml as ggml_ops
+from engine.ops.attention_ggml import attention, kq, kqv
+from engine.ops.ggml import geglu, rms_norm, rope, rope_cache, soft_max, swiglu
 
 TAPS = Path(__file__).resolve().parents[2] / "fixtures" / "taps"
 RUNS = [("smollm2", "f32"), ("smollm2", "f16"), ("gemma3", "f32"), ("gemma3", "f16")]
@@ -300,7 +303,7 @@ def test_compiled_twins_make_the_numpy_bits() -> None:
     rng = np.random.default_rng(11)
     x = np.concatenate([rng.standard_normal(3000) * 30, [0.0, -0.0, 88.7, 89.0, -87.0, -104.0, -120.0, 1e-30, -1e-30]])
     x = x.astype(np.float32)
-    from engine.models.ggml_kernels import v_expf1
+    from engine.ops.ggml_kernels import v_expf1
 
     lanes = np.array([v_expf1(np.float32(v)) for v in x[:64]] + [v_expf1(np.float32(v)) for v in x[-9:]], np.float32)
     assert_bits(lanes, ggml_math.v_expf(np.concatenate([x[:64], x[-9:]])), "v_expf1")

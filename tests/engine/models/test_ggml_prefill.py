@@ -1,4 +1,4 @@
-"""The compiled prompt attention (engine.models.ggml_prefill) gives the NumPy path's bits."""
+"""The compiled prompt attention (engine.ops.attention_prefill) gives the NumPy path's bits."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from benchmarks.synthetic_model import spec, write_synthetic
 from engine.kernels.dispatch import compiled
 from engine.model import load_model
-from engine.models import ggml_prefill
+from engine.ops import attention_prefill as ggml_prefill
 from tests.conftest import model_path
 
 pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled prompt attention needs numba")

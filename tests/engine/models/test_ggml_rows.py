@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine.kernels.dispatch import compiled
-from engine.models import ggml_ops
+from engine.ops import ggml as ggml_ops
 
 pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled twins need numba")
 

@@ -7,7 +7,7 @@ import pytest
 import engine.models.registry  # noqa: F401 - import order: the models before engine.observe.recorder
 from engine.observe import attention_maps as am
 from engine.cache import KVCache
-from engine.models.base import LayerAttentionSpec
+from engine.models.args import LayerAttentionSpec
 from engine.observe.recorder import Recorder
 
 

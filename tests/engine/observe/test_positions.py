@@ -91,3 +91,14 @@ def test_layer_layout_gemma3_local_and_global_layers() -> None:
     llama = layer_rope_layout({"general.architecture": "llama", "llama.rope.dimension_count": 32}, 4, 1e5, 64)
     assert all(x.window is None and x.base == 1e5 and x.rope_dim == 32 and x.mode == "norm" for x in llama)
     np.testing.assert_allclose(llama[0].freqs, rope_freqs(32, 1e5))
+
+
+def test_layer_layout_follows_the_architecture_classes_and_names_an_unknown_one() -> None:
+    """The layout reads each architecture's own rules (its class's RoPE mode and sliding-window pattern); an
+    architecture without a class gets the 'unknown' mode, never a silent 'norm'."""
+    gemma2 = layer_rope_layout({"general.architecture": "gemma2", "gemma2.attention.sliding_window": 64}, 4, 1e4, 64)
+    assert [x.window for x in gemma2] == [64, None, 64, None] and {x.mode for x in gemma2} == {"neox"}
+    qwen3 = layer_rope_layout({"general.architecture": "qwen3"}, 2, 1e6, 128)
+    assert {x.mode for x in qwen3} == {"neox"}
+    other = layer_rope_layout({"general.architecture": "mamba"}, 3, 1e4, 64)
+    assert [x.mode for x in other] == ["unknown"] * 3 and all(x.window is None for x in other)

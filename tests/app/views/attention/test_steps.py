@@ -199,7 +199,7 @@ def test_real_app_cache_type_path_and_steps(qtbot, smollm2_path: Path, data_dir:
     assert lens is not None
     w.sampling.cache_type.setCurrentIndex(w.sampling.cache_type.findData("Q8_0"))
     assert cache_type_setting(w.state.settings) == "Q8_0" and w.engine.cache_type == "Q8_0"
-    w.engine.session.model.net.tiled_min_keys = 8  # a short prompt takes the tiled path too
+    w.engine.session.model.net.ops.tiled_min_keys = 8  # a short prompt takes the tiled path too
     w.lens_tabs.setCurrentWidget(w.lens_slots["Attention"])
     w.conversation.send("Say hi.")
     wait_idle(qtbot, w)

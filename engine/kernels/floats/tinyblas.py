@@ -1,0 +1,171 @@
+"""llamafile's tinyBLAS order for float products, the kernels llama.cpp's CPU backend runs for a batch.
+
+For a batch of two rows or more (and a row length in sixteens) ggml-cpu hands F32 x F32 and F16 x F16 products
+(F16 weights meet activations rounded to fp16, their vec_dot_type) to llamafile_sgemm, which on AVX-512 keeps
+one 16-lane accumulator per output and walks the shared dimension sixteen values at a time,
+
+  acc = fma(a[l : l + 16], b[l : l + 16], acc)        l = 0, 16, ...      (fp16 loaded with vcvtph2ps)
+  c = _mm512_reduce_add_ps(acc)                      halves added: 16 -> 8 -> 4 -> 2 -> 1
+
+A single row goes to vec_dot instead (legacy_floats). The same order serves the prompt's attention products
+(engine.ops.attention_prefill). numba leaves such 16-lane loops scalar (LLVM unrolls them first), so the dot
+products here are explicit 512-bit vector code.
+
+  dot16(a, ao, b, bo, n)          one output: rows at byte offsets ao of a and bo of b (fp16 bits or float32)
+  axpy16(v, vo, w, acc, ao, n)    acc[c] = fma(fp16 v[c], w, acc[c]) (V*w's lanes in the prompt attention)
+  gemm(w, x, out)                 out (m, r) = tinyBLAS of weight rows w (r, n) with rows x (m, n), same dtype
+
+BF16 x BF16 with AVX512_BF16 (tinyBLAS<32, __m512, __m512bh>): one 16-lane accumulator per output, 32 values a
+step through VDPBF16PS itself (lane l: the products of elements 2l + 1 and 2l, denormals read as zero and
+flushed, round to nearest even), then the same reduction.
+
+  gemm_bf16(w, x, out)            as gemm for bf16 bits (uint16) on both sides, n % 32 == 0; bf16_available()
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from engine.kernels.simd import F32, I16, I32, I64, byte_ptr, call_intrinsic, load, shuffle, vec
+
+LANES = 16
+_F16X = vec(F32, LANES)
+
+
+def _lanes(b, p, i, half: bool):
+    """Element 16 * i of the data at p as <16 x float>: fp16 bits (vcvtph2ps) or float32."""
+    if half:
+        raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * LANES))]), vec(I16, LANES))
+        return b.fpext(b.bitcast(raw, vec(ir.HalfType(), LANES)), _F16X)
+    return load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 4 * LANES))]), _F16X)
+
+
+def _is_half(aryty) -> bool:
+    return aryty.dtype == types.uint16
+
+
+def _reduce16(b, a):
+    """_mm512_reduce_add_ps in GCC's order: (a[k] + a[k + 8]), then + 4 apart, then (u0 + u2) + (u1 + u3)."""
+    t = b.fadd(shuffle(b, a, range(8)), shuffle(b, a, range(8, 16)))
+    u = b.fadd(shuffle(b, t, range(4)), shuffle(b, t, range(4, 8)))
+    lane = [b.extract_element(u, ir.Constant(I32, n)) for n in range(4)]
+    return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
+
+
+@intrinsic
+def dot16(typingctx, a, ao, bb, bo, n):
+    """tinyBLAS's value of one output: a's row at byte ao and b's at byte bo, n values (n % 16 == 0)."""
+    def codegen(context, b, signature, args):
+        a_, ao_, b_, bo_, n_ = args
+        pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+        pb = byte_ptr(context, b, signature.args[2], b_, bo_)
+        half_a, half_b = _is_half(signature.args[0]), _is_half(signature.args[2])
+        acc = cgutils.alloca_once_value(b, ir.Constant(_F16X, None))
+        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, LANES))) as loop:
+            av, bv = _lanes(b, pa, loop.index, half_a), _lanes(b, pb, loop.index, half_b)
+            b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [av, bv, b.load(acc)]), acc)
+        return _reduce16(b, b.load(acc))
+
+    return types.float32(a, ao, bb, bo, n), codegen
+
+
+@intrinsic
+def axpy16(typingctx, v, vo, w, acc, ao, n):
+    """acc[c] = fma(fp16 v[c], w, acc[c]) for the n values of v's row at byte vo and acc's at byte ao."""
+    def codegen(context, b, signature, args):
+        v_, vo_, w_, acc_, ao_, n_ = args
+        pv = byte_ptr(context, b, signature.args[0], v_, vo_)
+        pa = byte_ptr(context, b, signature.args[3], acc_, ao_)
+        wv = shuffle(b, b.insert_element(ir.Constant(_F16X, None), w_, ir.Constant(I32, 0)), [0] * LANES)
+        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, LANES))) as loop:
+            pc = b.bitcast(b.gep(pa, [b.mul(loop.index, ir.Constant(I64, 4 * LANES))]), _F16X.as_pointer())
+            vv = _lanes(b, pv, loop.index, True)
+            b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [vv, wv, b.load(pc, align=4)]), pc, align=4)
+        return context.get_dummy_value()
+
+    return types.void(v, vo, w, acc, ao, n), codegen
+
+
+class _BFloat(ir.types._BaseFloatType):
+    """LLVM's bfloat, which llvmlite's ir does not name (VDPBF16PS's operands are <32 x bfloat>)."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value) -> str:
+        return f"0xR{int(value):04X}"
+
+
+_BFloat._create_instance()
+_BF32 = vec(_BFloat(), 32)
+
+
+@intrinsic
+def dot32bf(typingctx, a, ao, bb, bo, n):
+    """tinyBLAS<32, __m512, __m512bh>'s value of one output: bf16 rows of a at byte ao and b at byte bo, n values
+    (n % 32 == 0), VDPBF16PS per 32 values into one accumulator, then _mm512_reduce_add_ps."""
+    def codegen(context, b, signature, args):
+        a_, ao_, b_, bo_, n_ = args
+        pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+        pb = byte_ptr(context, b, signature.args[2], b_, bo_)
+        acc = cgutils.alloca_once_value(b, ir.Constant(_F16X, None))
+        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, 2 * LANES))) as loop:
+            at = b.mul(loop.index, ir.Constant(I64, 4 * LANES))
+            av = b.bitcast(load(b, b.gep(pa, [at]), vec(I32, LANES)), _BF32)
+            bv = b.bitcast(load(b, b.gep(pb, [at]), vec(I32, LANES)), _BF32)
+            b.store(call_intrinsic(b, "llvm.x86.avx512bf16.dpbf16ps.512", _F16X, [b.load(acc), av, bv]), acc)
+        return _reduce16(b, b.load(acc))
+
+    return types.float32(a, ao, bb, bo, n), codegen
+
+
+@njit(cache=True, parallel=True)
+def gemm_bf16(w, x, out):
+    """out[t, r] = tinyBLAS (AVX512_BF16) of bf16 weight row r with bf16 activation row t, both uint16 bits,
+    C-contiguous rows of n values, n % 32 == 0."""
+    r_n, n = w.shape
+    m = x.shape[0]
+    for task in prange((r_n + 15) // 16):
+        for t in range(m):
+            for r in range(task * 16, min(r_n, task * 16 + 16)):
+                out[t, r] = dot32bf(w, r * w.strides[0], x, t * x.strides[0], n)
+
+
+_BF16_OK: list[bool] = []
+
+
+def bf16_available() -> bool:
+    """Whether numba's target has AVX512_BF16 (gemm_bf16 compiles and runs)."""
+    if not _BF16_OK:
+        try:
+            import numpy as np  # noqa: PLC0415
+
+            from engine.kernels.simd import host_has  # noqa: PLC0415
+
+            ok = host_has("avx512bf16")
+            if ok:
+                one = np.full((1, 32), 0x3F80, np.uint16)  # 1.0
+                out = np.zeros((2, 1), np.float32)
+                gemm_bf16(one, np.repeat(one, 2, axis=0), out)
+                ok = bool((out == 32.0).all())
+            _BF16_OK.append(ok)
+        except Exception:  # noqa: BLE001 - any compile failure: no BF16 batches here
+            _BF16_OK.append(False)
+    return _BF16_OK[0]
+
+
+@njit(cache=True, parallel=True)
+def gemm(w, x, out):
+    """out[t, r] = tinyBLAS of weight row r with activation row t: both fp16 bits (uint16) or both float32,
+    C-contiguous, rows of n values with n % 16 == 0."""
+    r_n, n = w.shape
+    m = x.shape[0]
+    for task in prange((r_n + 15) // 16):
+        for t in range(m):
+            for r in range(task * 16, min(r_n, task * 16 + 16)):
+                out[t, r] = dot16(w, r * w.strides[0], x, t * x.strides[0], n)

@@ -1,0 +1,184 @@
+"""Compiled products of F32, F16 and BF16 weights, in the summation order of ggml-cpu's AVX-512 build.
+
+ggml_vec_dot_f32 and ggml_vec_dot_f16 (ggml-cpu/vec.cpp, GGML_F32_STEP = 64 on AVX-512) keep four
+16-float accumulators: element e of each 64-element step goes to accumulator lane e % 64 with one
+fused multiply-add. At the end the four are added as (s0 + s2) + (s1 + s3) and reduced by
+_mm512_reduce_add_ps (halving: 16 -> 8 -> 4 -> 2 -> 1); the n % 64 leftover elements are added one
+by one, in float for F32 (product rounded, then added: no fma) and in double for F16. F16 activations are
+rounded to fp16 first (vec_dot_type F16); an fp16 x fp16 product is exact in float32.
+
+ggml_vec_dot_bf16 on AVX512_BF16 runs _mm512_dpbf16_ps on 64 elements at a time into two
+16-float accumulators (the first 32 and the last 32 elements): lane l takes elements 2l and
+2l + 1, the odd one first, each as an fma with bf16 inputs that are denormal read as zero and
+denormal results flushed to zero (VDPBF16PS: "DAZ in, FTZ out, RNE"). The two are reduced and
+added in double, then the leftovers as double products.
+
+These orders are what this project's fixtures were made with (tools/make_kernel_fixtures.py);
+other builds of ggml (AVX2 only, NEON) add in other orders and differ in the last bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.kernels.activations import bits_f32, f16_to_f32, fma32, njit, prange, prefer_512
+
+STEP = 64  # GGML_F32_STEP on AVX-512: four 16-lane accumulators
+ROWS = 16  # rows per parallel task
+_FLT_MIN = np.float32(1.17549435e-38)
+
+
+@njit(cache=True, forceinline=True)
+def _reduce16(a, o):
+    """_mm512_reduce_add_ps of a[o:o+16] (GCC's order: halves added, 8 -> 4 -> 2 -> 1)."""
+    t0 = a[o] + a[o + 8]
+    t1 = a[o + 1] + a[o + 9]
+    t2 = a[o + 2] + a[o + 10]
+    t3 = a[o + 3] + a[o + 11]
+    t4 = a[o + 4] + a[o + 12]
+    t5 = a[o + 5] + a[o + 13]
+    t6 = a[o + 6] + a[o + 14]
+    t7 = a[o + 7] + a[o + 15]
+    u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
+    return (u0 + u2) + (u1 + u3)
+
+
+@njit(cache=True, forceinline=True)
+def _reduce_steps(acc):
+    """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16."""
+    for lane in range(16):
+        acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
+    return _reduce16(acc, np.int64(0))
+
+
+@njit(cache=True)
+def _dot_f32_row(w, y, acc):
+    """ggml_vec_dot_f32 of float32 rows w and y (n,), acc a (64,) scratch."""
+    prefer_512()
+    n = w.shape[0]
+    body = n - n % STEP
+    acc[:] = 0.0
+    for c in range(0, body, STEP):
+        for lane in range(STEP):
+            acc[lane] = fma32(w[c + lane], y[c + lane], acc[lane])
+    s = _reduce_steps(acc)
+    for e in range(body, n):  # vec.cpp's `sumf += x[i]*y[i]`: this build rounds the product, then adds
+        s = s + w[e] * y[e]
+    return s
+
+
+@njit(cache=True)
+def _dot_f16_row(w, y, acc):
+    """ggml_vec_dot_f16 of an fp16 row w (uint16 bits) with y (the fp16 activation widened to float32)."""
+    prefer_512()
+    n = w.shape[0]
+    body = n - n % STEP
+    acc[:] = 0.0
+    for c in range(0, body, STEP):
+        for lane in range(STEP):
+            acc[lane] = fma32(f16_to_f32(w[c + lane]), y[c + lane], acc[lane])
+    s = np.float64(_reduce_steps(acc))
+    for e in range(body, n):
+        s += np.float64(f16_to_f32(w[e]) * y[e])
+    return np.float32(s)
+
+
+@njit(cache=True, forceinline=True)
+def _bf16_daz(bits):
+    """bf16 bits to float32, a denormal read as zero of its sign (DAZ of VDPBF16PS)."""
+    u = np.uint32(bits) << np.uint32(16)
+    if (u & np.uint32(0x7F800000)) == 0:
+        u &= np.uint32(0x80000000)
+    return bits_f32(u)
+
+
+@njit(cache=True, forceinline=True)
+def _ftz(v):
+    """A denormal result flushed to zero of its sign (FTZ of VDPBF16PS)."""
+    return v if abs(v) >= _FLT_MIN or v == 0 else np.float32(0.0) * v
+
+
+@njit(cache=True)
+def _dot_bf16_row(w, y, acc):
+    """ggml_vec_dot_bf16 (AVX512_BF16 path) of bf16 rows w and y (uint16 bits), acc a (32,) scratch."""
+    prefer_512()
+    n = w.shape[0]
+    body = n - n % STEP
+    s = np.float64(0.0)
+    acc[:32] = 0.0
+    for c in range(0, body, STEP):
+        for lane in range(32):
+            e = c + 2 * lane
+            a = _ftz(fma32(_bf16_daz(w[e + 1]), _bf16_daz(y[e + 1]), acc[lane]))
+            acc[lane] = _ftz(fma32(_bf16_daz(w[e]), _bf16_daz(y[e]), a))
+    s += np.float64(_reduce16(acc, np.int64(0)))
+    s += np.float64(_reduce16(acc, np.int64(16)))
+    for e in range(body, n):
+        s += np.float64(_bf16(w[e]) * _bf16(y[e]))
+    return np.float32(s)
+
+
+@njit(cache=True, forceinline=True)
+def _bf16(bits):
+    """bf16 bits to float32 (exact)."""
+    return bits_f32(np.uint32(bits) << np.uint32(16))
+
+
+@njit(cache=True, parallel=True)
+def dot_f32(w, y, out):
+    """out (m, n_rows) = ggml_vec_dot_f32 of float32 rows w (n_rows, n) with activations y (m, n)."""
+    n_rows = w.shape[0]
+    for t in prange((n_rows + ROWS - 1) // ROWS):
+        acc = np.empty(STEP, np.float32)
+        for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
+            for i in range(y.shape[0]):
+                out[i, r] = _dot_f32_row(w[r], y[i], acc)
+
+
+@njit(cache=True, parallel=True)
+def dot_f16(w, yq, out):
+    """out (m, n_rows) = ggml_vec_dot_f16 of fp16 rows w (n_rows, n) uint16 with fp16 activations yq (m, n) uint16."""
+    n_rows = w.shape[0]
+    m, n = yq.shape
+    y = np.empty((m, n), np.float32)
+    for i in range(m):
+        for e in range(n):
+            y[i, e] = f16_to_f32(yq[i, e])
+    for t in prange((n_rows + ROWS - 1) // ROWS):
+        acc = np.empty(STEP, np.float32)
+        for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
+            for i in range(m):
+                out[i, r] = _dot_f16_row(w[r], y[i], acc)
+
+
+@njit(cache=True)
+def dot_f32_serial(w, y, out):
+    """dot_f32 on the calling thread: for the small products of attention, where starting threads costs more."""
+    acc = np.empty(STEP, np.float32)
+    for r in range(w.shape[0]):
+        for i in range(y.shape[0]):
+            out[i, r] = _dot_f32_row(w[r], y[i], acc)
+
+
+@njit(cache=True)
+def dot_f16_serial(w, yq, out):
+    """dot_f16 on the calling thread (see dot_f32_serial)."""
+    m, n = yq.shape
+    y = np.empty((m, n), np.float32)
+    for i in range(m):
+        for e in range(n):
+            y[i, e] = f16_to_f32(yq[i, e])
+    acc = np.empty(STEP, np.float32)
+    for r in range(w.shape[0]):
+        for i in range(m):
+            out[i, r] = _dot_f16_row(w[r], y[i], acc)
+
+
+@njit(cache=True, parallel=True)
+def dot_bf16(w, yq, out):
+    """out (m, n_rows) = ggml_vec_dot_bf16 of bf16 rows w (n_rows, n) with bf16 activations yq (m, n), uint16 bits."""
+    n_rows = w.shape[0]
+    for t in prange((n_rows + ROWS - 1) // ROWS):
+        acc = np.empty(32, np.float32)
+        for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
+            for i in range(yq.shape[0]):
+                out[i, r] = _dot_bf16_row(w[r], yq[i], acc)

@@ -1,0 +1,270 @@
+"""Compiled i-quant products: gemv / gemm for IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M.
+
+  gemv_<type>(blocks, xq, out)   one activation row (its vec_dot_type bytes, Q8_K or Q8_0 for IQ4_NL) against
+                                 every weight row: out[r] = ggml_vec_dot_<type>_q8_K(row r, xq)
+  gemm_<type>(blocks, xq, out)   m activation rows (m, bytes) -> out (m, n_rows), every value the one gemv gives
+                                 (each weight row decoded once for all m, iquant_tiles.py; IQ1_S / IQ1_M per pair)
+
+The one-row products (and IQ4_XS's small batches) run as SIMD code (iquant_simd.py: table look-ups, exact maddubs /
+madd lanes), IQ1_S / IQ1_M and the other small batches as scalar lanes (iquant_rows.py, iquant_tiles.py); all give
+vec_dot's bits.
+
+`blocks` is the (n_rows, row_bytes) uint8 weight (the read-only memory map, used in place). Each value is
+bit for bit ggml-cpu's vec_dot on x86 (iquant_rows.py), which llama.cpp's MUL_MAT runs for batches under
+8 rows; from 8 rows llama.cpp sends the IQ2/IQ3/IQ1/IQ4_XS types through its tiled path (iquant_tiled.py,
+which BlockProduct takes for those batches) and IQ4_NL through llamafile's tinyBLAS (not reproduced: rows not in
+eights only), except for IQ4_NL rows in eights: llama.cpp repacks those
+(block_iq4_nlx8) and multiplies them with ggml_gemv / gemm_iq4_nl_8x8_q8_0 for every batch, one fma per block
+of the exact integer sum, which `gemv_iq4_nl_x8` / `gemm_iq4_nl_x8` reproduce. Threads run over weight rows (prange). The drivers are spelled
+out one per type so that numba caches each on its own.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.kernels.activations import njit, prange
+from engine.kernels.iquant.rows import (
+    row_iq1_m,
+    row_iq1_s,
+)
+from engine.kernels.iquant.simd import (
+    dot_iq2_s,
+    dot_iq2_xs,
+    dot_iq2_xxs,
+    dot_iq3_s,
+    dot_iq3_xxs,
+    dot_iq4_nl,
+    dot_iq4_nl_x8,
+    dot_iq4_xs,
+    tile_iq4_nl_x8,
+    tile_iq4_xs,
+)
+from engine.kernels.iquant.tiles import gemm_decoded
+from engine.quant.types import GGMLType
+
+u64 = np.uint64
+
+_KERNEL = {"parallel": True, "cache": True, "error_model": "numpy"}
+_CHECK = {"cache": True, "error_model": "numpy"}
+# bytes of one weight block, weights per block, bytes of the activation block that covers them
+TYPE_SIZES = {"iq2_xxs": (66, 256, 292), "iq2_xs": (74, 256, 292), "iq2_s": (82, 256, 292), "iq3_xxs": (98, 256, 292), "iq3_s": (110, 256, 292), "iq1_s": (50, 256, 292), "iq1_m": (56, 256, 292), "iq4_xs": (136, 256, 292), "iq4_nl": (18, 32, 34)}
+
+
+@njit(**_CHECK)
+def _check(blocks, xq, out, type_size, act_size):
+    """Blocks per row; static messages (numba raises them as ValueError)."""
+    if blocks.ndim != 2 or (blocks.size and blocks.strides[1] != 1):
+        raise ValueError("weights must be a 2-D uint8 array of rows with contiguous bytes")
+    if blocks.shape[1] % type_size:
+        raise ValueError("weight row bytes are not a whole number of blocks of this type")
+    nb = blocks.shape[1] // type_size
+    if xq.shape[xq.ndim - 1] != nb * act_size or (xq.size and xq.strides[xq.ndim - 1] != 1):
+        raise ValueError("the activation rows must be contiguous vec_dot_type bytes as long as the weight rows")
+    if out.shape[out.ndim - 1] != blocks.shape[0] or (out.ndim == 2 and out.shape[0] != xq.shape[0]):
+        raise ValueError("out must hold one float32 per weight row (and per activation row)")
+    return nb
+
+
+@njit(**_KERNEL)
+def gemv_iq2_xxs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 66, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = np.float32(0.125) * dot_iq2_xxs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
+    return out
+
+
+@njit(**_CHECK)
+def gemm_iq2_xxs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    _check(blocks, xq, out, 66, 292)
+    return gemm_decoded(0, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+@njit(**_KERNEL)
+def gemv_iq2_xs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 74, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = np.float32(0.125) * dot_iq2_xs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
+    return out
+
+
+@njit(**_CHECK)
+def gemm_iq2_xs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    _check(blocks, xq, out, 74, 292)
+    return gemm_decoded(1, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+@njit(**_KERNEL)
+def gemv_iq2_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq2_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 82, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = np.float32(0.125) * dot_iq2_s(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
+    return out
+
+
+@njit(**_CHECK)
+def gemm_iq2_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq2_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    _check(blocks, xq, out, 82, 292)
+    return gemm_decoded(2, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+@njit(**_KERNEL)
+def gemv_iq3_xxs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 98, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = np.float32(0.25) * dot_iq3_xxs(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
+    return out
+
+
+@njit(**_CHECK)
+def gemm_iq3_xxs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq3_xxs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    _check(blocks, xq, out, 98, 292)
+    return gemm_decoded(3, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+@njit(**_KERNEL)
+def gemv_iq3_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq3_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 110, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = np.float32(1.0) * dot_iq3_s(blocks, u64(r) * rs, nb, xq, u64(0))  # iquant_simd
+    return out
+
+
+@njit(**_CHECK)
+def gemm_iq3_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq3_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    _check(blocks, xq, out, 110, 292)
+    return gemm_decoded(4, blocks, xq, out)  # each row decoded once (iquant_tiles.py)
+
+
+@njit(**_KERNEL)
+def gemv_iq1_s(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq1_s_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 50, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq1_s(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq1_s(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq1_s_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 50, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq1_s(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq1_m(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq1_m_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
+    nb = _check(blocks, xq, out, 56, 292)
+    for r in prange(blocks.shape[0]):
+        out[r] = row_iq1_m(blocks[r], 0, nb, xq, 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq1_m(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq1_m_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 56, 292)
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = row_iq1_m(blocks[r], 0, nb, xq[a], 0)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq4_xs(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,) (iquant_simd)."""
+    nb = _check(blocks, xq, out, 136, 292)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = dot_iq4_xs(blocks, u64(r) * rs, nb, xq, u64(0))
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_xs(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq[a]): xq (m, nb * 292), out (m, n_rows); each super-block
+    decoded once for up to 16 activation rows (iquant_simd)."""
+    nb = _check(blocks, xq, out, 136, 292)
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + 15) // 16):
+        for a0 in range(0, m, 16):
+            for r in range(task * 16, min(n, (task + 1) * 16)):
+                tile_iq4_xs(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(16, m - a0), out,
+                            u64(a0) * os + u64(4 * r), os)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_iq4_nl(blocks, xq, out):
+    """out[r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq): blocks (n_rows, row_bytes), xq (nb * 34,) (iquant_simd)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = dot_iq4_nl(blocks, u64(r) * rs, nb, xq, u64(0))
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_nl(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_iq4_nl_q8_0(row r, xq[a]): xq (m, nb * 34), out (m, n_rows)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = dot_iq4_nl(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
+
+
+# ---- IQ4_NL as llama.cpp's repacked iq4_nl_8x8 path multiplies it (gemv_q4_b32_8x8_q8_0_lut_avx in
+# ggml-cpu/arch/x86/repack.cpp): per block acc = fma(float(sumi), d_w * d_x, acc), sumi the block's exact sum
+
+
+@njit(**_KERNEL)
+def gemv_iq4_nl_x8(blocks, xq, out):
+    """out[r] = ggml_gemv_iq4_nl_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(0))
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_iq4_nl_x8(blocks, xq, out):
+    """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
+    up to 16 activation rows (iquant_simd)."""
+    nb = _check(blocks, xq, out, 18, 34)
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + 15) // 16):
+        for a0 in range(0, m, 16):
+            for r in range(task * 16, min(n, (task + 1) * 16)):
+                tile_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(16, m - a0), out,
+                               u64(a0) * os + u64(4 * r), os)
+    return out
+
+
+_T = GGMLType
+GEMV = {_T.IQ4_NL: gemv_iq4_nl, _T.IQ4_XS: gemv_iq4_xs, _T.IQ3_XXS: gemv_iq3_xxs, _T.IQ3_S: gemv_iq3_s,
+        _T.IQ2_XXS: gemv_iq2_xxs, _T.IQ2_XS: gemv_iq2_xs, _T.IQ2_S: gemv_iq2_s, _T.IQ1_S: gemv_iq1_s, _T.IQ1_M: gemv_iq1_m}
+GEMM = {_T.IQ4_NL: gemm_iq4_nl, _T.IQ4_XS: gemm_iq4_xs, _T.IQ3_XXS: gemm_iq3_xxs, _T.IQ3_S: gemm_iq3_s,
+        _T.IQ2_XXS: gemm_iq2_xxs, _T.IQ2_XS: gemm_iq2_xs, _T.IQ2_S: gemm_iq2_s, _T.IQ1_S: gemm_iq1_s, _T.IQ1_M: gemm_iq1_m}

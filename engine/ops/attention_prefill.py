@@ -1,0 +1,87 @@
+"""A prompt's attention over an fp16 KV cache in one compiled call, with ggml-cpu's exact bits (ggml numerics).
+
+For a batch of T >= 2 queries llama.cpp runs both attention products through llamafile's tinyBLAS (see
+engine.ops.attention_ggml): K*q with q rounded to fp16, one 16-lane fused multiply-add accumulator per
+score, reduced as _mm512_reduce_add_ps; soft_max_ext with ggml_v_expf over 16-float chunks summed in double;
+V*w with the weights rounded to fp16, again 16 lanes per output. The NumPy path does the same with a dozen
+array passes and conversions per layer; `attend_f16` does it per (head, query) row on numba's threads,
+reading the cache's fp16 bits where they lie. `takes` says when llama.cpp's kernels are the ones above
+(otherwise the NumPy path runs); the results are the NumPy path's bit for bit (tests hold them together).
+"""
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.kernels.activations import HAVE_NUMBA
+
+F32 = npt.NDArray[np.float32]
+LANES = 16
+
+
+def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
+    """Whether llama.cpp multiplies both attention products of this batch with tinyBLAS and its softmax rows
+    have no scalar tail: T >= 2, head_dim and n_kv multiples of 16."""
+    return n_queries >= 2 and head_dim % LANES == 0 and n_kv % LANES == 0
+
+
+if HAVE_NUMBA:
+    from engine.kernels.activations import f16_to_f32, f32_to_f16, njit, prange
+    from engine.kernels.floats.tinyblas import axpy16, dot16
+    from engine.ops.ggml_kernels import reduce16, reduce16_columns, v_expf1
+
+    @njit(cache=True, parallel=True)
+    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, n_kv, out):
+        hq, t, d = q.shape
+        group = hq // kc.shape[0]
+        n_eff = min(n_kv, n_keys + 63 - (n_keys + 63) % 64)  # past the cached keys the padding adds exact zeros
+        for task in prange(hq * t):
+            h = task // t
+            i = task % t
+            kv = h // group
+            q16 = np.empty(d, np.float32)
+            for c in range(d):  # the fp16 work buffer of K*q
+                q16[c] = f16_to_f32(f32_to_f16(q[h, i, c]))
+            e = np.zeros(n_kv, np.float32)
+            top = -np.inf
+            for j in range(n_keys):
+                if not mask[i, j]:
+                    e[j] = -np.inf
+                    continue
+                s = dot16(kc, kv * kc.strides[0] + j * kc.strides[1], q16, 0, d)
+                if softcap > np.float32(0.0):  # Gemma 2: ggml_scale by 1/cap, ggml_tanh (tanhf), ggml_scale by cap
+                    s = np.float32(np.tanh(s * (np.float32(1.0) / softcap))) * softcap
+                s = s * scale
+                e[j] = s
+                if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
+                    top = s
+            total = 0.0
+            for c in range(0, n_kv, LANES):
+                if c >= n_keys:
+                    break  # the padding: v_expf(-inf) = 0 in every later chunk
+                for lane in range(LANES):
+                    j = c + lane
+                    e[j] = v_expf1(e[j] - top) if j < n_keys else np.float32(0.0)
+                total += np.float64(reduce16(e, c))
+            inv = np.float32(1.0 / total)
+            for j in range(n_keys):  # the fp16 work buffer of V*w
+                e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
+            lanes = np.zeros((LANES, d), np.float32)
+            for j in range(min(n_keys, n_eff)):
+                if mask[i, j]:  # a masked key's weight is 0: its fmas would add only zeros (at most a zero's sign)
+                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], e[j], lanes, (j % LANES) * d * 4, d)
+            reduce16_columns(lanes, out[h, i])  # _mm512_reduce_add_ps of each output's 16 lanes
+
+
+def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask: npt.NDArray[np.bool_],
+               scale: float, n_kv: int, softcap: float | None = None) -> F32:
+    """Attention output (Hq, T, d) of queries q (Hq, T, d) over the first n_keys cached keys and values, given
+    as fp16 bits (Hkv, >= n_keys, d) uint16; mask (T, >= n_keys) True where visible; n_kv llama.cpp's padded
+    key count (the softmax row length); softcap (Gemma 2) caps the raw scores first. Only where `takes` holds;
+    the caller holds KERNEL_LOCK."""
+    out = np.empty(q.shape, np.float32)
+    if k_bits.strides[2] != 2 or v_bits.strides[2] != 2:  # the kernel reads each row's d values as one run
+        k_bits, v_bits = np.ascontiguousarray(k_bits), np.ascontiguousarray(v_bits)
+    _attend_f16(np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
+                np.float32(scale), np.float32(softcap or 0.0), n_kv, out)
+    return out

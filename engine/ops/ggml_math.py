@@ -1,0 +1,224 @@
+"""Elementary functions with the exact bits ggml-cpu gets from them on x86-64 Linux (AVX-512 build, glibc).
+
+ggml's non-matrix ops call two kinds of elementary functions:
+
+- its own SIMD exponential, ggml_v_expf (vec.h, the AVX-512 variant): a degree-5 polynomial on the
+  reduced argument built from fused multiply-adds, scaled with _mm512_scalef_ps, used for 16-float
+  chunks in SiLU and softmax;
+- the C library's float functions: expf for leftover elements, cosf/sinf for the RoPE table, tanhf
+  for the GELU table. glibc (2.28 and later, the ARM optimized-routines algorithms, selected at run
+  time in their FMA-compiled variants on CPUs with FMA) does not round these correctly: measured on
+  glibc 2.36, cosf and sinf differ from the correctly rounded value on about 1.3% of RoPE angles,
+  expf on about 0.01% of arguments. So `cosf`, `sinf` and `expf` below follow glibc's algorithms step
+  by step in double precision, fused multiply-adds included (`fma64`, exact), and agree with the
+  library on every input tested (6.8 million angles, 5 million exponents; see
+  tests/engine/models/test_ggml_ops.py). tanhf is only read through the fp16 GELU table, where the
+  correctly rounded tanh gives the same table as glibc's (every one of the 65,536 entries).
+
+Everything is whole-array NumPy on float32 / float64; no function here is hot (RoPE tables are per
+position, the rest is per activation element).
+"""
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.kernels.legacy.ref import fma32_ref
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+__all__ = ["cosf", "expf", "fma32", "fma64", "sinf", "v_expf"]
+
+fma32 = fma32_ref  # float32 a * b + c rounded once (as _mm512_fmadd_ps / vfmadd231ss)
+
+
+# ---- exact float64 fused multiply-add
+
+
+def _split(a: F64) -> tuple[F64, F64]:
+    """Veltkamp's split of a into two 26-bit halves, a == hi + lo exactly."""
+    c = a * 134217729.0  # 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _two_sum(a: F64, b: F64) -> tuple[F64, F64]:
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def fma64(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> F64:
+    """float64 a * b + c rounded once (vfmadd on doubles), for finite operands away from overflow/underflow.
+
+    Boldo and Melquiond's emulation: a * b split exactly into uh + ul (Dekker), c + uh exactly into
+    th + tl (TwoSum), the tail tl + ul rounded to odd, then th + tail rounded to nearest.
+    """
+    a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        uh = a * b
+        ah, al = _split(a)
+        bh, bl = _split(b)
+        ul = ((ah * bh - uh) + ah * bl + al * bh) + al * bl
+        th, tl = _two_sum(c, uh)
+        v, err = _two_sum(tl, ul)
+        bits = np.atleast_1d(v).view(np.int64).copy()
+        odd = (np.atleast_1d(err) != 0) & ((bits & 1) == 0) & np.isfinite(np.atleast_1d(v))
+        bits += np.where(odd, np.where(np.signbit(np.atleast_1d(err)) == np.signbit(np.atleast_1d(v)), 1, -1), 0)
+        return (th + bits.view(np.float64).reshape(np.shape(v))).astype(np.float64)
+
+
+# ---- ggml_v_expf, AVX-512 variant (vec.h)
+
+_R = np.float32(float.fromhex("0x1.8p23"))
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_P = [np.float32(float.fromhex(h)) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
+                                              "0x1.ffffecp-1")]
+
+
+def v_expf(x: npt.ArrayLike) -> F32:
+    """exp(x) per element as ggml_v_expf computes each lane of a 16-float chunk (lanes are independent).
+
+    n = round(x / ln2) by the 1.5 * 2^23 trick, b = x - n ln2 in two fused steps, a polynomial in b and
+    b^2 from fused multiply-adds, then scalef by 2^n (exact in float64, rounded once to float32, as
+    VSCALEFPS rounds, subnormals included). |n| > 192 gives 0 (x < 0) or +inf.
+    """
+    x = np.asarray(x, np.float32)
+    one = np.float32(1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = fma32(x, _LOG2E, _R)
+        n = (z - _R).astype(np.float32)
+        b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+        u = (b * b).astype(np.float32)
+        j = fma32(fma32(fma32(_P[0], b, _P[1]), u, fma32(_P[2], b, _P[3])), u, fma32(_P[4], b, one))
+        res = (j.astype(np.float64) * np.exp2(np.where(np.abs(n) <= 192, n, 0).astype(np.float64))).astype(np.float32)
+        out = np.where(np.abs(n) > 192, np.where(n <= 0, np.float32(0.0), np.float32(np.inf)), res)
+    return out.astype(np.float32).reshape(np.shape(x))
+
+
+# ---- glibc expf (sysdeps/ieee754/flt-32/e_expf.c, EXP2F_TABLE_BITS = 5), FMA variant
+
+_EXP2F_TAB = np.array([
+    0x3FF0000000000000, 0x3FEFD9B0D3158574, 0x3FEFB5586CF9890F, 0x3FEF9301D0125B51,
+    0x3FEF72B83C7D517B, 0x3FEF54873168B9AA, 0x3FEF387A6E756238, 0x3FEF1E9DF51FDEE1,
+    0x3FEF06FE0A31B715, 0x3FEEF1A7373AA9CB, 0x3FEEDEA64C123422, 0x3FEECE086061892D,
+    0x3FEEBFDAD5362A27, 0x3FEEB42B569D4F82, 0x3FEEAB07DD485429, 0x3FEEA47EB03A5585,
+    0x3FEEA09E667F3BCD, 0x3FEE9F75E8EC5F74, 0x3FEEA11473EB0187, 0x3FEEA589994CCE13,
+    0x3FEEACE5422AA0DB, 0x3FEEB737B0CDC5E5, 0x3FEEC49182A3F090, 0x3FEED503B23E255D,
+    0x3FEEE89F995AD3AD, 0x3FEEFF76F2FB5E47, 0x3FEF199BDD85529C, 0x3FEF3720DCEF9069,
+    0x3FEF5818DCFBA487, 0x3FEF7C97337B9B5F, 0x3FEFA4AFA2A490DA, 0x3FEFD0765B6E4540,
+], dtype=np.uint64)  # bits of 2^(i/32) less i << 47
+_EXP_SHIFT = float.fromhex("0x1.8p+52")
+_EXP_INVLN2N = float.fromhex("0x1.71547652b82fep+0") * 32
+_EXP_C = (float.fromhex("0x1.c6af84b912394p-5") / 32**3, float.fromhex("0x1.ebfce50fac4f3p-3") / 32**2,
+          float.fromhex("0x1.62e42ff0c52d6p-1") / 32)
+
+
+def expf(x: npt.ArrayLike) -> F32:
+    """glibc's expf per element: exp(x) = 2^(k/32) * p(r) in double, rounded once to float."""
+    x = np.asarray(x, np.float32)
+    xd = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        kd = fma64(_EXP_INVLN2N, xd, _EXP_SHIFT)  # GCC fuses z = InvLn2N * x into both of its uses
+        ki = np.where(np.isfinite(kd), kd, 0).view(np.uint64)
+        kd = kd - _EXP_SHIFT
+        r = fma64(_EXP_INVLN2N, xd, -kd)
+        s = (_EXP2F_TAB[ki % np.uint64(32)] + (ki << np.uint64(47))).view(np.float64)
+        y = fma64(fma64(_EXP_C[0], r, _EXP_C[1]), r * r, fma64(_EXP_C[2], r, 1.0)) * s
+        out = y.astype(np.float32)
+    big = ((x.view(np.uint32) >> 20) & 0x7FF) >= 0x42B  # |x| >= 88, inf or NaN: the special cases
+    if big.any():
+        xb = x[big]
+        special = np.where(xb > np.float32(float.fromhex("0x1.62e42ep6")), np.float32(np.inf),
+                           np.where(xb < np.float32(-float.fromhex("0x1.9fe368p6")), np.float32(0.0), out[big]))
+        out[big] = np.where(np.isnan(xb), xb, special)
+    return out.reshape(np.shape(x))
+
+
+# ---- glibc cosf / sinf (s_cosf.c, s_sinf.c, s_sincosf.h, sincosf_poly.h), FMA variant
+
+_SC_HPI_INV = float.fromhex("0x1.45F306DC9C883p+23")  # 2/pi * 2^24
+_SC_HPI = float.fromhex("0x1.921FB54442D18p0")
+_SC_C = tuple(float.fromhex(h) for h in ("0x1p0", "-0x1.ffffffd0c621cp-2", "0x1.55553e1068f19p-5",
+                                          "-0x1.6c087e89a359dp-10", "0x1.99343027bf8c3p-16"))
+_SC_S = tuple(float.fromhex(h) for h in ("-0x1.555545995a603p-3", "0x1.1107605230bc4p-7", "-0x1.994eb3774cf24p-13"))
+_SC_SIGN = np.array([1.0, -1.0, -1.0, 1.0])
+_SC_PI63 = float.fromhex("0x1.921FB54442D18p-62")
+_INV_PIO4 = np.array([
+    0xA2, 0xA2F9, 0xA2F983, 0xA2F9836E, 0xF9836E4E, 0x836E4E44, 0x6E4E4415, 0x4E441529,
+    0x441529FC, 0x1529FC27, 0x29FC2757, 0xFC2757D1, 0x2757D1F5, 0x57D1F534, 0xD1F534DD, 0xF534DDC0,
+    0x34DDC0DB, 0xDDC0DB62, 0xC0DB6295, 0xDB629599, 0x6295993C, 0x95993C43, 0x993C4390, 0x3C439041,
+], dtype=np.uint64)  # 4/pi, 8 new bits per entry
+
+
+def _sc_poly(x: F64, x2: F64, negate_cos: npt.NDArray[np.bool_], use_cos: npt.NDArray[np.bool_]) -> F64:
+    """sinf_poly: the sine polynomial, or the cosine one (negated in glibc's second table) where use_cos."""
+    s1 = fma64(x2, _SC_S[2], _SC_S[1])
+    x3 = x * x2
+    sine = fma64(x3 * x2, s1, fma64(x3, _SC_S[0], x))
+    sg = np.where(negate_cos, -1.0, 1.0)
+    x4 = x2 * x2
+    c2 = fma64(x2, sg * _SC_C[4], sg * _SC_C[3])
+    c = fma64(x4, sg * _SC_C[2], fma64(x2, sg * _SC_C[1], sg * _SC_C[0]))
+    cosine = fma64(x4 * x2, c2, c)
+    return np.where(use_cos, cosine, sine)
+
+
+def _reduce_large(xi: npt.NDArray[np.uint32]) -> tuple[F64, npt.NDArray[np.int64]]:
+    """reduce_large: |x| >= 120 reduced modulo pi/2 with 4/pi to 192 bits, in integers (32 x 96 -> 128 bits)."""
+    xi = xi.astype(np.uint64)
+    idx = (xi >> np.uint64(26)) & np.uint64(15)
+    m = ((xi & np.uint64(0xFFFFFF)) | np.uint64(0x800000)) << ((xi >> np.uint64(23)) & np.uint64(7))
+    res0 = (m * _INV_PIO4[idx]) & np.uint64(0xFFFFFFFF)  # a 32-bit product in C
+    res1 = m * _INV_PIO4[idx + 4]
+    res2 = m * _INV_PIO4[idx + 8]
+    res0 = ((res2 >> np.uint64(32)) | (res0 << np.uint64(32))) + res1
+    n = (res0 + np.uint64(1 << 61)) >> np.uint64(62)
+    res0 = res0 - (n << np.uint64(62))
+    return res0.view(np.int64).astype(np.float64) * _SC_PI63, n.astype(np.int64)
+
+
+def _sincosf(y: npt.ArrayLike, cosine: bool) -> F32:
+    y = np.ascontiguousarray(y, np.float32)
+    shape = y.shape
+    y = y.reshape(-1)
+    yi = y.view(np.uint32)
+    top = (yi >> 20) & 0x7FF
+    x = y.astype(np.float64)
+    out = np.full(y.shape, np.nan, np.float64)
+    small = top < 0x3F4  # |y| < 0.75 (abstop12 of pi/4 as a float)
+    fast = ~small & (top < 0x42F)  # |y| < 120
+    large = ~small & ~fast & (top < 0x7F8)  # finite
+    with np.errstate(invalid="ignore", over="ignore"):
+        if small.any():
+            xs = x[small]
+            out[small] = _sc_poly(xs, xs * xs, np.zeros(xs.shape, bool), np.full(xs.shape, cosine))
+        if fast.any():
+            xf = x[fast]
+            n = ((xf * _SC_HPI_INV).astype(np.int32) + np.int32(0x800000)) >> 24  # scaled round to nearest
+            n = n.astype(np.int64)
+            r = fma64(-n.astype(np.float64), _SC_HPI, xf)
+            quad = (n ^ 1) if cosine else n
+            out[fast] = _sc_poly(r * _SC_SIGN[n & 3], r * r, (n & 2) != 0, (quad & 1) != 0)
+        if large.any():
+            r, n = _reduce_large(yi[large])
+            q = n + (yi[large] >> 31).astype(np.int64)
+            quad = (n ^ 1) if cosine else n
+            out[large] = _sc_poly(r * _SC_SIGN[q & 3], r * r, (q & 2) != 0, (quad & 1) != 0)
+    res = out.astype(np.float32)
+    tiny = top < 0x398  # |y| < 2^-12: cos = 1, sin = y
+    res[tiny] = np.float32(1.0) if cosine else y[tiny]
+    return res.reshape(shape)
+
+
+def cosf(x: npt.ArrayLike) -> F32:
+    """glibc's cosf per element (not always correctly rounded; this reproduces its rounding)."""
+    return _sincosf(x, True)
+
+
+def sinf(x: npt.ArrayLike) -> F32:
+    """glibc's sinf per element."""
+    return _sincosf(x, False)

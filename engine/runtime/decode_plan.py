@@ -1,0 +1,271 @@
+"""A decode step (one token) with ggml numerics as a short list of compiled calls: eight per block.
+
+Per block: residual + RMSNorm + activation quantization (one call), the q/k/v product(s), attention with RoPE
+and the fp16 cache write (one call), the output product, residual + norm + quantization, the gate/up
+product(s), the GLU + quantization, the down product. The products are the kernels of engine.kernels bound
+once to their weights and to buffers that live as long as the plan, so no call allocates or converts
+anything; the non-matrix work is engine.runtime.decode_step. The numbers are those of the NumPy path (the same
+operations in the same order), which still runs prompts, other cache types and the float32 numerics.
+
+The plan is built from the model's one description of a block (engine.models.transformer.Layer: its products,
+norms and biases; the FFN seam must be the dense kind) and its switches; the step calls the recorder where the
+graph does (the inputs of the products, the rotated queries, the residual stream after each block). A plan is
+rebuilt when a weight is swapped (requantizing in the Quantization lens).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.kernels import precompile
+from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels.dispatch import BlockProduct
+from engine.kernels.types import VEC_DOT_TYPE, act_bytes
+from engine.ops import attention_ggml as ggml_attention
+from engine.ops import ggml as ggml_ops
+from engine.runtime import decode_step as ggml_step
+from engine.models.decoder import DecoderModel
+from engine.models.ffn import DenseFFN
+from engine.models.transformer import Layer
+from engine.ops.reference import soft_cap
+from engine.quant.types import GGMLType
+from engine.tensor import Linear
+
+if TYPE_CHECKING:
+    from engine.observe.recorder import Recorder
+    from engine.runtime.numerics import GgmlNumerics
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+_EMPTY = np.zeros(0, np.float32)
+
+
+class _Inputs:
+    """One activation row quantized for every vec_dot_type its readers need: buffers (1, bytes) per type."""
+
+    def __init__(self, n: int, qtypes: list[GGMLType]):
+        self.vdts = sorted({VEC_DOT_TYPE[q] for q in qtypes})
+        self.bufs = {v: np.zeros((1, act_bytes(v, n)), np.uint8) for v in self.vdts}
+
+    def slots(self) -> tuple[int, U8, int, U8]:
+        """The first two (type, buffer) pairs as residual_norm_quant takes them (-1 when there is one)."""
+        a = self.vdts[0]
+        b = self.vdts[1] if len(self.vdts) > 1 else -1
+        return int(a), self.bufs[a], int(b), self.bufs[b] if b != -1 else self.bufs[a]
+
+
+@dataclass
+class _Product:
+    """A bound product and where its output rows go: (run, out (1, n_out), [(part, start, stop)])."""
+
+    run: Callable[[], None]
+    out: F32
+    parts: list[tuple[Linear, int, int]]
+
+
+def _bind(product: BlockProduct, members: list[Linear], inputs: _Inputs) -> _Product | None:
+    out = np.zeros((1, product.n_out), np.float32)
+    run = product.bind(inputs.bufs[VEC_DOT_TYPE[product.qtype]], out)
+    if run is None:
+        return None
+    parts, start = [], 0
+    for m in members:
+        parts.append((m, start, start + m.n_out))
+        start += m.n_out
+    return _Product(run, out, parts)
+
+
+def _bind_all(groups: list[tuple[BlockProduct, list[Linear]]], inputs: _Inputs) -> list[_Product] | None:
+    bound = [_bind(p, members, inputs) for p, members in groups]
+    return None if any(b is None for b in bound) else bound  # type: ignore[return-value]
+
+
+def _views(bound: list[_Product]) -> list[F32]:
+    """The output (n,) of each part, in the order of the fused linear's parts."""
+    return [b.out[0, s:e] for b in bound for _, s, e in b.parts]
+
+
+@dataclass
+class _Layer:
+    """One block as the step calls it: the bound products, their output views and what never changes between tokens."""
+
+    runs: tuple[Callable[[], None], ...]  # the q/k/v products
+    q: F32
+    k: F32
+    v: F32
+    wo: _Product
+    ffn_runs: tuple[Callable[[], None], ...]  # the gate/up products
+    gate: F32
+    up: F32
+    down: _Product
+    attn_norm: F32
+    ffn_norm: F32
+    q_norm: F32
+    k_norm: F32
+    post_attn: F32
+    post_ffn: F32
+    h_slots: tuple[int, U8, int, U8]  # the attention input's activation types and buffers
+    f_slots: tuple[int, U8, int, U8]  # the FFN input's
+    o_vdt: int  # the attention output's (wo reads it)
+    o_buf: U8
+    d_vdt: int  # the GLU output's (down reads it)
+    d_buf: U8
+    biases: tuple[F32, F32, F32] | None  # q, k, v biases added after the products (ggml_add)
+    window: int
+    base: float
+    q_scale: np.float32
+    kq_scale: np.float32
+    names: tuple[tuple[str, ...], ...]  # the matrices each recorded input goes to: q/k/v, output, gate/up, down
+
+
+class DecodePlan:
+    """Bound products and buffers for one-token steps of one model with ggml numerics and an F16 cache."""
+
+    def __init__(self, model: DecoderModel, ops: GgmlNumerics):
+        a = model.args
+        self.model, self.ops = model, ops
+        self.key = self._key(model)
+        self.dim = a.dim
+        self.eps = np.float32(a.norm_eps)
+        self.glu = ggml_step.GEGLU if model.glu == "geglu" else ggml_step.SWIGLU
+        self.table = ggml_ops.gelu_table() if self.glu == ggml_step.GEGLU else _EMPTY
+        self.layers: list[_Layer] = []
+        self.ok = True
+        for index, layer in enumerate(model.layers):
+            built = self._layer(index, layer)
+            if built is None:
+                self.ok = False
+                return
+            self.layers.append(built)
+        self.head_in = _Inputs(a.dim, [model.output.weight.qtype])
+        head = _bind(model.output.product(), [model.output], self.head_in)
+        if head is None:
+            self.ok = False
+            return
+        self.head = head
+        self.x = np.zeros(a.dim, np.float32)
+        self.h = np.zeros((1, a.dim), np.float32)
+        self.o = np.zeros((1, a.n_heads * a.head_dim), np.float32)
+        self.q_rot = np.zeros((a.n_heads, a.head_dim), np.float32)
+        self.act = np.zeros((1, a.hidden_dim), np.float32)
+        self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
+        self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
+        self.ok = a.hidden_dim % 16 == 0
+
+    @staticmethod
+    def _key(model: DecoderModel) -> tuple[int]:
+        """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap)."""
+        return (Linear.swaps,)
+
+    def _layer(self, index: int, layer: Layer) -> _Layer | None:
+        if not isinstance(layer, Layer) or not isinstance(layer.ffn, DenseFFN):
+            return None  # another kind of block or FFN: the graph runs it op by op
+        ffn = layer.ffn
+        qkv_groups = layer.qkv.products()
+        h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
+        qkv = _bind_all(qkv_groups, h_in)
+        o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
+        wo = _bind(layer.wo.product(), [layer.wo], o_in)
+        gu_groups = ffn.gate_up.products()
+        f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
+        gate_up = _bind_all(gu_groups, f_in)
+        d_in = _Inputs(ffn.w_down.n_in, [ffn.w_down.weight.qtype])
+        down = _bind(ffn.w_down.product(), [ffn.w_down], d_in)
+        if qkv is None or wo is None or gate_up is None or down is None:
+            return None
+        if len(h_in.vdts) > 2 or len(f_in.vdts) > 2:
+            return None  # residual_norm_quant fills two activation types
+        q, k, v = layer.split_qkv(_views(qkv))
+        gate, up = ffn.split(_views(gate_up))
+        spec = self.model.attention_spec(index)
+        one, scale = np.float32(1.0), np.float32(spec.scale)
+        q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
+        o_vdt, d_vdt = o_in.vdts[0], d_in.vdts[0]
+        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, tuple(p.run for p in gate_up), gate, up, down,
+                      layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm),
+                      _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
+                      h_in.slots(), f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt],
+                      layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale, _input_names(layer))
+
+    def fits(self, cache: KVCache, pos: int) -> bool:
+        """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
+        n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
+        return self.ok and cache.qtype == GGMLType.F16 and pos + 1 <= n_kv - n_kv % 16
+
+    def step(self, x0: F32, cache: KVCache, pos: int, recorder: Recorder | None) -> F32:
+        """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
+        model = self.model
+        n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
+        neox = model.rope_mode == "neox"
+        rope = {base: self.ops.rope_row(model, base, pos) for base in {lay.base for lay in self.layers}}
+        x, h, eps, q_rot, o = self.x, self.h, self.eps, self.q_rot, self.o
+        x[:] = x0[0]
+        delta, post = _EMPTY, _EMPTY
+        rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.attend, ggml_step.glu_quant
+        with KERNEL_LOCK:
+            for i, lay in enumerate(self.layers):
+                rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
+                if recorder is not None:  # the inputs of the products, as the graph records them
+                    recorder.record_input(lay.names[0], h.copy())
+                for run in lay.runs:
+                    run()
+                if lay.biases is not None:  # build_qkv's ggml_add of each bias, in place in the product rows
+                    lay.q += lay.biases[0]
+                    lay.k += lay.biases[1]
+                    lay.v += lay.biases[2]
+                k_rows, v_rows = cache.rows(i)
+                cos, sin = rope[lay.base]
+                attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, q_rot, o, lay.o_vdt, lay.o_buf)
+                if recorder is not None:
+                    recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
+                    recorder.record_input(lay.names[1], o.copy())
+                lay.wo.run()
+                rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
+                if recorder is not None:
+                    recorder.record_input(lay.names[2], h.copy())
+                for run in lay.ffn_runs:
+                    run()
+                glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
+                if recorder is not None:
+                    recorder.record_input(lay.names[3], self.act.copy())
+                lay.down.run()
+                delta, post = lay.down.out[0], lay.post_ffn
+                if recorder is not None:  # the residual after the block (the next call adds it to x)
+                    hidden = x.copy()
+                    rnq(hidden, delta, post, lay.attn_norm, eps, h, -1, lay.d_buf, -1, lay.d_buf)
+                    recorder.record_hidden(i, pos, hidden[None, :])
+            rnq(x, delta, post, model.out_norm, eps, h, *self.head_in.slots())
+            self.head.run()
+        logits = self.head.out.copy()
+        if self.final_softcap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
+            logits = soft_cap(logits, self.final_softcap)
+        return logits
+
+
+def _input_names(layer: Layer) -> tuple[tuple[str, ...], ...]:
+    """The tensor names of the products each of a block's four inputs feeds, as the graph's recorder calls name them."""
+    ffn = layer.ffn
+    return (tuple(p.weight.name for p in layer.qkv_parts), (layer.wo.weight.name,),
+            tuple(p.weight.name for p in ffn.parts), (ffn.w_down.weight.name,))
+
+
+def _vec(v: F32 | None) -> F32:
+    """A layer's optional norm weight, or the empty array the compiled step reads as 'none'."""
+    return _EMPTY if v is None else v
+
+
+def plan_for(model: DecoderModel, ops: GgmlNumerics) -> DecodePlan:
+    """The model's current plan (kept by its numerics object), rebuilt when a weight was swapped since it was made."""
+    plan = ops.decode_plan
+    if plan is None or plan.key != DecodePlan._key(model):
+        plan = DecodePlan(model, ops)
+        if not precompile.is_dry():  # a dry pass's plan holds products that do nothing
+            ops.decode_plan = plan
+    return plan
+

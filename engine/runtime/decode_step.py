@@ -1,0 +1,228 @@
+"""One token through a decoder block in a few compiled calls, with ggml-cpu's exact bits (ggml numerics, F16 cache).
+
+A decode step in NumPy spends most of its time in small array operations around the matrix products. The three
+functions here do a block's non-matrix work, each in one call, operation by operation as the NumPy reference
+does it (engine.ops.ggml for RMSNorm, RoPE, softmax, SwiGLU, GeGLU; engine.ops.attention_ggml for
+the attention products; engine.kernels.activations / q8k for the activation bytes), so the result is the same
+bit for bit (tests hold them to each other and to llama.cpp's tensors):
+
+  residual_norm_quant   x += delta (or += RMSNorm(delta) * post), h = RMSNorm(x) * w, h quantized for the next
+                        product(s): the join of two blocks, and the final norm before the output head
+  attend                per-head q/k norms (Gemma), RoPE, the K/V write into the fp16 cache, K*q as
+                        ggml_vec_dot_f16, Gemma 2's soft-cap, soft_max_ext with ggml_v_expf, V*w as ggml_vec_dot_f16, and the
+                        output quantized for the attention output product
+  glu_quant             SwiGLU or GeGLU of the gate and up rows, quantized for the down product
+
+Activation types are ggml type ids (engine.quant.types.GGMLType): F32, F16, BF16, Q8_0, Q8_1, Q8_K; -1 for none.
+The caller (engine.runtime.decode_plan) checks the shapes these assume (a multiple of 16 for the GLU rows, the
+softmax row without a scalar tail) and runs the NumPy path otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.kernels.activations import HAVE_NUMBA
+from engine.quant.types import GGMLType
+
+F32_T, F16_T, BF16_T = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
+Q8_0_T, Q8_1_T, Q8_K_T = int(GGMLType.Q8_0), int(GGMLType.Q8_1), int(GGMLType.Q8_K)
+SWIGLU, GEGLU = 0, 1
+
+if HAVE_NUMBA:
+    from engine.kernels.activations import (
+        _nb_quantize_bf16,
+        _nb_quantize_f16,
+        _nb_quantize_q8,
+        f16_to_f32,
+        f32_to_f16,
+        fma32,
+        njit,
+    )
+    from engine.kernels.floats.vec_dot import _dot_f16_row
+    from engine.kernels.q8k import quantize_q8_k_into
+    from engine.kernels.floats.tinyblas import axpy16
+    from engine.ops.ggml_kernels import reduce16, reduce16_columns, v_expf1
+
+    _ONE = np.float32(1.0)
+    _ZERO = np.float32(0.0)
+    # numpy scalars, not Python constants: a Python int or bool passed to a jitted helper is typed as a literal
+    # and compiles one more specialisation per value (seconds at first start, no faster code)
+    _O = np.int64(0)
+    _NO, _YES = np.bool_(False), np.bool_(True)
+
+    @njit(cache=True)
+    def quantize_into(vdt, x, out):
+        """x (1, n) float32 as the bytes of activation type vdt in out (1, nbytes), as ggml-cpu's from_float;
+        nothing for a type of -1."""
+        if vdt == Q8_0_T:
+            _nb_quantize_q8(x, out, _NO)
+        elif vdt == Q8_1_T:
+            _nb_quantize_q8(x, out, _YES)
+        elif vdt == Q8_K_T:
+            quantize_q8_k_into(x, out)
+        elif vdt == F16_T:
+            _nb_quantize_f16(x, out.view(np.uint16))
+        elif vdt == BF16_T:
+            _nb_quantize_bf16(x, out.view(np.uint16))
+        elif vdt == F32_T:
+            y = out.view(np.float32)
+            for i in range(x.shape[1]):
+                y[0, i] = x[0, i]
+
+    @njit(cache=True, forceinline=True)
+    def _rms_scale(x, o, n, eps):
+        """ggml_compute_forward_rms_norm_f32's scale of x[o:o+n]: squares summed in double, 1.0f / sqrtf(mean + eps)."""
+        total = 0.0
+        for i in range(n):
+            v = x[o + i] * x[o + i]
+            total += np.float64(v)
+        mean = np.float32(total / n)
+        return _ONE / np.sqrt(mean + eps)
+
+    @njit(cache=True, forceinline=True)
+    def _norm(x, o, n, w, eps, out, oo):
+        """out[oo:oo+n] = (x[o:o+n] * scale) * w: ggml_rms_norm, then ggml_mul by the weight."""
+        s = _rms_scale(x, o, n, eps)
+        for i in range(n):
+            out[oo + i] = (x[o + i] * s) * w[i]
+
+    @njit(cache=True)
+    def residual_norm_quant(x, delta, post, w, eps, h, vdt_a, xq_a, vdt_b, xq_b):
+        """x (n,) += delta, or += RMSNorm(delta) * post when post is not empty (Gemma's post-norms); nothing when
+        delta is empty. Then h (1, n) = RMSNorm(x) * w, quantized as vdt_a into xq_a (and vdt_b into xq_b)."""
+        n = x.shape[0]
+        if delta.shape[0]:
+            if post.shape[0]:
+                tmp = np.empty(n, np.float32)
+                _norm(delta, _O, n, post, eps, tmp, _O)
+                for i in range(n):
+                    x[i] = x[i] + tmp[i]
+            else:
+                for i in range(n):
+                    x[i] = x[i] + delta[i]
+        _norm(x, _O, n, w, eps, h[0], _O)
+        quantize_into(vdt_a, h, xq_a)
+        if vdt_b >= 0:
+            quantize_into(vdt_b, h, xq_b)
+
+    @njit(cache=True, forceinline=True)
+    def _rope(src, o, d, cos, sin, neox, dst, do):
+        """dst[do:do+d] = ggml's rotate_pairs of src[o:o+d] (pairs past 2 * len(cos) pass through)."""
+        n = cos.shape[0]
+        for i in range(d):
+            dst[do + i] = src[o + i]
+        for i in range(n):
+            a, b = (i, i + n) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = src[o + a], src[o + b]
+            c, s = cos[i], sin[i]
+            dst[do + a] = fma32(x0, c, -(x1 * s))
+            dst[do + b] = fma32(x0, s, x1 * c)
+
+    @njit(cache=True)
+    def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
+               q_rot, o, vdt, xq):
+        """Attention of the token at `pos` for one layer.
+
+        q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
+        kc / vc the layer's cache rows (Hkv, capacity, d) as fp16 bits, written at `pos`; n_kv llama.cpp's padded
+        key count; window 0 or the sliding window; cos / sin (n_rot / 2,) of this position. q is scaled by q_scale
+        after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
+        cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale). q_rot (Hq, d)
+        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt.
+        """
+        inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
+        hkv, _, d = kc.shape
+        hq = q.shape[0] // d
+        group = hq // hkv
+        n_used = pos + 1
+        lo = 0 if window <= 0 else max(0, pos - window + 1)
+        tmp = np.empty(d, np.float32)
+        kr = np.empty(d, np.float32)
+        for h in range(hkv):  # the new key (normed, rotated) and value into the cache, as fp16
+            if k_norm.shape[0]:
+                _norm(k, h * d, d, k_norm, eps, tmp, _O)
+                _rope(tmp, _O, d, cos, sin, neox, kr, _O)
+            else:
+                _rope(k, h * d, d, cos, sin, neox, kr, _O)
+            for t in range(d):
+                kc[h, pos, t] = f32_to_f16(kr[t])
+                vc[h, pos, t] = f32_to_f16(v[h * d + t])
+        body = n_kv - n_kv % 16
+        scores = np.zeros(n_kv, np.float32)
+        w16 = np.zeros(n_kv, np.float32)
+        q16 = np.empty(d, np.float32)
+        acc = np.empty(64, np.float32)
+        lanes = np.empty((64, d), np.float32)
+        red = np.empty((16, d), np.float32)
+        out = o[0]
+        for h in range(hq):
+            kv = h // group
+            if q_norm.shape[0]:
+                _norm(q, h * d, d, q_norm, eps, tmp, _O)
+                _rope(tmp, _O, d, cos, sin, neox, q_rot[h], _O)
+            else:
+                _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
+            for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
+                qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
+                q16[t] = f16_to_f32(f32_to_f16(qs))
+            top = -np.inf
+            for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
+                s = _dot_f16_row(kc[kv, j], q16, acc)
+                if softcap > _ZERO:
+                    s = np.float32(np.tanh(s * inv_cap)) * softcap
+                s = s * kq_scale
+                scores[j] = s
+                if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
+                    top = s
+            total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
+            for c in range(lo - lo % 16, min(body, n_used + 15 - (n_used + 15) % 16), 16):
+                for i in range(16):
+                    j = c + i
+                    scores[j] = v_expf1(scores[j] - top) if lo <= j < n_used else _ZERO
+                total += np.float64(reduce16(scores, c))
+            inv = np.float32(1.0 / total)
+            for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
+                w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
+            n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
+            body64 = n_eff - n_eff % 64
+            lanes[:] = 0.0
+            for j in range(lo, min(n_used, body64)):  # V^T rows dotted with the weights: lane j % 64, one fma each
+                lane = j % 64
+                wj = w16[j]
+                if d % 16 == 0:  # the same fmas as 512-bit vector code (numba leaves this loop scalar)
+                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], wj, lanes, lane * lanes.strides[0], d)
+                else:
+                    for t in range(d):
+                        lanes[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, lanes[lane, t])
+            for i in range(16):  # GGML_F32x16_REDUCE of the four accumulators, every output at once
+                for t in range(d):
+                    red[i, t] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
+            head = out[h * d : (h + 1) * d]
+            reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
+            if max(lo, body64) < min(n_used, n_eff):  # a scalar tail past the last 64-key step: added in double
+                for t in range(d):
+                    s64 = np.float64(head[t])
+                    for j in range(max(lo, body64), min(n_used, n_eff)):
+                        s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
+                    head[t] = np.float32(s64)
+            for j in range(lo, n_used):
+                scores[j] = _ZERO
+                w16[j] = _ZERO
+        quantize_into(vdt, o, xq)
+
+    @njit(cache=True)
+    def glu_quant(gate, up, kind, table, act, vdt, xq):
+        """act (1, n) = SwiGLU (ggml_v_silu lanes) or GeGLU (the fp16 GELU table) of gate and up (n,), n % 16 == 0;
+        then quantized as vdt into xq."""
+        y = act[0]
+        for i in range(gate.shape[0]):
+            x = gate[i]
+            if kind == SWIGLU:
+                y[i] = (x / (_ONE + v_expf1(_ZERO - x))) * up[i]
+            elif x <= np.float32(-10.0):
+                y[i] = _ZERO
+            elif x >= np.float32(10.0):
+                y[i] = x * up[i]
+            else:
+                y[i] = table[f32_to_f16(x)] * up[i]
+        quantize_into(vdt, act, xq)

@@ -1,0 +1,259 @@
+"""The numerics object a model is handed at load: how each of its ops is computed, chosen once.
+
+`Float32Numerics` is the textbook reference (engine.ops.reference, exact RoPE angles, dense float32 weight copies,
+one token's attention in one compiled float32 call). `GgmlNumerics` computes as llama.cpp's CPU backend does, bit for
+bit: ggml-cpu's norms, RoPE tables, GLUs and attention products (engine.ops.ggml, engine.ops.attention_ggml), the
+F16 cache by default, the compiled decode step (engine.runtime.decode_plan) and the kernel warm-up. One object per
+loaded model: it also holds what a pass leaves behind (the rounding for the cache type, the attention path taken,
+the memoised RoPE tables, the decode plan).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.cache import KVCache
+from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels.dispatch import NUMERICS, activation_values, compiled, quantize_activation
+from engine.models.rope import NO_SCALING, apply_rope, rope_angles
+from engine.ops import attention_decode, attention_ggml, attention_prefill, reference
+from engine.ops import ggml as ggml_ops
+from engine.ops.attention_tiled import attention_tiled
+from engine.quant.types import GGMLType
+from engine.runtime import warmup
+from engine.tensor import Linear, QTensor
+
+if TYPE_CHECKING:
+    from engine.models.decoder import DecoderModel
+    from engine.observe.recorder import Recorder
+
+F32 = npt.NDArray[np.float32]
+Rounding = Callable[[np.ndarray], np.ndarray]
+Progress = Callable[[float], None]
+
+TILED_MIN_KEYS = 1024  # prefill chunks attending to this many keys or more take the tiled path
+ROPE_BLOCK = 256  # positions per memoised RoPE table (ggml numerics)
+
+
+def _to_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _through_q8_0(x: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    return activation_values(GGMLType.Q8_0, quantize_activation(GGMLType.Q8_0, rows), rows.shape[1]).reshape(x.shape)
+
+
+def attention_rounding(cache_type: GGMLType) -> tuple[Rounding | None, Rounding | None]:
+    """What ggml-cpu rounds in attention (without flash attention) for a K/V cache of this type.
+
+    K*q reads q converted to K's vec_dot_type (F16 for an F16 cache, Q8_0 for Q8_0/Q4_0); V*softmax reads the
+    weights converted to V's (F16). A quantized V cache needs flash attention in llama.cpp: its weights stay f32.
+    """
+    if cache_type == GGMLType.F16:
+        return _to_f16, _to_f16
+    if cache_type in (GGMLType.Q8_0, GGMLType.Q4_0):
+        return _through_q8_0, None
+    return None, None
+
+
+class Float32Numerics:
+    """The textbook maths in float32: the reference every other numerics is measured against."""
+
+    name = "float32"
+    cache_type = "F32"
+    tiled_min_keys = TILED_MIN_KEYS
+
+    def __init__(self) -> None:
+        self.attention_path = "plain"
+        self.rounding: tuple[Rounding | None, Rounding | None] = (None, None)  # (q, softmax weights)
+
+    def begin(self, model: DecoderModel, cache: KVCache) -> None:
+        """A pass over this cache starts (nothing to round in float32)."""
+        self.rounding = (None, None)
+
+    def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
+        """Logits of one token in a compiled step, or None: the graph runs it op by op."""
+        return None
+
+    def embed_rows(self, model: DecoderModel, table: QTensor, ids: npt.NDArray[np.int64]) -> F32:
+        return table.rows(ids)
+
+    def norm(self, x: F32, weight: F32, eps: float) -> F32:
+        return reference.rms_norm(x, weight, eps)
+
+    def glu(self, kind: str, gate: F32, up: F32) -> F32:
+        act = reference.gelu_tanh if kind == "geglu" else reference.silu
+        return act(gate) * up
+
+    def rope_tables(self, model: DecoderModel, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[F32, F32]:
+        """cos and sin (T, rope_dim/2) from exact float64 angles (`freqs` already scaled as rope.rope_freqs does)."""
+        return rope_angles(pos, freqs, model.rope_scaling.mscale())
+
+    def rotate(self, x: F32, cos: F32, sin: F32, mode: str) -> F32:
+        """RoPE on x (H, T, d) in the architecture's pair layout."""
+        return apply_rope(x, cos, sin, mode)
+
+    def decode_attention(
+        self, cache: KVCache, layer: int, q: F32, k: F32, v: F32, pos: int, cos: F32, sin: F32, neox: bool,
+        q_scale: float, scale: float, window: int | None,
+    ) -> tuple[F32, F32] | None:
+        """One token's RoPE, cache write and attention in one compiled call (engine.ops.attention_decode).
+
+        q (Hq, d), k/v (Hkv, d) before RoPE; returns (rotated q (Hq, 1, d), output (Hq, 1, d)), or None where the
+        NumPy path must run (no numba, quantized cache rows).
+        """
+        rows = cache.rows(layer) if attention_decode.available() else None
+        if rows is None:
+            return None
+        round_q, round_w = self.rounding
+        self.attention_path = "plain"
+        q_rot, out = attention_decode.attend_one(q, k, v, rows[0], rows[1], pos, cos, sin, neox, q_scale, scale, window,
+                                                 round_q is not None, round_w is not None)
+        return q_rot[:, None, :], out[:, None, :]
+
+    def attend(
+        self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
+        masks: dict, softcap: float | None,
+    ) -> F32:
+        """Attention of one layer's queries q (Hq, T, d) over the cache's keys [0, end) (written already): the plain
+        path for short contexts and single tokens, tiled for long prefills, with the rounding set by `begin`."""
+        keys, values = cache.keys(layer, end), cache.values(layer, end)
+        n_keys = keys.shape[1]
+        round_q, round_w = self.rounding
+        if round_q is not None:
+            q = round_q(q)
+        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys and softcap is None:
+            self.attention_path = "tiled"
+            return attention_tiled(q, keys, values, pos, scale, window)
+        self.attention_path = "plain"
+        if q.shape[1] == 1 and (window is None or n_keys <= window):
+            out, _ = reference.attention(q, keys, values, None, scale, round_w, softcap)  # one new token sees every key
+            return out
+        if window not in masks:
+            masks[window] = reference.causal_mask(pos, n_keys, window)
+        out, _ = reference.attention(q, keys, values, masks[window], scale, round_w, softcap)
+        return out
+
+    def warm(self, model: DecoderModel, progress: Progress | None) -> None:
+        """The dense weight copies, stacked for fused matrices, within the dense budget."""
+        warmup.dequantize_all(model, progress)
+
+
+class GgmlNumerics(Float32Numerics):
+    """llama.cpp's CPU numerics: products on the blocks, 8-bit activations, an F16 cache, ggml-cpu's elementwise bits."""
+
+    name = "ggml"
+    cache_type = "F16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rope_memo: dict[tuple[float, int, int], tuple[F32, F32]] = {}
+        self.decode_plan = None  # engine.runtime.decode_plan.DecodePlan, built at the first compiled step
+
+    def begin(self, model: DecoderModel, cache: KVCache) -> None:
+        self.rounding = attention_rounding(cache.qtype)
+
+    def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
+        """The compiled decode step (eight calls per block) where the kernels and the cache allow it."""
+        if not compiled():
+            return None
+        from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only
+
+        plan = plan_for(model, self)
+        if not plan.fits(cache, start):
+            return None
+        self.attention_path = "plain"
+        return plan.step(x, cache, start, recorder)
+
+    def embed_rows(self, model: DecoderModel, table: QTensor, ids: npt.NDArray[np.int64]) -> F32:
+        """With tied embeddings, rows of the output head's repacked copy (the file's pages of a table the head
+        repacked are released, and a look-up maps a whole folio)."""
+        out = getattr(model, "output", None)
+        if isinstance(out, Linear) and out.weight.name == table.name:
+            product = out.product()
+            if product.planar:
+                return product.rows(ids)
+        return table.rows(ids)
+
+    def norm(self, x: F32, weight: F32, eps: float) -> F32:
+        return ggml_ops.rms_norm(x, weight, eps)
+
+    def glu(self, kind: str, gate: F32, up: F32) -> F32:
+        return ggml_ops.geglu(gate, up) if kind == "geglu" else ggml_ops.swiglu(gate, up)
+
+    def rope_tables(self, model: DecoderModel, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[F32, F32]:
+        """ggml's theta recurrence and libm, from tables memoised per block of positions."""
+        pos = np.asarray(pos, np.int64)
+        if not (pos.size and pos.min() >= 0):
+            return self._ggml_rope(model, pos, base)
+        lo, hi = pos.min() // ROPE_BLOCK, pos.max() // ROPE_BLOCK
+        blocks = [self._rope_block(model, base, b) for b in range(lo, hi + 1)]
+        cos = np.concatenate([c for c, _ in blocks]) if len(blocks) > 1 else blocks[0][0]
+        sin = np.concatenate([s for _, s in blocks]) if len(blocks) > 1 else blocks[0][1]
+        return cos[pos - lo * ROPE_BLOCK], sin[pos - lo * ROPE_BLOCK]
+
+    def rope_row(self, model: DecoderModel, base: float, pos: int) -> tuple[F32, F32]:
+        """cos and sin (rope_dim/2,) of one position (contiguous rows of the memoised table)."""
+        cos, sin = self._rope_block(model, base, pos // ROPE_BLOCK)
+        return cos[pos % ROPE_BLOCK], sin[pos % ROPE_BLOCK]
+
+    def _rope_block(self, model: DecoderModel, base: float, block: int) -> tuple[F32, F32]:
+        """ggml's RoPE cache for positions [block * ROPE_BLOCK, +ROPE_BLOCK), computed once (each position's row
+        depends on that position alone, so a row is the same whichever batch computed it); keyed by the scaling
+        too (Phi-3 switches between its long and short factors with the context size)."""
+        key = (float(base), block, id(model.rope_scaling))
+        got = self._rope_memo.get(key)
+        if got is None:
+            got = self._rope_memo[key] = self._ggml_rope(model, np.arange(block * ROPE_BLOCK, (block + 1) * ROPE_BLOCK), base)
+        return got
+
+    @staticmethod
+    def _ggml_rope(model: DecoderModel, pos: np.ndarray, base: float) -> tuple[F32, F32]:
+        """ggml_rope_cache_init for these positions with the model's scaling (ggml_rope_ext's arguments)."""
+        sc, n = model.rope_scaling, model.args.rope_dim
+        if sc is NO_SCALING:
+            return ggml_ops.rope_cache(pos, n, base)
+        ramp = sc.ramp(n, base) if sc.ext_factor != 0.0 else None
+        return ggml_ops.rope_cache(pos, n, base, sc.freq_scale, sc.factors, sc.mscale(), ramp)
+
+    def rotate(self, x: F32, cos: F32, sin: F32, mode: str) -> F32:
+        return ggml_ops.rope(x, cos, sin, mode)
+
+    def decode_attention(self, *args: object) -> None:
+        """ggml numerics run one token through the compiled decode step or op by op, never the float32 call."""
+        return None
+
+    def attend(
+        self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
+        masks: dict, softcap: float | None,
+    ) -> F32:
+        """With an F32/F16 cache: llama.cpp's own products, softmax and padding (engine.ops.attention_ggml, bit for
+        bit; a prompt in one compiled call where it can). Quantized cache rows: the reference path with ggml's
+        rounding."""
+        stored = cache.stored(layer, end)
+        if stored is None:
+            return super().attend(q, cache, layer, end, pos, scale, window, masks, softcap)
+        self.attention_path = "plain"
+        if window not in masks:
+            masks[window] = reference.causal_mask(pos, end, window)
+        n_kv = attention_ggml.kv_length(end, cache.n_ctx)
+        rows = cache.rows(layer)
+        if stored[0].dtype == np.float16 and attention_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
+            with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
+                return attention_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv, softcap)
+        out, _ = attention_ggml.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap)
+        return out
+
+    def warm(self, model: DecoderModel, progress: Progress | None) -> None:
+        """Compile the CPU kernels (or load them from numba's cache) and build the products' copies."""
+        warmup.warm(model, progress)
+
+
+def numerics_for(name: str) -> Float32Numerics:
+    """A fresh numerics object for one model: 'ggml' or 'float32'."""
+    if name not in NUMERICS:
+        raise ValueError(f"numerics {name!r} is not one of {', '.join(NUMERICS)}")
+    return GgmlNumerics() if name == "ggml" else Float32Numerics()
