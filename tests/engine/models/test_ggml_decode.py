@@ -142,3 +142,22 @@ def test_compiled_step_on_the_real_models(fname: str) -> None:
         assert _same_bits(slow, fast)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", ["smollm2-types", "gemma3-types"])
+def test_compiled_step_records_the_products_inputs_as_the_graph_does(tiny: dict[str, Path], name: str) -> None:
+    """The recorder's input hook (what an importance matrix accumulates) sees the same matrices and the same rows
+    in the compiled step as in the graph's op-by-op path."""
+    model = load_model(tiny[name])
+    try:
+        ids = list(range(5, 15))
+        seen: dict[bool, list[tuple[tuple[str, ...], np.ndarray]]] = {True: [], False: []}
+        for fast in (False, True):
+            rec = Recorder(on_input=lambda names, x, f=fast: seen[f].append((names, np.array(x, np.float32).reshape(-1))))
+            _steps(model, ids, fast=fast, recorder=rec)
+        assert [n for n, _ in seen[True]] == [n for n, _ in seen[False]]
+        assert len(seen[True]) == len(ids) * model.net.args.n_layers * 4  # q/k/v, output, gate/up, down per block
+        for (_, a), (_, b) in zip(seen[True], seen[False]):
+            assert _same_bits(a, b)
+    finally:
+        model.close()
