@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.quant.floats import f32_to_bf16_bits, f32_to_f16_bits
-from engine.kernels.types import VEC_DOT_TYPE
+from engine.kernels.types import ACT_BLOCK, VEC_DOT_TYPE
 from engine.quant.types import GGMLType
 
 try:  # numba is optional: without it every kernel has a NumPy twin that makes the same numbers
@@ -44,8 +44,8 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
 QK = 32
-Q8_0_BYTES = 34
-Q8_1_BYTES = 36  # sizeof(block_q8_1): the GGUF table's 40 is gguf-py's historical float d, s
+Q8_0_BYTES = ACT_BLOCK[GGMLType.Q8_0][1]  # 34
+Q8_1_BYTES = ACT_BLOCK[GGMLType.Q8_1][1]  # 36, sizeof(block_q8_1): the GGUF table's 40 is gguf-py's historical float d, s
 
 HAVE_NUMBA = numba is not None
 KERNEL_LOCK = threading.Lock()

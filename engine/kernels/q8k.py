@@ -20,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels.types import ACT_BLOCK
+from engine.quant.types import GGMLType
+
 try:  # numba is optional: without it quantize_q8_k is the NumPy reference
     from llvmlite import ir
     from numba import njit, prange, types
@@ -33,7 +36,7 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
     njit = None
 
 QK_K = 256
-Q8K_BLOCK_BYTES = 4 + QK_K + 2 * (QK_K // 16)  # 292
+Q8K_BLOCK_BYTES = ACT_BLOCK[GGMLType.Q8_K][1]  # 4 + QK_K + 2 * (QK_K // 16): d, 256 quants, 16 sums
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
