@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SettingError
-from . import floats, iquants, kquantize, kquants, legacy
+from . import floats, iquants, kquantize, kquants, legacy, mxfp4
 from .types import TYPES, GGMLType, TypeInfo, type_by_name, type_info
 from .weighted import IQ4_TYPES, WEIGHTED_TYPES, quantize_weighted
 
@@ -47,6 +47,7 @@ DEQUANTIZERS: dict[GGMLType, BlockKernel] = {
     _T.Q4_K: kquants.dequantize_q4_k,
     _T.Q5_K: kquants.dequantize_q5_k,
     _T.Q6_K: kquants.dequantize_q6_k,
+    _T.MXFP4: mxfp4.dequantize_mxfp4,  # read and shown (the Quantization lens); no product kernel runs it yet
     **{t: getattr(iquants, f"dequantize_{t.name.lower()}") for t in (
         _T.IQ4_NL, _T.IQ4_XS, _T.IQ3_XXS, _T.IQ3_S, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ1_S, _T.IQ1_M)},
 }

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from . import floats, iquant_blocks, kquants, legacy
+from . import floats, iquant_blocks, kquants, legacy, mxfp4
 from .types import TYPES, GGMLType
 
 U8 = npt.NDArray[np.uint8]
@@ -55,6 +55,8 @@ FIELDS: dict[GGMLType, tuple[FieldSpec, ...]] = {
         _F("qs", 8, 16, "nibbles", "low 4 bits: byte i holds weights i and i+16"),
     ),
     _T.Q8_0: (_F("d", 0, 2, "f16", "block scale"), _F("qs", 2, 32, "i8", "8-bit signed quants")),
+    _T.MXFP4: (_F("e", 0, 1, "u8", "E8M0 exponent: d = 2^(e - 128), half the scale (the E2M1 codes are stored doubled)"),
+               _F("qs", 1, 16, "nibbles", "E2M1 codes: byte i holds weights i (low) and i+16 (high)")),
     _T.Q2_K: (
         _F("scales", 0, 16, "u8", "per 16 weights: 4-bit scale (low) and 4-bit min (high)"),
         _F("qs", 16, 64, "2-bit", "2-bit quants, four planes per byte"),
@@ -97,6 +99,7 @@ FORMULAS: dict[GGMLType, str] = {
     _T.Q5_0: "w = d * (q - 16)",
     _T.Q5_1: "w = d * q + m",
     _T.Q8_0: "w = d * q",
+    _T.MXFP4: "w = d * kvalues[q]   (kvalues: 0 1 2 3 4 6 8 12, negated for q >= 8)",
     _T.Q2_K: "w = (d * sc) * q - (dmin * m)   (sc, m per 16 weights)",
     _T.Q3_K: "w = (d * (sc - 32)) * (q - 4 * !hbit)   (sc per 16 weights)",
     _T.Q4_K: "w = (d * sc) * q - (dmin * m)   (sc, m per 32 weights)",
@@ -164,6 +167,11 @@ def _quants(blocks: U8, qtype: GGMLType) -> tuple[np.ndarray, F32, F32, dict[str
             vals["m"] = _f16(b, 2)
         off = np.full(32, vals["m"][0] if has_m else 0.0, np.float32)
         return q, np.full(32, d[0], np.float32), off, vals
+    if t == _T.MXFP4:  # q is the value of the code (kvalues_mxfp4), the scale d
+        d = mxfp4.e8m0_half(b[:, 0])
+        codes = legacy._nibbles(b[:, 1:])[0].astype(np.int32)
+        return mxfp4.KVALUES[codes].astype(np.int32), np.full(32, d[0], np.float32), np.zeros(32, np.float32), \
+            {"e": b[:, 0].astype(np.int32), "qs": codes}
     if t == _T.Q2_K:
         sc = b[0, 0:16]
         dl = _f16(b, 80) * (sc & 15).astype(np.float32)
@@ -247,6 +255,8 @@ def block_scales(blocks: U8, qtype: GGMLType | int) -> dict[str, F32]:
             return {"d": _f16(b, 0)}
         if t in (_T.Q4_1, _T.Q5_1):
             return {"d": _f16(b, 0), "m": _f16(b, 2)}
+        if t == _T.MXFP4:
+            return {"d": mxfp4.e8m0_half(b[:, 0])}
         if t == _T.Q2_K:
             sc = b[:, 0:16]
             d, dmin = _f16(b, 80)[:, None], _f16(b, 82)[:, None]
