@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.data.overrides import OverrideSpec
-from app.jobs.compare import CompareWorkspace, encode, run_model
+from app.jobs.compare import CompareWorkspace, encode, file_reference, measure_against
 from app.jobs.session import Emit
 from app.records.compare import SweepDone, SweepPoint, TaskProgress
 from engine.errors import InferenceError, LensError
@@ -65,7 +65,6 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
 
     `imatrix` (an engine ImportanceMatrix and its label) weights the search's errors and quantizers and B's
     requantization; None: without one."""
-    from engine.quality.compare import token_stats
     from engine.quality.mix_search import find_mix
     from engine.quality.sensitivity_cache import SensitivityCache, cache_key
 
@@ -76,7 +75,7 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
 
     ws.use(path)
     yield TaskProgress("mix", "loading a copy of the model", 0.0)
-    b, _ = ws.model_b(OverrideSpec(), say, cancel)
+    b, _ = ws.model_b(OverrideSpec(), say, cancel, replace_first=True)  # the file's weights
     ids = encode(b, calib_text or calibration_text(), CALIBRATION_TOKENS)
     eval_ids = encode(b, eval_text, max_tokens)
     check_search_memory(b, max(len(ids), len(eval_ids)))
@@ -91,10 +90,13 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
         return 0
     mix = result.plan
     phase[:] = [0.85, 0.05]
-    b, _ = ws.model_b(OverrideSpec(), say, cancel)
-    if ws.reference is None or ws.reference[0] != tuple(eval_ids):
-        run = run_model(b, eval_ids, "F32", cancel, say, f"running the file on {len(eval_ids)} tokens", heads=False)
-        ws.reference = (tuple(eval_ids), run.logits)
+    try:
+        ref = file_reference(ws, eval_ids, cancel, say)  # the comparison's or the sweep's, else run here once
+    except LensError:
+        if cancel.is_set():
+            yield SweepDone(0, True)
+            return 0
+        raise
     phase[:] = [0.9, 0.1]
     rules = tuple(mix.rules())
     rq = ws.rq
@@ -102,9 +104,10 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
     try:
         if imatrix is not None:
             rq.set_imatrix(*imatrix)  # B quantized as the search measured (the sweep's presets stay without)
-        b, plan = ws.model_b(OverrideSpec(None, rules), lambda what, frac: say(f"mix: {what}", 0.5 * frac), cancel)
-        run = run_model(b, eval_ids, "F32", cancel, lambda what, frac: say(f"mix: {what}", 0.5 + 0.5 * frac),
-                        "running the mix", heads=False)
+        b, plan = ws.model_b(OverrideSpec(None, rules), lambda what, frac: say(f"mix: {what}", 0.5 * frac), cancel,
+                             prefix="", replace_first=True)
+        st = measure_against(b, eval_ids, ref, cancel, lambda what, frac: say(f"mix: {what}", 0.5 + 0.5 * frac),
+                             "running the mix")
     except LensError:
         if cancel.is_set():
             yield SweepDone(0, True)
@@ -112,7 +115,6 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
         raise
     finally:
         rq.set_imatrix(*before)
-    st = token_stats(ws.reference[1], run.logits, eval_ids)
     sens = result.sensitivities
     resumed = f", {sens.resumed} of {len(sens.tensors)} tensors from the cache" if sens is not None and sens.resumed else ""
     notes = f" ({'; '.join(sens.notes)})" if sens is not None and sens.notes else ""

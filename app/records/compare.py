@@ -134,8 +134,13 @@ class SweepDone:
 def top_union(logp_a: F32, logp_b: F32, k: int = TOP_K) -> tuple[npt.NDArray[np.int64], F32, F32]:
     """Per row, the union of both sides' k most likely ids (-1 padded to 2k) with both log-probabilities."""
     n = logp_a.shape[0]
-    ta = np.argpartition(-logp_a, k, axis=-1)[:, :k]
-    tb = np.argpartition(-logp_b, k, axis=-1)[:, :k]
+    step = max(1, (4 << 20) // max(1, 8 * logp_a.shape[-1]))  # rows at a time: argpartition's indices are int64
+
+    def top(logp: F32) -> npt.NDArray[np.int64]:
+        parts = [np.argpartition(-logp[r : r + step], k, axis=-1)[:, :k] for r in range(0, n, step)]
+        return np.concatenate(parts) if parts else np.zeros((0, k), np.int64)
+
+    ta, tb = top(logp_a), top(logp_b)
     ids = np.full((n, 2 * k), -1, np.int64)
     for i in range(n):
         u = np.unique(np.concatenate([ta[i], tb[i]]))

@@ -62,28 +62,93 @@ def kld_rows(logp_base: F64, logp_other: F64) -> F64:
     return np.sum(p * (logp_base - logp_other), axis=-1)
 
 
-def token_stats(logits_base: np.ndarray, logits_other: np.ndarray, ids: Sequence[int]) -> dict[str, object]:
-    """Distribution statistics from two logit matrices (N, n_vocab) for the same N tokens."""
+STATS_BLOCK_BYTES = 4 << 20  # rows are compared this many float64 bytes at a time (a few such arrays live at once)
+
+
+def log_softmax_rows(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """engine.generate.log_softmax of each row of (N, n_vocab) logits, a block of rows at a time (its float64
+    temporaries stay small); `out` may be `logits` itself (in place). The numbers equal log_softmax(logits)."""
+    out = np.empty(logits.shape, np.float32) if out is None else out
+    step = max(1, STATS_BLOCK_BYTES // max(1, 8 * logits.shape[-1]))
+    for r0 in range(0, logits.shape[0], step):
+        out[r0 : r0 + step] = log_softmax(logits[r0 : r0 + step])
+    return out
+
+
+class TokenStats:
+    """token_stats over rows that arrive in pieces: add(base rows, other rows) in order, then result().
+
+    Each row's numbers (KL divergence, both log-likelihoods of the next token, top-token agreement) are
+    computed a block of rows at a time and only those numbers are kept, so comparing N positions of a
+    262k-token vocabulary never holds more than a block's float64 copies (the whole (N, n_vocab) float64
+    matrices took gigabytes). The results equal the row-at-once formulas exactly: every row is reduced alone.
+
+    `base_logp` / `other_logp` say what add() gets for each side: log-probabilities (log_softmax of the logits,
+    float32, as log_softmax_rows makes them) or raw logits.
+    """
+
+    def __init__(self, ids: Sequence[int], *, base_logp: bool = False, other_logp: bool = False):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        n = len(self.ids)
+        self.logp = (base_logp, other_logp)
+        self.kld = np.zeros(n, np.float64)
+        self.nll_a = np.zeros(max(0, n - 1), np.float64)
+        self.nll_b = np.zeros(max(0, n - 1), np.float64)
+        self.same = np.zeros(n, bool)
+        self.done = 0
+
+    def add(self, base: np.ndarray, other: np.ndarray) -> None:
+        """The next rows of both runs, (r, n_vocab) each."""
+        if base.shape != other.shape or base.ndim != 2:
+            raise SettingError(f"logit shapes differ: {base.shape} vs {other.shape}")
+        r = base.shape[0]
+        if self.done + r > len(self.ids):
+            raise SettingError(f"{self.done + r} rows for {len(self.ids)} tokens")
+        step = max(1, STATS_BLOCK_BYTES // max(1, 8 * base.shape[1]))
+        for i in range(0, r, step):
+            self._block(base[i : i + step], other[i : i + step])
+
+    def _block(self, base: np.ndarray, other: np.ndarray) -> None:
+        r0, r1 = self.done, self.done + base.shape[0]
+        a = (base if self.logp[0] else log_softmax(base)).astype(np.float64)
+        b = (other if self.logp[1] else log_softmax(other)).astype(np.float64)
+        self.kld[r0:r1] = np.maximum(kld_rows(a, b), 0.0)
+        self.same[r0:r1] = a.argmax(-1) == b.argmax(-1)
+        m = min(r1, len(self.ids) - 1) - r0  # rows that have a next token
+        if m > 0:
+            rows, tgt = np.arange(m), self.ids[r0 + 1 : r0 + 1 + m]
+            self.nll_a[r0 : r0 + m] = -a[rows, tgt]
+            self.nll_b[r0 : r0 + m] = -b[rows, tgt]
+        self.done = r1
+
+    def result(self) -> dict[str, object]:
+        """token_stats's dictionary, once every row was added."""
+        n = len(self.ids)
+        if self.done != n:
+            raise SettingError(f"{self.done} of {n} rows were compared")
+        kld, nll_a, nll_b = self.kld, self.nll_a, self.nll_b
+        ppl_a, ppl_b = math.exp(float(nll_a.mean())), math.exp(float(nll_b.mean()))
+        dp = 100.0 * (np.exp(-nll_b) - np.exp(-nll_a))
+        q = np.quantile(kld, [0.5, 0.9, 0.99, 0.999])
+        return dict(
+            n_tokens=n, kld_mean=float(kld.mean()), kld_median=float(q[0]), kld_p90=float(q[1]), kld_p99=float(q[2]),
+            kld_p999=float(q[3]), kld_max=float(kld.max()),
+            same_top_pct=100.0 * float(np.mean(self.same)),
+            ppl_base=ppl_a, ppl_other=ppl_b, ppl_ratio=ppl_b / ppl_a, ln_ppl_ratio=math.log(ppl_b / ppl_a),
+            delta_p_mean=float(dp.mean()), delta_p_rms=float(np.sqrt(np.mean(dp**2))),
+            per_token_kld=tuple(float(x) for x in kld),
+        )
+
+
+def token_stats(logits_base: np.ndarray, logits_other: np.ndarray, ids: Sequence[int], *,
+                logp: bool = False) -> dict[str, object]:
+    """Distribution statistics from two logit matrices (N, n_vocab) for the same N tokens (log-probabilities
+    with logp=True), computed a block of rows at a time (TokenStats)."""
     if logits_base.shape != logits_other.shape:
         raise SettingError(f"logit shapes differ: {logits_base.shape} vs {logits_other.shape}")
-    a = log_softmax(logits_base).astype(np.float64)
-    b = log_softmax(logits_other).astype(np.float64)
-    kld = np.maximum(kld_rows(a, b), 0.0)
-    n = len(ids)
-    tgt = np.asarray(ids[1:], dtype=np.int64)
-    rows = np.arange(n - 1)
-    nll_a, nll_b = -a[rows, tgt], -b[rows, tgt]
-    ppl_a, ppl_b = math.exp(float(nll_a.mean())), math.exp(float(nll_b.mean()))
-    dp = 100.0 * (np.exp(-nll_b) - np.exp(-nll_a))
-    q = np.quantile(kld, [0.5, 0.9, 0.99, 0.999])
-    return dict(
-        n_tokens=n, kld_mean=float(kld.mean()), kld_median=float(q[0]), kld_p90=float(q[1]), kld_p99=float(q[2]),
-        kld_p999=float(q[3]), kld_max=float(kld.max()),
-        same_top_pct=100.0 * float(np.mean(a.argmax(-1) == b.argmax(-1))),
-        ppl_base=ppl_a, ppl_other=ppl_b, ppl_ratio=ppl_b / ppl_a, ln_ppl_ratio=math.log(ppl_b / ppl_a),
-        delta_p_mean=float(dp.mean()), delta_p_rms=float(np.sqrt(np.mean(dp**2))),
-        per_token_kld=tuple(float(x) for x in kld),
-    )
+    acc = TokenStats(ids, base_logp=logp, other_logp=logp)
+    acc.add(np.asarray(logits_base), np.asarray(logits_other))
+    return acc.result()
 
 
 def layer_divergence(hidden_a: dict[int, np.ndarray], hidden_b: dict[int, np.ndarray], n: int) -> tuple[LayerDivergence, ...]:

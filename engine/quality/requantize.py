@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from engine.errors import SettingError
 from engine.gguf import GGUFFile, GGUFValueType, open_gguf, write_gguf
+from engine.kernels import pages
 from engine.quality.imatrix import (
     ImportanceMatrix,
     quant_weights_for,
@@ -83,10 +84,11 @@ Job = tuple[TensorPlan, "npt.NDArray[np.uint8]", "npt.NDArray[np.float32] | None
 
 def _run_jobs(
     jobs: list[Job], progress: Progress | None, cancel: threading.Event | None, executor: Executor | None,
-    weights: dict[str, npt.NDArray[np.float32]] | None = None,
+    weights: dict[str, npt.NDArray[np.float32]] | None = None, release: bool = False,
 ) -> dict[str, npt.NDArray[np.uint8]] | None:
     """Requantize every job (with its tensor's importance from `weights`), on `executor` when given; progress
-    is reported from the calling thread."""
+    is reported from the calling thread. `release`: once a tensor is done, its file pages leave this process
+    (engine.kernels.pages; they stay in the page cache), so reading the whole file does not keep it resident."""
     weights = weights or {}
     total = max(1, sum(tp.n_elements for tp, _, _ in jobs))
     done = [0]
@@ -108,8 +110,11 @@ def _run_jobs(
             if blocks is None:
                 return None
             out[tp.name] = blocks
+            if release:
+                pages.release(rows)
         return out
     stop = threading.Event()  # set on cancel or error, so the other jobs end at their next chunk
+    rows_of = {tp.name: rows for tp, rows, _ in jobs}
     futures = {
         executor.submit(requantize_rows, rows, tp.old, tp.new, source=source, cancel=stop, on_weights=count,
                         quant_weights=weights.get(tp.name)): tp.name
@@ -127,6 +132,8 @@ def _run_jobs(
                     stop.set()
                 else:
                     out[futures[fut]] = blocks
+                    if release:
+                        pages.release(rows_of[futures[fut]])
             say("requantizing", min(1.0, done[0] / total))
     except BaseException:
         stop.set()
@@ -265,7 +272,9 @@ class Requantizer:
         lin = self.model.net.linears().get(name)
         if lin is None or lin.weight.qtype != self.gguf.tensors[name].qtype:
             return None
-        dense = lin.dense()
+        dense = getattr(lin, "_dense", None)  # only a copy it keeps: making one here would hold every tensor in
+        if dense is None:  # float32 at once (4 bytes a weight) while the jobs are built; the rows dequantize anyway
+            return None
         return dense if dense.shape == (lin.n_out, lin.n_in) and lin.n_in == self.gguf.tensors[name].shape[0] else None
 
     def apply(
@@ -275,11 +284,16 @@ class Requantizer:
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         executor: Executor | None = None,
+        replace_first: bool = False,
     ) -> bool:
         """Put the plan's types into the model; False (and the model untouched) if cancelled.
 
         Tensors already holding the planned type are kept; `executor` (the caller's thread pool)
         requantizes several tensors at once, else this thread does them one after another.
+        `replace_first` (the preset sweep): the blocks this plan replaces are given back (the tensors return to
+        the file's blocks, the products built on them are dropped) before the new ones are made, and each
+        tensor's file pages are released once it is done, so the model never holds two requantized copies at
+        once; if cancelled, the model is then back at the file's weights instead of untouched.
         """
         say = progress or (lambda what, frac: None)
         setters = self._setters()
@@ -287,25 +301,45 @@ class Requantizer:
         if missing:
             log.warning("%d tensors are not used by the model in memory and stay as in the file: %s",
                         len(missing), ", ".join(missing[:5]))
+        same_imatrix = self.imatrix is self._held_imatrix  # blocks made with another imatrix are made again
+        if replace_first:
+            keep = {tp.name for tp in plan.changed if same_imatrix and _holds(self._held, tp)}
+            for name in [n for n in self._held if n not in keep]:
+                self._swap(setters[name], None, name)
+            self.applied = None
+            self._drop_products()
         restore = [n for n in self._held if n not in plan.tensors or not plan.tensors[n].changed]
         jobs = [(tp, self.gguf.rows(tp.name), self._dense_source(tp.name)) for tp in plan.changed
-                if tp.name in setters and not _holds(self._held, tp)]
-        if self.imatrix is not self._held_imatrix:  # blocks made with another imatrix are made again
-            jobs = [(tp, self.gguf.rows(tp.name), self._dense_source(tp.name)) for tp in plan.changed if tp.name in setters]
+                if tp.name in setters and (not same_imatrix or not _holds(self._held, tp))]
         weights = _plan_weights(plan, self.imatrix) if self.imatrix is not None else None
-        made = _run_jobs(jobs, say, cancel, executor, weights)
+        made = _run_jobs(jobs, say, cancel, executor, weights, release=replace_first)
         if made is None or (cancel is not None and cancel.is_set()):
+            if replace_first:
+                self.reset()
             say("cancelled", 0.0)
             return False
         for name in restore:  # the commit: nothing here can fail half way
             self._swap(setters[name], None, name)
         for tp, _, _ in jobs:
-            self._swap(setters[tp.name], QTensor(tp.name, tp.new, setters[tp.name][0][0], made[tp.name]), tp.name)
+            self._swap(setters[tp.name], QTensor(tp.name, tp.new, setters[tp.name][0][0], made.pop(tp.name)), tp.name)
         self.applied = plan if plan.changed else None
         self._held_imatrix = self.imatrix
         say("done", 1.0)
         log.info("applied %s", plan.summary())
         return True
+
+    def _drop_products(self) -> None:
+        """Forget the fused q/k/v and gate/up products (their stacked copies of the old blocks): the next forward
+        builds them again from the blocks the tensors hold then."""
+        owner = getattr(self.model.net, "cpu", self.model.net)
+        for layer in getattr(owner, "layers", ()):
+            for fused in getattr(layer, "fused", lambda: ())():
+                if hasattr(fused, "_groups"):
+                    fused._groups, fused._groups_key = [], ()
+                if getattr(fused, "_stacked", None) is not None:
+                    for p in fused.parts:
+                        p.drop_cache()
+                    fused._stacked, fused._views = None, []
 
     def _swap(self, setters: list[tuple[tuple[int, ...], Callable[[QTensor], None]]], qt: QTensor | None, name: str) -> None:
         for shape, put in setters:

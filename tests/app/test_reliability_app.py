@@ -150,12 +150,14 @@ class Forward:
         self.gate = threading.Event()
         self.waiting = threading.Event()
         self.times: list[float] = []
+        self.threads: list[int] = []  # the thread of each call, in call order
         return self
 
     def __call__(self, tokens: Any, cache: Any, recorder: Any = None, all_logits: bool = False) -> np.ndarray:
         with self.lock:
             self.calls += 1
             n = self.calls
+            self.threads.append(threading.get_ident())
         if n == self.gate_at:
             self.waiting.set()
             self.gate.wait(20)
@@ -456,33 +458,49 @@ def test_case26_out_of_range_settings_are_clamped(qtbot: Any, tiny: Path, data_d
 
 
 # -- case 27 (issue 7 item 5): Stop and close, with latency
-def _stop_latency(qtbot: Any, w: MainWindow, ready: Any) -> float:
-    """Seconds from Stop to the reply's thread having ended, once `ready()` holds."""
+def _calls_after(fwd: Forward, at_stop: int) -> int:
+    """Forward passes the reply's thread started after Stop (or close), when `at_stop` calls had started: what it
+    did before it noticed. Other threads (a lens job after the reply) do not count."""
+    with fwd.lock:
+        threads = list(fwd.threads)
+    if not threads:
+        return 0
+    reply = threads[at_stop - 1] if at_stop > 0 else threads[0]
+    return sum(t == reply for t in threads[at_stop:])
+
+
+def _stop_latency(qtbot: Any, w: MainWindow, ready: Any, fwd: Forward) -> tuple[float, int]:
+    """(seconds from Stop to the reply's thread having ended, forward passes it started after Stop), once `ready()`
+    holds."""
     ended: list[float] = []
     w.engine.reply_ended.connect(lambda _rid: ended.append(time.perf_counter()))
     qtbot.waitUntil(ready, timeout=REPLY_MS)
     t0 = time.perf_counter()
+    at_stop = fwd.calls
     w.conversation.stop()
     qtbot.waitUntil(lambda: bool(ended), timeout=REPLY_MS)
     wait_idle(qtbot, w)
-    return ended[0] - t0
+    return ended[0] - t0, _calls_after(fwd, at_stop)
 
 
 def test_case27_stop_latency_during_prefill_and_generation(qtbot: Any, bigger: Path, data_dir: Path) -> None:
-    """Stop answers within one prefill chunk or one token; measured, printed, bounded at 2 s (target 200 ms)."""
+    """Stop answers within one prefill chunk or one token: after Stop the reply's thread starts at most one more
+    forward pass (the one it may have begun as Stop came). Counted, not timed: the latency (target 200 ms) depends
+    on the machine's load and is printed only."""
     w = open_window(qtbot, bigger, data_dir, max_tokens=2000)
     conv = w.conversation
     fwd = Forward(w.engine.session.model)
     progress: list[tuple[int, int]] = []
     conv.prefill.connect(lambda done, total: progress.append((done, total)))
     long_prompt = "Summarise this. " + " ".join(f"item {i} is a blue stone," for i in range(110))
-    results = {}
+    results, extra = {}, {}
     for run in range(3):
         progress.clear()
         fwd.arm()
         conv.new_chat()
         conv.send(f"{run} {long_prompt}")
-        results[f"prefill {run}"] = _stop_latency(qtbot, w, lambda: any(0 < d < t for d, t in progress))
+        results[f"prefill {run}"], extra[f"prefill {run}"] = _stop_latency(
+            qtbot, w, lambda: any(0 < d < t for d, t in progress), fwd)
         msg = conv.current.messages[-1]
         assert msg.stopped and not msg.content and msg.stats.finish_reason == "cancelled"
         assert progress[-1][0] < progress[-1][1], "the prefill ran to its end before Stop took effect"
@@ -491,16 +509,17 @@ def test_case27_stop_latency_during_prefill_and_generation(qtbot: Any, bigger: P
         fwd.arm(alphabet=True)
         conv.new_chat()
         conv.send(f"letters {run}")
-        results[f"generation {run}"] = _stop_latency(
-            qtbot, w, lambda: len(conv.current.messages[-1].tokens) >= 5 and conv.current.messages[-1].role == "assistant")
+        results[f"generation {run}"], extra[f"generation {run}"] = _stop_latency(
+            qtbot, w, lambda: len(conv.current.messages[-1].tokens) >= 5 and conv.current.messages[-1].role == "assistant",
+            fwd)
         msg = conv.current.messages[-1]
         assert msg.stopped and msg.content.startswith("abcde") and msg.stats.finish_reason == "cancelled"
     print("\ncase 27 stop latency (Stop -> reply thread ended), CPU, 6-layer dim-384 model:")
     print(f"  slowest 64-token prefill chunk {chunk_ms:.0f} ms, one generated token "
           f"{1000 * float(np.median(fwd.times)):.0f} ms")
     for name, s in results.items():
-        print(f"  {name}: {1000 * s:.0f} ms")
-    assert max(results.values()) < 2.0, results
+        print(f"  {name}: {1000 * s:.0f} ms, {extra[name]} forward passes started after Stop")
+    assert max(extra.values()) <= 1, extra
     fwd.arm(alphabet=True)
     w.state.settings = dataclasses.replace(w.state.settings, max_tokens=5)
     conv.send("and now a full reply")
@@ -556,7 +575,8 @@ def test_case27_stop_twice_then_send_at_once(qtbot: Any, roomy: Path, data_dir: 
 
 @pytest.mark.parametrize("phase", ["prefill", "generation"])
 def test_case27_close_mid_reply(qtbot: Any, bigger: Path, data_dir: Path, phase: str) -> None:
-    """Closing the window mid-prefill or mid-generation: fast, no worker left, what was said is saved."""
+    """Closing the window mid-prefill or mid-generation: it stops the reply at once (at most the forward pass under
+    way ends), no worker left, what was said is saved."""
     w = open_window(qtbot, bigger, data_dir, max_tokens=2000)
     conv = w.conversation
     fwd = Forward(w.engine.session.model)
@@ -570,9 +590,11 @@ def test_case27_close_mid_reply(qtbot: Any, bigger: Path, data_dir: Path, phase:
         conv.send("letters until closed")
         qtbot.waitUntil(lambda: len(conv.current.messages[-1].tokens) >= 4, timeout=REPLY_MS)
     cid = conv.current.id
-    took = close(w)
-    print(f"\nclose during {phase}: {1000 * took:.0f} ms")
-    assert took < 5.0
+    at_close = fwd.calls
+    took = close(w)  # returns once every worker thread has ended
+    after = _calls_after(fwd, at_close)
+    print(f"\nclose during {phase}: {1000 * took:.0f} ms, {after} forward passes started after it")
+    assert after <= 1, "closing waited for the reply instead of stopping it"  # counted, not timed
     msgs = saved_chat(data_dir, cid)["messages"]
     assert msgs[0]["role"] == "user"
     if phase == "generation":
@@ -822,7 +844,9 @@ def test_case34_hostile_model_name_is_plain_escaped_text(qtbot: Any, tmp_path: P
         w.lens_tabs.setCurrentWidget(slot if slot is not None else w.model_lens)
         qtbot.wait(20)
     took = time.perf_counter() - t0
-    assert took < 20, f"loading a model named {kind} took {took:.1f} s"
+    # no time bound (it depends on the machine's load): the window loaded and replied within the liveness bounds
+    # above, and below every text it shows is short, so the name cannot reach Qt's layout whole
+    print(f"\nloading a model named {kind}, a reply and four lenses: {took:.1f} s")
     problems = []
     known = _known_rich(w)
     for label, where, text, rich in _shown_texts(w):

@@ -160,7 +160,8 @@ def test_soak_both_policies_memory_flat_no_thread_leak(qtbot: Any, tmp_path: Pat
     assert py_threads2 == py_threads1 and os_threads2 <= os_threads1
     assert threading.active_count() <= py_threads0 and os_threads_closed <= os_threads1
     assert {len(c.messages) for c in chats} and all(m.content is not None for c in chats for m in c.messages)
-    assert took < 120
+    # no time bound: how long 90 turns take depends on the machine's load (printed above); every wait has its own
+    # liveness bound
 
 
 if not Path("/proc/self/statm").exists():  # pragma: no cover - Linux only

@@ -37,7 +37,8 @@ from tests.reliability.harness import (
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama, tiny_vocab
 
 N_VOCAB = len(tiny_vocab()[0])  # 269: 3 specials, 256 byte tokens, 10 merges
-MAX_SECONDS = 1.0               # RELIABILITY.md: bounded resources for small malformed files
+MAX_CPU_SECONDS = 5.0           # RELIABILITY.md: bounded resources for small malformed files (CPU time: no count
+                                # in a hostile header may make the loader loop; wall time would depend on the load)
 MAX_PEAK_BYTES = 64 << 20
 K = "tokenizer.ggml."
 
@@ -119,7 +120,7 @@ def expect_rejected(server: LoaderServer, path: Path, pattern: str) -> str:
     message = res.out["error"]
     assert res.out["cls"] == "ModelFormatError", res.out
     assert re.search(pattern, message), f"{message!r} does not match {pattern!r}"
-    assert res.out["seconds"] < MAX_SECONDS and res.out["peak_bytes"] < MAX_PEAK_BYTES, res.out
+    assert res.out["cpu_seconds"] < MAX_CPU_SECONDS and res.out["peak_bytes"] < MAX_PEAK_BYTES, res.out
     return message
 
 
@@ -587,7 +588,7 @@ def test_case35_real_models(server: LoaderServer, name: str) -> None:
     out = expect_loaded(server, path, text=text, chat=_CHAT, scan=True)
     assert out["decoded"] == text and out["scan"] == [] and out["warnings"] == []
     assert not out["chat_fallback"] and "Hi there" in out["chat_text"]
-    assert out["seconds"] < 5
+    assert out["cpu_seconds"] < 30  # bounded work (CPU time), whatever the machine's load
 
 
 @pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_gemma3], ids=["llama", "gemma3"])
