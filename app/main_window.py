@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QCoreApplication, Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget
+from PySide6.QtCore import QByteArray, QCoreApplication, QMargins, QRect, QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence, QShowEvent
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QWidget
 
 from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
@@ -22,8 +22,9 @@ from app.views.chat.chat_list import ChatList
 from app.views.chat.sampling import SamplingPanel
 from app.views.chat.view import ChatView
 from app.views.compare.view import CompareView
-from app.views.lenses import LENSES, LensSlot
+from app.views.lenses import LensTabs
 from app.views.model_info import ModelLens
+from app.views.quant.lens import QuantLens
 from app.views.status import StatusPanel
 from app.workers.engine import Engine
 from app.workers.saver import Saver
@@ -32,6 +33,17 @@ log = logging.getLogger(__name__)
 
 TITLE = "GGUF Lens"
 BASE_TOKENS_KEY = "base_max_tokens"  # Settings.extra: "1" while max-tokens is the base-model default we set
+FIRST_SIZE = (1560, 940)  # a first start's window where the screen has room for it; a smaller screen's area else
+FRAME_GUESS = QMargins(2, 32, 2, 2)  # a window manager's frame, until the window is shown and its frame is known
+
+
+def available_area(widget: QWidget) -> QRect | None:
+    """The part of the widget's screen a window may cover (panels and docks left out); None on the offscreen
+    platform (the tests, --screenshot), whose stand-in screen is nobody's."""
+    if QGuiApplication.platformName() == "offscreen":
+        return None
+    screen = widget.screen() or QGuiApplication.primaryScreen()
+    return None if screen is None else screen.availableGeometry()
 
 
 class MainWindow(QMainWindow):
@@ -47,6 +59,8 @@ class MainWindow(QMainWindow):
         self.engine = Engine(self.state.settings.context_limit, self)
         self.conversation = Conversation(self.store, self.engine, self.saver, lambda: self.state.settings, self)
         self.closed = False
+        self.shown_once = False
+        self.load_error_box: QMessageBox | None = None  # the last "could not be loaded" message, if one was shown
         self.model_label = ""  # "SmolLM2 135M · Q4_1": the model (and quantization) each reply is signed with
         self._build()
         self._wire()
@@ -59,10 +73,8 @@ class MainWindow(QMainWindow):
     # -- building
     def _build(self) -> None:
         self.chat_view = ChatView()
-        self.lens_tabs = QTabWidget()
-        self.lens_slots = {spec.title: LensSlot(spec) for spec in LENSES}
-        for title, slot in self.lens_slots.items():
-            self.lens_tabs.addTab(slot, title)
+        self.lens_tabs = LensTabs()  # a tab per lens class in app.views.lenses.LENSES, in its order
+        self.lens_slots = self.lens_tabs.slots
         self.compare_view = CompareView()
         self.lens_tabs.addTab(self.compare_view, "Compare")
         self.model_lens = ModelLens(self.state)
@@ -82,8 +94,9 @@ class MainWindow(QMainWindow):
         self.chat_dock = self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.sampling_dock = self._dock("Sampling", self.sampling, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.bridge = LensBridge(self.engine, self.state, self.lens_slots, self)
-        self.bridge.visible = lambda title: self.lens_tabs.currentWidget() is self.lens_slots.get(title)
-        self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_slots["Quantization"], self.compare_view,
+        self.bridge.visible = self.lens_tabs.showing
+        self.bridge.bind_conversation(self.conversation)  # the lenses follow the conversation on screen
+        self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_tabs.lens(QuantLens), self.compare_view,
                                         self.bridge, self)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
@@ -185,8 +198,7 @@ class MainWindow(QMainWindow):
     def _chat_opened(self, chat: Any) -> None:
         self.chat_view.show_chat(chat)
         self.chat_view.show_prompt_mode(self.conversation.prompt_mode(chat))
-        self.bridge.deliver("Positions", "set_tokens", [])  # the other chat's tokens are not this one's
-        self.bridge.chat_changed()  # nor its attention, head roles or logit lens
+        self.bridge.chat_changed()  # the other chat's tokens, attention, head roles and logit lens go
         self.chat_list.show_chats(self.conversation.chats, chat)
         self.state.settings = dataclasses.replace(self.state.settings, current_chat=chat.id)
 
@@ -208,7 +220,7 @@ class MainWindow(QMainWindow):
             self.conversation.stop()
         self.state.loading = (f"opening {Path(source).name}", 0.0)
         if self.state.model is None:
-            self.chat_view.input.setPlaceholderText("Loading the model… (you can type already)")
+            self.chat_view.set_placeholder("Loading the model… (you can type already)")
         self.engine.open_model(source)
 
     def choose_file(self) -> None:
@@ -229,7 +241,7 @@ class MainWindow(QMainWindow):
         st.attention_record = None
         st.ctx_size, st.ctx_used, st.kv_bytes = result.n_ctx, 0, 0
         self.conversation.model_ready = True
-        self.chat_view.input.setPlaceholderText("Message the model…")
+        self.chat_view.set_placeholder("Message the model…")
         kind = result.kind
         self.model_label = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
         self.conversation.model_name = self.model_label
@@ -273,7 +285,7 @@ class MainWindow(QMainWindow):
         box.open()
         self.load_error_box = box
         if previous is None:
-            self.chat_view.input.setPlaceholderText("No model loaded: open a .gguf file or pick one from the catalog")
+            self.chat_view.set_placeholder("No model loaded: open a .gguf file or pick one from the catalog")
 
     # -- replies
     def _reply_done(self, done: Any) -> None:
@@ -325,10 +337,15 @@ class MainWindow(QMainWindow):
     def _restore_layout(self) -> None:
         s = self.state.settings
         if s.geometry:
-            self.restoreGeometry(QByteArray.fromBase64(s.geometry.encode()))
+            self.restoreGeometry(QByteArray.fromBase64(s.geometry.encode()))  # saved on another screen, maybe
         else:
-            self.resize(1560, 940)
+            self.resize(*FIRST_SIZE)
+            area = available_area(self)
+            if area is not None:  # centred on the screen, and within it (below)
+                self.move(area.center() - self.rect().center())
             QTimer.singleShot(0, self._default_docks)
+        self._wanted_size = self.size()  # back up to this once shown, if the frame is smaller than guessed
+        self.fit_to_screen()
         split = s.extra.get("split")
         if isinstance(split, str):
             self.split.restoreState(QByteArray.fromBase64(split.encode()))
@@ -336,6 +353,37 @@ class MainWindow(QMainWindow):
             self.split.setSizes([470, 830])
         if s.window_state:
             self.restoreState(QByteArray.fromBase64(s.window_state.encode()))
+
+    def fit_to_screen(self, grow_to: QSize | None = None) -> None:
+        """Shrink and move the window, its frame included, into its screen's available area: a first start on a
+        small screen, a geometry saved on a larger one. A maximized or full-screen window is the screen's already.
+        grow_to: the size to grow back up to where the room allows, once the frame is known, not guessed."""
+        area = available_area(self)
+        if area is None or self.isMaximized() or self.isFullScreen():
+            return
+        frame, inner = self.frameGeometry(), self.geometry()
+        m = QMargins(inner.left() - frame.left(), inner.top() - frame.top(),
+                     frame.right() - inner.right(), frame.bottom() - inner.bottom())
+        if m.isNull() and not self.isVisible():
+            m = FRAME_GUESS
+        if m.isNull():  # no frame, or one not known yet: no growing into room it may take
+            grow_to = None
+        want = self.size() if grow_to is None else grow_to.expandedTo(self.size())
+        width = min(want.width(), area.width() - m.left() - m.right())
+        height = min(want.height(), area.height() - m.top() - m.bottom())
+        if (width, height) != (self.width(), self.height()):
+            self.resize(width, height)
+        outer_w, outer_h = self.width() + m.left() + m.right(), self.height() + m.top() + m.bottom()
+        x = max(area.left(), min(frame.x(), area.right() + 1 - outer_w))
+        y = max(area.top(), min(frame.y(), area.bottom() + 1 - outer_h))
+        if (x, y) != (frame.x(), frame.y()):
+            self.move(x, y)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if not self.shown_once:  # the window manager's frame is known now: within the screen, frame and all
+            self.shown_once = True
+            QTimer.singleShot(0, lambda: self.fit_to_screen(self._wanted_size))
 
     def _show_pane(self, pane: Any, on: bool) -> None:
         """Show or hide the chat or the lens pane; one of them always stays."""

@@ -5,12 +5,20 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.views.attention.lens import AttentionLens
+
+if TYPE_CHECKING:
+    from PySide6.QtCore import QByteArray
+
+    from app.main_window import MainWindow
 
 
 class Screenshot:
     """Drives the real window: waits for the model, sends the prompt, waits for the reply and lenses, saves a PNG."""
 
-    def __init__(self, window: object, path: Path, prompt: str, timeout_s: float, tab: str, view: str = "overview",
+    def __init__(self, window: MainWindow, path: Path, prompt: str, timeout_s: float, tab: str, view: str = "overview",
                  step: str | None = None):
         from PySide6.QtCore import QTimer  # noqa: PLC0415
 
@@ -21,8 +29,9 @@ class Screenshot:
         self.view = view
         self.step = [int(v) for v in step.split(",")] if step else []
         self.steps_asked = False
-        self.overrides: list[str] = []
-        self.layout: tuple[object, object] | None = None
+        self.overrides: list[str] = []  # type overrides set in the Quantization lens first (B of --tab Compare)
+        self.prepared = False  # the Compare view was asked for its comparison and sweep
+        self.layout: tuple[QByteArray, QByteArray] | None = None
         self.sent = False
         self.done_at = 0.0
         self.deadline = time.monotonic() + timeout_s
@@ -38,7 +47,7 @@ class Screenshot:
             logging.error("screenshot: timed out waiting for the reply; saving what is on screen")
             return self.finish(1)
         if not self.sent:
-            if getattr(w, "load_error_box", None) is not None and w.state.model is None:
+            if w.load_error_box is not None and w.state.model is None:
                 logging.error("screenshot: the model could not be loaded")
                 return self.finish(1)
             if w.state.model is not None and not w.engine.loading:
@@ -62,22 +71,22 @@ class Screenshot:
         return None
 
     def _tab_ready(self) -> bool:
-        """A tab with prepare_screenshot()/screenshot_ready() (the Compare view) computes what it shows first."""
-        widget = self.window.lens_tabs.currentWidget()
-        if not hasattr(widget, "screenshot_ready"):
+        """The Compare tab computes what it shows first (prepare_screenshot, then screenshot_ready until done)."""
+        view = self.window.compare_view
+        if self.window.lens_tabs.currentWidget() is not view:
             return True
-        if not getattr(self, "prepared", False):
+        if not self.prepared:
             self.prepared = True
-            editor = getattr(getattr(self.window, "quant_bridge", None), "editor", None)
+            editor = self.window.quant_bridge.editor
             if self.overrides and editor is not None:
                 from app.data.overrides import OverrideSpec  # noqa: PLC0415
 
                 preset = [o for o in self.overrides if "=" not in o]
                 editor.set_spec(OverrideSpec(preset[0] if preset else None, tuple(o for o in self.overrides if "=" in o)))
-            widget.prepare_screenshot()
+            view.prepare_screenshot()
             self._make_room()
             return False
-        return bool(widget.screenshot_ready())
+        return view.screenshot_ready()
 
     def _make_room(self) -> None:
         """Hide the docks and narrow the chat so the tab is wide; finish() puts the saved layout back before closing."""
@@ -88,14 +97,11 @@ class Screenshot:
         w.split.setSizes([380, max(600, w.split.width() - 380)])
 
     def _show_tab(self) -> None:
-        tabs = self.window.lens_tabs
-        for i in range(tabs.count()):
-            if tabs.tabText(i).lower() == self.tab.lower():
-                tabs.setCurrentIndex(i)
+        self.window.lens_tabs.select(self.tab)
 
     def _steps_ready(self, now: float) -> bool:
         """Show the step-through view of the chosen cell; True once its record is drawn (or after 20 s)."""
-        lens = self.window.lens_slots["Attention"].widget
+        lens = self.window.lens_tabs.lens(AttentionLens)
         if lens is None:
             return now - self.done_at > 20
         if not self.steps_asked:

@@ -17,8 +17,8 @@ waits until that view has computed its answer, and saves the whole window as DIR
 | q7 | Attention > Logit lens at the last position | Decode layers |
 | q7c | Compare > Logit lens: A and B side by side (after q4's comparison) | Logit lens of A and B |
 
-Any tab may offer `tour_prepare(question)` and `tour_ready(question) -> bool` to set itself up for a question;
-that is the only hook (the functions in PREPARE and READY serve the tabs that have none).
+PREPARE[q] sets the tab up for question q and READY[q] says when its answer is drawn; both take the tour and what
+the tab shows (a lens, or the Compare view) and use only the widgets' public methods and signals.
 """
 from __future__ import annotations
 
@@ -29,7 +29,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.main_window import MainWindow
+    from app.views.attention.lens import AttentionLens
+    from app.views.compare.view import CompareView
+    from app.views.quant.lens import QuantLens
 
 QUESTIONS = ("q1", "q2", "q1g", "q3", "q4", "q5", "q6", "q7", "q7c")
 NAMES = {"q1": "head_roles_probe", "q2": "sinks", "q1g": "grid_by_role", "q3": "positions_rope", "q4": "compare_layers",
@@ -45,10 +51,19 @@ SETTLE_S = 1.5  # after a view says it is ready: let throttled redraws land
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class Asked:
+    """What the current question's hooks remember between ticks (a fresh one per question)."""
+
+    quant_tensor: str | None = None  # q6: the tensor asked for in the Quantization lens
+    pair_asked: bool = False  # q7c: the logit lens of A and B was asked for
+    logged_at: float = 0.0  # a long step's last progress line
+
+
 class Tour:
     """Drives the window from a QTimer: load, one reply, then each question's tab until its answer is drawn."""
 
-    def __init__(self, window: Any, out: Path, prompt: str, questions: Sequence[str], timeout_s: float,
+    def __init__(self, window: MainWindow, out: Path, prompt: str, questions: Sequence[str], timeout_s: float,
                  suffix: str = ""):
         from PySide6.QtCore import QTimer
 
@@ -62,6 +77,7 @@ class Tour:
         self.current: str | None = None
         self.started = 0.0
         self.ready_at = 0.0
+        self.asked = Asked()
         self.saved: list[Path] = []
         self.code = 0
         self.timer = QTimer(interval=250)
@@ -76,12 +92,12 @@ class Tour:
             log.error("tour: out of time; stopping")
             return self.finish(1)
         if not self.sent:
-            if getattr(w, "load_error_box", None) is not None and w.state.model is None:
+            if w.load_error_box is not None and w.state.model is None:
                 log.error("tour: the model could not be loaded")
                 return self.finish(1)
             if w.state.model is not None and not w.engine.loading:
                 w.conversation.new_chat()
-                self._show("Attention")
+                self.w.lens_tabs.select("Attention")
                 self.sent = w.conversation.send(self.prompt)
                 log.info("tour: model loaded, message sent")
             return None
@@ -91,9 +107,9 @@ class Tour:
             if not self.todo:
                 return self.finish(self.code)
             self.current = self.todo.pop(0)
-            self.started, self.ready_at = now, 0.0
+            self.started, self.ready_at, self.asked = now, 0.0, Asked()
             log.info("tour: %s (%s tab)", self.current, TAB[self.current])
-            self._show(TAB[self.current])
+            self.w.lens_tabs.select(TAB[self.current])
             self._prepare(self.current)
             return None
         q = self.current
@@ -120,18 +136,9 @@ class Tour:
 
     # ---- helpers
 
-    def _show(self, title: str) -> Any:
-        tabs = self.w.lens_tabs
-        for i in range(tabs.count()):
-            if tabs.tabText(i).lower() == title.lower():
-                tabs.setCurrentIndex(i)
-        return self._widget(title)
-
     def _widget(self, title: str) -> Any:
-        slot = getattr(self.w, "lens_slots", {}).get(title)
-        if slot is not None:
-            return slot.widget
-        return self.w.lens_tabs.currentWidget()
+        """What the tab shows: a lens or the Compare view (PREPARE and READY take it)."""
+        return self.w.lens_tabs.content(title)
 
     def _save(self, q: str) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -147,9 +154,6 @@ class Tour:
         widget = self._widget(TAB[q])
         if widget is None:
             return
-        if hasattr(widget, "tour_prepare"):
-            widget.tour_prepare(q)
-            return
         prepare = PREPARE.get(q)
         if prepare is not None:
             prepare(self, widget)
@@ -158,8 +162,6 @@ class Tour:
         widget = self._widget(TAB[q])
         if widget is None:
             return False
-        if hasattr(widget, "tour_ready"):
-            return bool(widget.tour_ready(q))
         ready = READY.get(q)
         return True if ready is None else bool(ready(self, widget))
 
@@ -168,7 +170,7 @@ class Tour:
 
 
 def _roles(source: str, role: str) -> Callable[[Tour, Any], None]:
-    def prepare(tour: Tour, lens: Any) -> None:
+    def prepare(tour: Tour, lens: AttentionLens) -> None:
         lens.views.setCurrentWidget(lens.roles)
         lens.roles.set_role(role)
         lens.roles.roles_requested.emit(source)
@@ -180,19 +182,19 @@ def _roles_ready(source: str) -> Callable[[Tour, Any], bool]:
     return lambda tour, lens: lens.roles.record is not None and lens.roles.record.source == source
 
 
-def _grid_prepare(tour: Tour, lens: Any) -> None:
+def _grid_prepare(tour: Tour, lens: AttentionLens) -> None:
     lens.roles.set_role("previous")
     lens.views.setCurrentWidget(lens.overview)
 
 
-def _grid_ready(tour: Tour, lens: Any) -> bool:
+def _grid_ready(tour: Tour, lens: AttentionLens) -> bool:
     return bool(lens.grid.frames) or lens.roles.record is None
 
 
-def _compare_prepare(tour: Tour, view: Any) -> None:
+def _compare_prepare(tour: Tour, view: CompareView) -> None:
     """B = the Q2_K preset, chosen in Compare's own menu, on the first TOUR_TOKENS tokens; then Compare."""
     view.show_page("summary")
-    if getattr(view, "record", None) is not None:
+    if view.record is not None:
         return
     view.b_preset.setCurrentText(COMPARE_PRESET)
     view.source.setCurrentIndex(view.source.findData("preset"))
@@ -200,77 +202,68 @@ def _compare_prepare(tour: Tour, view: Any) -> None:
     view.compare_requested.emit(view.options())
 
 
-def _compare_ready(tour: Tour, view: Any) -> bool:
+def _compare_ready(tour: Tour, view: CompareView) -> bool:
     """The comparison and its head pair have arrived (or the comparison failed)."""
     return (view.record is not None and view.heads.pair is not None) or "stopped" in view.status.text()
 
 
-def _sweep_prepare(tour: Tour, view: Any) -> None:
+def _sweep_prepare(tour: Tour, view: CompareView) -> None:
     """Sweep TOUR_PRESETS on TOUR_TOKENS tokens (the Sweep button measures all 14 on 512: many minutes)."""
     from app.data.overrides import eval_text
 
-    bridge = getattr(tour.w, "quant_bridge", None)
-    if bridge is None:
-        return
     view.show_page("sweep")
-    bridge.run_sweep(eval_text(), TOUR_PRESETS, TOUR_TOKENS)
+    tour.w.quant_bridge.run_sweep(eval_text(), TOUR_PRESETS, TOUR_TOKENS)
 
 
-def _sweep_ready(tour: Tour, view: Any) -> bool:
+def _sweep_ready(tour: Tour, view: CompareView) -> bool:
     sweep = view.sweep
     if sweep.run.isEnabled():
         return True
     now = time.monotonic()
-    if now - getattr(tour, "logged_at", 0.0) > PROGRESS_S:
-        tour.logged_at = now  # type: ignore[attr-defined]
+    if now - tour.asked.logged_at > PROGRESS_S:
+        tour.asked.logged_at = now
         log.info("tour: q5 %s, %d points", sweep.progress.text(), len(sweep.points))
     return False
 
 
-def _quant_prepare(tour: Tour, lens: Any) -> None:
-    reasons: dict[str, str] = dict(getattr(lens, "reasons", {}) or {})
+def _quant_prepare(tour: Tour, lens: QuantLens) -> None:
+    reasons = dict(lens.reasons)
     fallback = [n for n, why in reasons.items() if "fall" in why.lower() or "multiple" in why.lower()]
     name = (fallback or sorted(reasons) or [None])[0]
-    if name is not None and hasattr(lens, "_request"):
-        lens._request(name)
-    tour.quant_tensor = name  # type: ignore[attr-defined]
+    if name is not None:
+        lens.open_tensor(name)
+    tour.asked.quant_tensor = name
 
 
-def _quant_ready(tour: Tour, lens: Any) -> bool:
-    name = getattr(tour, "quant_tensor", None)
-    rec = getattr(lens, "tensor", None)
+def _quant_ready(tour: Tour, lens: QuantLens) -> bool:
+    name, rec = tour.asked.quant_tensor, lens.tensor
     return name is None or (rec is not None and rec.name == name)
 
 
-def _logit_prepare(tour: Tour, lens: Any) -> None:
+def _logit_prepare(tour: Tour, lens: AttentionLens) -> None:
     lens.views.setCurrentWidget(lens.logit)
     if not lens.logit.stale():
         return
     lens.logit.request()
 
 
-def _logit_ready(tour: Tour, lens: Any) -> bool:
+def _logit_ready(tour: Tour, lens: AttentionLens) -> bool:
     rec = lens.logit.panel.record
     return rec is not None and rec.n_tokens == lens.logit.n_tokens
 
 
-def _pair_prepare(tour: Tour, view: Any) -> None:
-    pair = getattr(view, "logit_pair", None)
-    if pair is None:
-        return
+def _pair_prepare(tour: Tour, view: CompareView) -> None:
     _compare_prepare(tour, view)  # q7c alone: run the comparison first (not the sweep)
     view.show_page("logit")
-    tour.pair_asked = False  # type: ignore[attr-defined]
+    tour.asked.pair_asked = False
 
 
-def _pair_ready(tour: Tour, view: Any) -> bool:
-    pair = getattr(view, "logit_pair", None)
-    if pair is None:
-        return True
+def _pair_ready(tour: Tour, view: CompareView) -> bool:
+    pair = view.logit_pair
     if pair.pair is not None:
         return True
-    if not getattr(tour, "pair_asked", False) and pair.n_tokens:
-        tour.pair_asked = True  # type: ignore[attr-defined]
+    if not tour.asked.pair_asked and pair.n_tokens:
+        tour.asked.pair_asked = True
         pair.request()
     return False
 

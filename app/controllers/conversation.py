@@ -244,6 +244,25 @@ class Conversation(QObject):
         last.error = ""
         self._start(chat, from_send=False, resume=last)
 
+    def shown_request(self, chat: Chat | None = None) -> GenerationRequest | None:
+        """The conversation on screen as the model reads it: the reply versions shown, the last reply with its own
+        tokens. The lenses read this, not whatever the KV cache ran last. None: no turns yet, or a reply is being
+        made (its cache is in use)."""
+        chat = chat or self.current
+        if chat is None or self.generating:
+            return None
+        messages = list(chat.messages)
+        while messages and messages[-1].role == "assistant" and not messages[-1].content:
+            messages.pop()  # an empty reply (it failed before its first token) is not on screen
+        if not any(m.role != "system" and m.in_context for m in messages):
+            return None
+        last = messages[-1]
+        view = dataclasses.replace(chat, messages=messages)
+        req = self._request(view, last if last.role == "assistant" else None)
+        ids = tuple(t[0] for t in last.tokens) if last.role == "assistant" else ()
+        return GenerationRequest(messages=req.messages, continue_ids=ids or req.continue_ids,  # the tokens it ran
+                                 max_tokens=req.max_tokens, overflow_policy=req.overflow_policy, plain=req.plain)
+
     def _request(self, chat: Chat, resume: Message | None) -> GenerationRequest:
         s = self.settings()
         msgs = tuple((m["role"], m["content"]) for m in chat.conversation())

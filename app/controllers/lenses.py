@@ -1,5 +1,11 @@
 """LensBridge: lens widgets ask through signals, the engine answers on a worker, records come back to them.
 
+Every lens follows the conversation on screen (`Conversation.shown_request`): the reply version shown, a chat
+reopened after a restart. Each request runs on the cache holding that conversation (app.jobs.lens.in_context:
+one prefill on the worker when it holds another), and a record of another conversation is dropped when it
+arrives. When what is on screen changes without a reply (another version, another chat), the lenses drop
+what they show and read the new conversation once, when the Attention or Positions tab is on screen.
+
 It also keeps the KV cache in step: the engine's cache type follows the settings, and the KVInfo each
 reply sends after its prefill goes into the state (type, bytes now and at full context, attention path).
 """
@@ -7,14 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from PySide6.QtCore import QObject
 
-from app.jobs.lens import ATTENTION_MAX_ROWS, LensResult
+from app.jobs.lens import ATTENTION_MAX_ROWS, InContext, LensResult, in_context
 from app.records.kv import KVInfo, backend_setting, cache_type_setting, kv_bytes_for, numerics_setting
+from app.records.reply import GenerationRequest
 from app.state import AppState
+from app.views.attention.lens import AttentionLens
 from app.views.lenses import LensSlot
+from app.views.positions import PositionsLens
+from app.views.quant.lens import QuantLens
 from app.workers.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -22,6 +33,12 @@ log = logging.getLogger(__name__)
 LIVE_MIN_S = 2.0  # live attention overviews while a reply streams: at most this often...
 LIVE_COST_FACTOR = 4.0  # ...and never more than 1/4 of the time (the overview pauses generation while it runs)
 LIVE_MAX_ROWS = 64
+READING_TEXT = ("Reading this chat: the conversation shown (the reply versions on screen) runs once through the "
+                "model to show its attention…")
+NO_TOKENS = "this chat has no tokens yet: send a message first"
+NO_MODEL_TEXT = "This chat's attention is shown once a model is loaded."
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens)
+P = ParamSpec("P")
 
 
 def _attention(max_rows: int | None, hidden: tuple[int, ...] = (0,)) -> Callable[..., Any]:
@@ -95,7 +112,7 @@ def _tensor(name: str, block: int) -> Callable[..., Any]:
 
 
 class LensBridge(QObject):
-    """Connects the lens slots to the engine and feeds them the records they understand."""
+    """Answers the lenses' requests (it implements app.views.lenses.LensRequests) and feeds them their records."""
 
     def __init__(self, engine: Engine, state: AppState, slots: dict[str, LensSlot], parent: QObject | None = None):
         super().__init__(parent)
@@ -106,9 +123,15 @@ class LensBridge(QObject):
         self._live_at = 0.0
         self._live_cost = 0.0
         self._asked_at = 0.0
-        self._pending: dict[str, dict[str, tuple[Any, ...]]] = {}  # hidden lens -> method -> latest args
+        self._pending: dict[str, dict[Callable[..., Any], partial[Any]]] = {}  # hidden lens -> method -> newest call
         self.hidden_keys: tuple[int, ...] = (0,)  # the keys "hide sinks" hides in the attention grid
         self._logit_memo: dict[str, Any] = {}  # the logit lens's last residual streams (worker side only)
+        self._context_memo: dict[str, Any] = {}  # the conversation the cache was last brought to (worker side only)
+        self.conversation: Any = None  # app.controllers.conversation.Conversation: what is on screen
+        self._shown: GenerationRequest | None = None  # the conversation the lenses' records describe
+        self._want: GenerationRequest | None = None  # the conversation the lenses were cleared for and wait for
+        self._due = False  # _want is read when the Attention or Positions tab comes on screen
+        self._reply_chat = ""  # id of the chat whose reply is (or was last) being made
         engine.lens_ready.connect(self._ready)
         engine.reply_event.connect(lambda _rid, item: self.kv_info(item) if isinstance(item, KVInfo) else None)
         state.settings_changed.connect(lambda s: engine.set_cache_type(cache_type_setting(s)))
@@ -119,58 +142,169 @@ class LensBridge(QObject):
         engine.set_numerics(numerics_setting(state.settings))
         engine.lens_failed.connect(self._failed)
         for slot in slots.values():
-            slot.ready.connect(lambda _w, s=slot: self.attach(s))
-            if slot.widget is not None:
-                self.attach(slot)
+            self.attach(slot)
+
+    def bind_conversation(self, conversation: Any) -> None:
+        """Follow a Conversation: its shown turns are the context of every lens request."""
+        if self.conversation is conversation:
+            return
+        self.conversation = conversation
+        conversation.messages_changed.connect(self._messages_changed)
+        conversation.generating_changed.connect(self._generating_changed)
 
     def attach(self, slot: LensSlot) -> None:
-        """Connect a freshly built lens widget and give it what is known already."""
-        w = slot.widget
-        for signal, handler in (
-            ("head_requested", lambda layer, head, rows: self.engine.request_lens("head", _head(layer, head, rows))),
-            ("attention_requested", lambda max_rows: self.request_attention(max_rows)),
-            ("step_requested", lambda layer, head, query: self.engine.request_lens("step", _step(layer, head, query))),
-            ("tensor_requested", lambda name: self.engine.request_lens("tensor", _tensor(name, 0))),
-            ("block_requested", lambda name, i: self.engine.request_lens("tensor", _tensor(name, int(i)))),
-            ("roles_requested", lambda source: self.engine.request_lens("roles", _roles(str(source)))),
-            ("logit_requested", lambda pos, width: self.engine.request_lens("logit", _logit(int(pos), int(width),
-                                                                                           self._logit_memo))),
-            ("hidden_keys_changed", self.set_hidden_keys),
-        ):
-            sig = getattr(w, signal, None)
-            if sig is not None:
-                sig.connect(handler)
+        """Connect a lens's request signals to the methods below and give it what is known already."""
+        slot.connect_requests(self)
         self.feed(slot)
 
-    def feed(self, slot: LensSlot) -> None:
-        st = self.state
-        title = slot.spec.title
-        self._pending.pop(title, None)
-        if st.model_record is not None:
-            self.deliver(title, "set_model", st.model_record)
-        rec = st.attention_record
-        if rec is not None:
-            self.deliver(title, "set_attention", rec)
-            self.deliver(title, "set_tokens", list(rec.token_texts))
+    # ---- the requests (LensRequests)
 
-    def deliver(self, title: str, method: str, *args: Any) -> None:
-        """Call the lens now if it is on screen, else keep the newest call for when its tab is shown."""
-        slot = self.slots.get(title)
-        if slot is None or slot.widget is None or not hasattr(slot.widget, method):
-            return
-        if self.visible(title):
-            slot.call(method, *args)
+    def request_head(self, layer: Any, head: Any, rows: Any) -> None:
+        self._ask("head", _head(layer, head, rows))
+
+    def request_step(self, layer: int, head: int, query: int) -> None:
+        self._ask("step", _step(layer, head, query))
+
+    def request_tensor(self, name: str) -> None:
+        self.engine.request_lens("tensor", _tensor(name, 0))
+
+    def request_block(self, name: str, index: int) -> None:
+        self.engine.request_lens("tensor", _tensor(name, int(index)))
+
+    def request_roles(self, source: str) -> None:
+        if str(source) == "probe":  # the probe is its own context: the chat's is not needed
+            self.engine.request_lens("roles", _roles("probe"))
         else:
-            self._pending.setdefault(title, {})[method] = args
+            self._ask("roles", _roles(str(source)))
+
+    def request_logit(self, position: int, width: int) -> None:
+        self._ask("logit", _logit(int(position), int(width), self._logit_memo))
+
+    # ---- the conversation on screen
+
+    def shown_context(self) -> GenerationRequest | None:
+        """The conversation on screen (None: no chat bound, no turns, or a reply is being made)."""
+        conv = self.conversation
+        return conv.shown_request() if conv is not None else None
+
+    def _ask(self, kind: str, compute: Callable[..., Any]) -> GenerationRequest | None:
+        """Ask the engine for a lens record of the conversation on screen; returns that conversation (None: the
+        cache as it is, while a reply is being made)."""
+        context = self.shown_context()
+        conv = self.conversation
+        if context is None and conv is not None and not conv.generating:  # an empty chat: nothing to read
+            if kind in ("roles", "logit"):  # say what to do instead of reading another chat's tokens
+                self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind, NO_TOKENS)
+            return None
+        if context is not None:
+            session = getattr(self.engine, "session", None)
+            generating = session.generating.is_set if session is not None else (lambda: False)
+            compute = in_context(compute, context, self._context_memo, generating)
+        self.engine.request_lens(kind, compute)
+        return context
+
+    def context_changed(self) -> None:
+        """What is on screen may have changed without a reply (another version, another chat, a new model): if the
+        lenses show another conversation, they drop it and read this one once (when a lens that needs it is on
+        screen), saying so meanwhile."""
+        want = self.shown_context()
+        if want is None or want == self._shown or want == self._want:
+            return
+        if self._shown is not None or self.state.attention_record is not None:
+            self._clear_chat()
+        self._shown, self._want = None, want
+        if self.state.model_record is None:  # model_loaded asks again
+            self.deliver(self.lens(AttentionLens), AttentionLens.waiting, NO_MODEL_TEXT)
+            return
+        self.deliver(self.lens(AttentionLens), AttentionLens.waiting, READING_TEXT)
+        self._due = True
+        if self.visible(AttentionLens.title) or self.visible(PositionsLens.title):
+            self._read()
+
+    def _read(self) -> None:
+        """Read the conversation the lenses wait for (one prefill on the worker, then the attention overview)."""
+        self._due = False
+        self.request_attention(ATTENTION_MAX_ROWS)
+
+    def _messages_changed(self, chat_id: str) -> None:
+        conv = self.conversation
+        if conv is not None and conv.current is not None and conv.current.id == chat_id:
+            self.context_changed()
+
+    def _generating_changed(self, on: bool) -> None:
+        conv = self.conversation
+        current = conv.current.id if conv is not None and conv.current is not None else ""
+        if on:
+            self._reply_chat = current  # its live records are this chat's; nothing is waiting to be read now
+            self._want, self._due, self._shown = None, False, None
+            self.deliver(self.lens(AttentionLens), AttentionLens.new_reply)  # scores of the old context go
+            return
+        if current == self._reply_chat and self.state.attention_record is not None:
+            self._shown = self.shown_context()  # the lenses show the reply just made, as the chat shows it
+        else:
+            self.context_changed()
+
+    def _current_chat(self) -> str:
+        conv = self.conversation
+        return conv.current.id if conv is not None and conv.current is not None else ""
+
+    # ---- feeding the lenses
+
+    def lens(self, cls: type[L]) -> L | None:
+        """The built lens of class `cls`, if it has a slot here."""
+        slot = self.slots.get(cls.title)
+        widget = slot.widget if slot is not None else None
+        return widget if isinstance(widget, cls) else None
+
+    def feed(self, slot: LensSlot) -> None:
+        """Give a lens the model and the chat's attention it missed (a new model: every lens starts over)."""
+        st, w = self.state, slot.widget
+        self._pending.pop(slot.title, None)
+        if w is None:
+            return
+        if st.model_record is not None:
+            self.deliver(w, type(w).set_model, st.model_record)
+        rec = st.attention_record
+        if rec is not None and isinstance(w, AttentionLens):
+            self.deliver(w, AttentionLens.set_attention, rec)
+        if rec is not None and isinstance(w, PositionsLens):
+            self.deliver(w, PositionsLens.set_tokens, list(rec.token_texts))
+
+    def deliver(self, lens: L | None, method: Callable[Concatenate[L, P], object], *args: P.args,
+                **kwargs: P.kwargs) -> None:
+        """Call method(lens, ...) now if the lens is on screen, else keep the newest call for when its tab is shown.
+
+        `method` is the lens class's own function (`AttentionLens.set_head`): a misspelt name fails where it is
+        written. No lens (one that could not be built): nothing to do.
+        """
+        if lens is None:
+            return
+        call = partial(method, lens, *args, **kwargs)
+        if self.visible(lens.title):
+            self._call(lens.title, call)
+        else:
+            self._pending.setdefault(lens.title, {})[method] = call
 
     def tab_shown(self, title: str) -> None:
-        """A lens tab came on screen: give it what arrived while it was hidden (the model first)."""
+        """A lens tab came on screen: give it what arrived while it was hidden (the model first); the Attention
+        and Positions tabs read the conversation shown when it is not read yet."""
         pending = self._pending.pop(title, {})
         slot = self.slots.get(title)
-        if slot is None:
+        if slot is None or slot.widget is None:
             return
-        for method in sorted(pending, key=lambda m: m != "set_model"):
-            slot.call(method, *pending[method])
+        set_model = type(slot.widget).set_model
+        for method in sorted(pending, key=lambda m: m is not set_model):
+            self._call(title, pending[method])
+        if self._due and title in (AttentionLens.title, PositionsLens.title):
+            self._read()
+
+    @staticmethod
+    def _call(title: str, call: partial[Any]) -> None:
+        """Lens errors are logged, never raised: a broken view must not stop the others from being fed."""
+        try:
+            call()
+        except Exception:  # noqa: BLE001
+            log.exception("%s: %s failed", title, call.func.__qualname__)
 
     def set_hidden_keys(self, keys: Any) -> None:
         """The keys "hide sinks" hides changed: the grid is pooled again without them."""
@@ -181,23 +315,36 @@ class LensBridge(QObject):
                 self.request_attention(ATTENTION_MAX_ROWS)
 
     def chat_changed(self) -> None:
-        """Another chat is shown: the lenses drop the previous chat's tokens and maps."""
+        """Another chat is shown: the lenses drop the previous chat's tokens and maps, and read this one's."""
+        self._clear_chat()
+        self._shown = self._want = None
+        self._due = False
+        self.context_changed()
+
+    def _clear_chat(self) -> None:
         self.state.attention_record = None
         self.hidden_keys = (0,)
-        self._pending.pop("Attention", None)  # what was queued for the old chat must not land after the clear
-        self.deliver("Attention", "clear_chat")
+        self.deliver(self.lens(PositionsLens), PositionsLens.set_tokens, [])  # the other chat's tokens are not this one's
+        self._pending.pop(AttentionLens.title, None)  # what was queued for the old chat must not land after the clear
+        self.deliver(self.lens(AttentionLens), AttentionLens.clear_chat)
 
     def model_loaded(self) -> None:
-        """A new model: every lens starts over with its ModelRecord (the old model's attention is gone)."""
+        """A new model: every lens starts over with its ModelRecord (the old model's attention is gone) and reads
+        the chat on screen again; the last model's speed is not this one's."""
         self.hidden_keys = (0,)
         self.state.attention_record = None
+        self.state.tok_s = 0.0
+        self._context_memo_reset()
         for slot in self.slots.values():
             self.feed(slot)
+        self._shown = self._want = None
+        self._due = False
+        self.context_changed()
         st = self.state
         st.kv_type = self.engine.cache_type  # the load made a fresh cache of this type
         st.kv_full_bytes = kv_bytes_for(st.model_record, st.ctx_size, st.kv_type) if st.model_record else None
         st.attention_path = ""
-        self.deliver("Attention", "set_attention_path", "")
+        self.deliver(self.lens(AttentionLens), AttentionLens.set_attention_path, "")
 
     def kv_info(self, info: KVInfo) -> None:
         """A reply's prefill ran: the cache's type and bytes, and the attention path it took, into the state."""
@@ -206,15 +353,16 @@ class LensBridge(QObject):
         st.ctx_used, st.ctx_size = info.n_tokens, info.n_ctx
         if info.attention_path:
             st.attention_path = info.attention_path
-            self.deliver("Attention", "set_attention_path", info.attention_path)
+            self.deliver(self.lens(AttentionLens), AttentionLens.set_attention_path, info.attention_path)
 
     def request_attention(self, max_rows: int | None = ATTENTION_MAX_ROWS) -> None:
         self._asked_at = time.perf_counter()
-        self.engine.request_lens("attention", _attention(max_rows, self.hidden_keys))
+        self._ask("attention", _attention(max_rows, self.hidden_keys))
 
     def reply_progress(self) -> None:
-        """A token arrived: refresh the attention overview now and then, if someone is looking at it."""
-        if not self.visible("Attention"):
+        """A token arrived: refresh the attention overview now and then, if someone is looking at it (at the chat
+        being answered: another chat's lenses must not show this reply)."""
+        if not self.visible(AttentionLens.title) or self._current_chat() != self._reply_chat:
             return
         now = time.perf_counter()
         if now - self._live_at < max(LIVE_MIN_S, LIVE_COST_FACTOR * self._live_cost):
@@ -223,30 +371,56 @@ class LensBridge(QObject):
         self.request_attention(LIVE_MAX_ROWS)
 
     def reply_finished(self, cancelled: bool) -> None:
-        if not cancelled:
+        if not cancelled and self._current_chat() == self._reply_chat:
             self.request_attention(ATTENTION_MAX_ROWS)
 
     def _failed(self, kind: str, message: str) -> None:
         log.info("lens %s: %s", kind, message)
-        if kind in ("roles", "logit"):  # the view that asked says so instead of waiting for ever
-            self.deliver("Attention", "lens_failed", kind, message)
+        if kind in ("roles", "logit", "attention"):  # the view that asked says so instead of waiting for ever
+            self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind, message)
+
+    def _current(self, result: LensResult) -> tuple[bool, Any]:
+        """(whether the result belongs on screen, its record): a record of another conversation than the one
+        shown is dropped (the screen moved on while it was computed)."""
+        rec = result.record
+        if isinstance(rec, InContext):
+            if rec.context != self.shown_context():
+                return False, None
+            if result.kind == "attention" and rec.context == self._want:
+                self._shown, self._want = rec.context, None
+            if result.kind == "attention" and rec.n_tokens:  # the cache holds this conversation now
+                self.state.ctx_used, self.state.kv_bytes = rec.n_tokens, rec.kv_bytes
+            return True, rec.record
+        if result.kind == "tensor" or (result.kind == "roles" and getattr(rec, "source", "") == "probe"):
+            return True, rec  # of the model alone
+        # read from the cache as it was, while a reply was being made: that reply's chat only, and not once the
+        # lenses were cleared for another conversation
+        return self._want is None and self._current_chat() == self._reply_chat, rec
+
+    def _context_memo_reset(self) -> None:
+        self._context_memo = {}  # a fresh dict: a job still running keeps (and fills) the old one
 
     def _ready(self, result: LensResult) -> None:
-        rec = result.record
-        if rec is None:
+        keep, rec = self._current(result)
+        if not keep:
             return
+        if rec is None:
+            if result.kind in ("roles", "logit"):  # nothing to score or decode: say what to do
+                self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, result.kind, NO_TOKENS)
+            return
+        attention = self.lens(AttentionLens)
         if result.kind == "attention":
-            self._live_cost = getattr(rec, "elapsed_s", 0.0)
+            self._live_cost = float(rec.elapsed_s)
             self.state.attention_record = rec
-            self.deliver("Attention", "set_attention", rec)
-            self.deliver("Positions", "set_tokens", list(rec.token_texts))
+            self.deliver(attention, AttentionLens.set_attention, rec)
+            self.deliver(self.lens(PositionsLens), PositionsLens.set_tokens, list(rec.token_texts))
         elif result.kind == "head":
-            self.deliver("Attention", "set_head", rec)
+            self.deliver(attention, AttentionLens.set_head, rec)
         elif result.kind == "step":
-            self.deliver("Attention", "set_step", rec)
+            self.deliver(attention, AttentionLens.set_step, rec)
         elif result.kind == "roles":
-            self.deliver("Attention", "set_roles", rec)
+            self.deliver(attention, AttentionLens.set_roles, rec)
         elif result.kind == "logit":
-            self.deliver("Attention", "set_logit_lens", rec)
+            self.deliver(attention, AttentionLens.set_logit_lens, rec)
         elif result.kind == "tensor":
-            self.deliver("Quantization", "set_tensor", rec)
+            self.deliver(self.lens(QuantLens), QuantLens.set_tensor, rec)

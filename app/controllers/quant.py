@@ -30,7 +30,9 @@ from app.records.logit_lens import LogitLensPair
 from app.records.compare import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress
 from app.state import AppState
 from app.views.compare.view import CompareView
-from app.views.lenses import LensSlot
+from app.views.quant.imatrix import ImatrixPanel
+from app.views.quant.lens import QuantLens
+from app.views.quant.overrides import OverrideEditor
 from app.workers.engine import Engine
 from engine.quant.types import GGMLType
 
@@ -44,16 +46,16 @@ class QuantBridge(QObject):
 
     applied = Signal(object)  # the OverrideSpec the chat's model holds now (empty: the file's weights)
 
-    def __init__(self, engine: Engine, state: AppState, quant_slot: LensSlot, compare: CompareView,
+    def __init__(self, engine: Engine, state: AppState, quant_lens: QuantLens | None, compare: CompareView,
                  lenses: LensBridge, parent: QObject | None = None):
         super().__init__(parent)
         self.engine = engine
         self.state = state
         self.compare = compare
         self.lenses = lenses
-        self.editor: Any = None
-        self.lens: Any = None  # the Quantization lens and its imatrix panel, once built
-        self.imatrix_panel: Any = None
+        self.editor: OverrideEditor | None = None
+        self.lens: QuantLens | None = None  # the Quantization lens and its imatrix panel (None: it could not be built)
+        self.imatrix_panel: ImatrixPanel | None = None
         self.file_record: Any = None  # the ModelRecord of the file as loaded (types before any Apply)
         self.workspace = CompareWorkspace()
         self.sweep_workspace = CompareWorkspace()
@@ -69,16 +71,12 @@ class QuantBridge(QObject):
         compare.mix_requested.connect(self.run_mix)
         compare.apply_requested.connect(self.apply_from_compare)
         compare.logit_pair.logit_requested.connect(self.run_logit_pair)
-        quant_slot.ready.connect(self.attach)
-        if quant_slot.widget is not None:
-            self.attach(quant_slot.widget)
+        if quant_lens is not None:
+            self.attach(quant_lens)
 
-    def attach(self, lens: Any) -> None:
-        """The Quantization lens is built: connect its override editor."""
-        editor = getattr(lens, "overrides", None)
-        if editor is None or not hasattr(editor, "apply_requested"):
-            return
-        self.editor = editor
+    def attach(self, lens: QuantLens) -> None:
+        """Connect the Quantization lens's override editor and imatrix panel."""
+        editor = self.editor = lens.overrides
         editor.apply_requested.connect(self.apply)
         editor.reset_requested.connect(
             lambda: self._quant("reset", lambda emit, cancel: reset_job(self.engine.session, cancel, emit)))
@@ -86,16 +84,14 @@ class QuantBridge(QObject):
         editor.cancel_requested.connect(lambda: self.engine.cancel_task("quant"))
         editor.spec_changed.connect(self.compare.set_overrides)
         self.lens = lens
-        panel = getattr(lens, "imatrix_panel", None)
-        if panel is not None:
-            self.imatrix_panel = panel
-            panel.load_requested.connect(lambda path: self._imatrix(
-                lambda emit, cancel: imatrix_load_job(self.engine.session, path, cancel, emit)))
-            panel.compute_requested.connect(lambda path, n_ctx: self._imatrix(
-                lambda emit, cancel: imatrix_compute_job(self.engine.session, path, n_ctx, cancel, emit)))
-            panel.clear_requested.connect(lambda: self._imatrix(
-                lambda emit, cancel: imatrix_clear_job(self.engine.session, cancel, emit)))
-            panel.cancel_requested.connect(lambda: self.engine.cancel_task("quant", "imatrix"))
+        panel = self.imatrix_panel = lens.imatrix_panel
+        panel.load_requested.connect(lambda path: self._imatrix(
+            lambda emit, cancel: imatrix_load_job(self.engine.session, path, cancel, emit)))
+        panel.compute_requested.connect(lambda path, n_ctx: self._imatrix(
+            lambda emit, cancel: imatrix_compute_job(self.engine.session, path, n_ctx, cancel, emit)))
+        panel.clear_requested.connect(lambda: self._imatrix(
+            lambda emit, cancel: imatrix_clear_job(self.engine.session, cancel, emit)))
+        panel.cancel_requested.connect(lambda: self.engine.cancel_task("quant", "imatrix"))
         if self.file_record is not None:
             editor.set_model(self.file_record)
         self.compare.set_overrides(editor.spec())
@@ -105,7 +101,7 @@ class QuantBridge(QObject):
         if record is None:
             return
         self.file_record = record
-        if self.lens is not None and hasattr(self.lens, "set_imatrix"):
+        if self.lens is not None:
             self.lens.set_imatrix(None)  # a new model has a new requantizer, without a matrix
         for lane, ws in (("compare", self.workspace), ("sweep", self.sweep_workspace)):
             if ws.path is not None and ws.path != record.path:
@@ -245,7 +241,7 @@ class QuantBridge(QObject):
         if self.file_record is not None:
             types = {n: GGMLType[t] for n, t in value.types.items()}
             self.state.model_record = with_types(self.file_record, types)
-            self.lenses.deliver("Quantization", "set_model", self.state.model_record)
+            self.lenses.deliver(self.lens, QuantLens.set_model, self.state.model_record)
         if self.editor is not None:
             self.editor.set_busy(None)
             self.editor.set_applied(value.spec, value.summary)

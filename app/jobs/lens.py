@@ -1,10 +1,13 @@
-"""The lens job as a plain generator (no Qt): a lens computation run on the session between tokens."""
+"""The lens job as a plain generator (no Qt): a lens computation run on the session between tokens, on the
+conversation shown (`in_context`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from app.jobs.chat import fit_context as _fit_context  # bound here: what the lenses read is not a reply's prompt
 from app.jobs.session import Emit, Session
+from app.records.reply import GenerationRequest
 from engine.errors import LensError
 
 ATTENTION_MAX_ROWS = 256  # query rows the after-reply attention overview computes
@@ -25,3 +28,57 @@ def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emi
             raise LensError("no model is loaded")
         record = compute(session.model, session.recorder, session.cache, session.token_texts())
     yield LensResult(kind, record)
+
+
+@dataclass(frozen=True)
+class InContext:
+    """A lens record and the conversation it was computed on (see `in_context`)."""
+
+    record: Any
+    context: GenerationRequest
+    n_tokens: int = 0  # what the cache holds after it (the status bar's context and KV bytes)
+    kv_bytes: int = 0
+
+
+def in_context(compute: Callable[..., Any], context: GenerationRequest, memo: dict[str, Any],
+               generating: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
+    """`compute`, run on the cache holding `context` (the conversation on screen): one prefill first when the
+    cache holds another (another version of a reply, a chat reopened after a restart, another chat). Returns
+    InContext(record, context), so the GUI can tell a record of the conversation shown from a stale one.
+
+    Never while a reply is being generated (its cache is in use between tokens): then the cache is read as it is.
+    `memo` (kept by the caller, touched on the worker only) remembers the context the cache was last brought to,
+    so the lens requests that follow cost no tokenizing.
+    """
+
+    def run(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        if cache is not None and recorder is not None and not generating() and ensure_context(
+                model, recorder, cache, context, memo):
+            texts = [model.tokenizer.token_text(t) for t in cache.tokens]
+        record = compute(model, recorder, cache, texts)
+        held = (int(cache.length), int(cache.nbytes)) if cache is not None else (0, 0)
+        return InContext(record, context, *held)
+
+    return run
+
+
+def ensure_context(model: Any, recorder: Any, cache: Any, context: GenerationRequest, memo: dict[str, Any]) -> bool:
+    """Bring the cache (and the recorder) to the tokens of `context`; True when it ran anything (call under lock).
+
+    A cache that holds the context, or all of it but its last token (a reply's last token is sampled, never
+    run), is left as it is; otherwise the common prefix is kept and the rest prefilled (engine.generate.prefill).
+    """
+    from engine.generate import prefill  # noqa: PLC0415
+
+    held = list(cache.tokens)
+    if memo.get("context") == context and memo.get("cache") == id(cache) and memo.get("tokens") == held:
+        return False
+    ids, _dropped, _warning = _fit_context(model, context, cache.n_ctx)
+    ran = False
+    if not (len(held) <= len(ids) <= len(held) + 1 and ids[: len(held)] == held):
+        if prefill(model, ids, cache, recorder=recorder) is None:
+            raise LensError("reading the conversation was cancelled")
+        ran = True
+    memo.clear()
+    memo.update(context=context, cache=id(cache), tokens=list(cache.tokens))
+    return ran

@@ -39,6 +39,44 @@ class LogitLensRecord:
         pos = self.lens.positions
         return int(np.clip(np.searchsorted(pos, position), 0, len(pos) - 1)) if len(pos) else 0
 
+    def covers(self, position: int) -> bool:
+        """Whether `position` is one of the decoded positions."""
+        return bool(np.any(self.lens.positions == int(position)))
+
+    def on_top(self, column: int) -> str:
+        """Where the produced token at `column` is the layers' top token, in words (see `on_top_text`)."""
+        return on_top_text(self.lens, column)
+
+
+def layer_runs(layers: Sequence[int]) -> str:
+    """'3, 12–16, 20' for layers 3, 12, 13, 14, 15, 16, 20."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def on_top_text(lens: LogitLens, column: int) -> str:
+    """Where the produced token is the top token (rank 1 in the table), from the same ranks the table shows.
+
+    'the top token from layer 12 on', 'the top token at layers 12–16 only, not after the last layer (29)', or
+    'not the top token at any layer': never 'never' while the table ranks it first somewhere.
+    """
+    layers = [int(v) for v in lens.layers]
+    top = [layers[i] for i in range(len(layers)) if int(lens.rank[i, column]) == 0]
+    decided = int(lens.decided_at()[column])
+    if decided >= 0:
+        before = [layer for layer in top if layer < decided]
+        return f"the top token from layer {decided} on" + (f" (and at layer{'s' if len(before) > 1 else ''} "
+                                                         f"{layer_runs(before)} before)" if before else "")
+    if top:
+        return (f"the top token at layer{'s' if len(top) > 1 else ''} {layer_runs(top)} only, "
+                f"not after the last layer ({layers[-1]})")
+    return "not the top token at any layer"
+
 
 def residual_streams(model: Any, ids: Sequence[int]) -> tuple[dict[int, np.ndarray], np.ndarray]:
     """Every layer's residual stream (N, dim) over ids, and the last position's logits, on a fresh cache."""

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.records.model_info import escape_text
+from app.records.model_info import display_name, escape_text
 from engine.observe.positions import layer_rope_layout, scaling_profile
 from engine.quant.types import type_info
 
@@ -105,9 +105,8 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         LayerInfo(i, float(sp.rope_base), sp.window, float(sp.scale)) if sp else LayerInfo(i, r.base, r.window, r.scale)
         for i, (r, sp) in enumerate(zip(ropes, specs))
     )
-    name = md.get("general.name")
     path = str(getattr(model, "path", getattr(gguf, "path", "")))
-    name = name if isinstance(name, str) and name.strip() else path.rsplit("/", 1)[-1]
+    name = display_name(md, path)  # a copy of a catalog model goes by its file's name
     return ModelRecord(
         name=escape_text(name, 120), arch=arch, path=path,  # from the file: control characters escaped, cut short
         dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,

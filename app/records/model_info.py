@@ -39,6 +39,7 @@ class ModelInfo:
     tokenizer: tuple[tuple[str, str], ...]
     warnings: tuple[str, ...]
     n_tensors: int
+    model_name: str = ""  # general.name as the file says it, when `name` is not it (see display_name)
 
 
 def escape_text(text: str, limit: int = VALUE_LIMIT, keep_lines: bool = False) -> str:
@@ -115,6 +116,30 @@ def compute_note(model: Any) -> str:
     return f"CPU · {kernel_note()}"
 
 
+def _letters(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def display_name(metadata: dict[str, Any], path: str) -> str:
+    """The name a loaded file goes by: its general.name, except where the file is a copy of a catalog model (its
+    general.name, or basename and size, name one) that is not the catalog's own file: a requantized copy keeps
+    the catalog model's name and must not pass for it, so it goes by its file's name. No general.name: the file's
+    name too."""
+    file_name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
+    name = metadata.get("general.name")
+    if not isinstance(name, str) or not name.strip():
+        return file_name.removesuffix(".gguf") or file_name
+    from engine.catalog import CATALOG, entry_for_file  # noqa: PLC0415
+
+    said = {_letters(name), _letters(f"{metadata.get('general.basename', '')}{metadata.get('general.size_label', '')}")}
+    said = {s for s in said if len(s) >= 4}
+    copy = any(_letters(e.title).startswith(s) or _letters(e.filename).startswith(s) for e in CATALOG.values()
+               for s in said)
+    if copy and entry_for_file(path) is None:
+        return file_name
+    return name
+
+
 def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
     """Describe a loaded model for the Model lens (runs on the worker thread)."""
     md = model.gguf.metadata
@@ -134,8 +159,10 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
     source = escape_text(source, TEMPLATE_LIMIT, keep_lines=True)
     builtin = bool(getattr(model.chat, "is_builtin", "tokenizer.chat_template" not in md))
     origin = "the app's built-in template (the file has none)" if builtin else "tokenizer.chat_template in the file"
+    general = md.get("general.name")
+    name = display_name(md, str(model.path))
     return ModelInfo(
-        name=escape_text(model.name, 120),
+        name=escape_text(name, 120),
         path=escape_text(str(model.path), 300),
         file_bytes=int(getattr(model.gguf, "file_size", 0)),
         arch=escape_text(model.arch, 60),
@@ -148,4 +175,5 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
         tokenizer=tok_rows,
         warnings=tuple(escape_text(w, 500) for w in model.warnings),
         n_tensors=len(model.gguf.tensors),
+        model_name=escape_text(general, 120) if isinstance(general, str) and general != name else "",
     )

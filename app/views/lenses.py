@@ -1,99 +1,140 @@
-"""Lens tabs: each lens widget is imported when its module is there; until then a placeholder says it is loading."""
+"""Lens tabs, wired by type: the table of lens classes, the slot each one lives in, and what a lens may ask for.
+
+Every lens class in LENSES says, as class attributes and methods, what it shows and how it asks:
+
+* `title`: the tab it shows in ("Attention", "Positions", "Quantization"), in LENSES's order;
+* `set_model(ModelRecord)`: every lens draws the loaded model (its other `set_*` methods take the records it shows);
+* `connect_requests(requests)`: connects each of its request signals to the LensRequests method that answers it,
+  by reference (`self.head_requested.connect(requests.request_head)`), so a misspelt name fails when the window
+  is built instead of leaving a lens silently unanswered.
+
+The app's LensBridge implements LensRequests; the views never import it (they only name the protocol).
+A lens that fails to build leaves a placeholder with the error in its tab; the window still opens.
+"""
 from __future__ import annotations
 
-import importlib
 import logging
-import traceback
-from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QStackedLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QStackedLayout, QTabWidget, QWidget
+
+from app.views.attention.lens import AttentionLens
+from app.views.positions import PositionsLens
+from app.views.quant.lens import QuantLens
 
 log = logging.getLogger(__name__)
 
-RETRY_MS = 3000
+LensWidget = AttentionLens | PositionsLens | QuantLens
+LensClass = type[AttentionLens] | type[PositionsLens] | type[QuantLens]
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens)
+
+LENSES: tuple[LensClass, ...] = (AttentionLens, PositionsLens, QuantLens)  # the lens tabs, in this order
 
 
-@dataclass(frozen=True)
-class LensSpec:
-    """Where a lens widget lives: module, class name candidates, the tab title."""
+class LensRequests(Protocol):
+    """What the lenses may ask for; each method answers one request signal (the LensBridge implements them all)."""
 
-    title: str
-    module: str
-    classes: tuple[str, ...]
+    def request_attention(self, max_rows: int | None) -> None:
+        """The layers x heads overview with at most max_rows query rows (None: every row, exact)."""
 
+    def request_head(self, layer: object, head: object, rows: object) -> None:
+        """One head (or a 'mean'/'max' aggregate) for a window of query rows."""
 
-LENSES = (
-    LensSpec("Attention", "app.views.attention.lens", ("AttentionLens", "AttentionView", "AttentionWidget")),
-    LensSpec("Positions", "app.views.positions", ("PositionsLens", "PositionsView", "PositionsWidget")),
-    LensSpec("Quantization", "app.views.quant.lens", ("QuantLens", "QuantView", "QuantWidget", "QuantizationLens")),
-)
+    def request_step(self, layer: int, head: int, query: int) -> None:
+        """One attention cell, step by step."""
+
+    def request_roles(self, source: str) -> None:
+        """Head roles scored on the chat ('chat') or on the induction probe ('probe')."""
+
+    def request_logit(self, position: int, width: int) -> None:
+        """The logit lens at a position (-1: the last), `width` tokens per layer."""
+
+    def set_hidden_keys(self, keys: object) -> None:
+        """The sink keys the overview leaves out changed."""
+
+    def request_tensor(self, name: str) -> None:
+        """One tensor up close (its first block decoded)."""
+
+    def request_block(self, name: str, index: int) -> None:
+        """Another block of a tensor decoded."""
 
 
 class LensSlot(QWidget):
-    """Holds one lens: a placeholder until its widget can be built, then the widget itself."""
+    """One lens tab: the lens widget in a scroll area, or a placeholder that says why it could not be built."""
 
-    ready = Signal(object)  # the lens widget, once built
-
-    def __init__(self, spec: LensSpec, parent: QWidget | None = None):
+    def __init__(self, lens: LensClass, parent: QWidget | None = None):
         super().__init__(parent)
-        self.spec = spec
-        self.widget: QWidget | None = None
+        self.lens_class = lens
+        self.title = lens.title
+        self.widget: LensWidget | None = None
+        self.placeholder: QLabel | None = None
+        self.error = ""
         self._stack = QStackedLayout(self)
-        self.placeholder = QLabel(f"The {spec.title} lens is loading…")
-        self.placeholder.setTextFormat(Qt.TextFormat.PlainText)
-        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.placeholder.setWordWrap(True)
-        self.placeholder.setStyleSheet("color: #888;")
-        self._stack.addWidget(self.placeholder)
-        self._timer = QTimer(self, interval=RETRY_MS)
-        self._timer.timeout.connect(self.try_build)
-        self.try_build()
-        if self.widget is None:
-            self._timer.start()
-
-    def try_build(self) -> bool:
-        """Import the lens module and build its widget; keep the placeholder (with the reason) if that fails."""
-        if self.widget is not None:
-            return True
         try:
-            module = importlib.import_module(self.spec.module)
-            cls = next((getattr(module, n) for n in self.spec.classes if hasattr(module, n)), None)
-            if cls is None:
-                raise ImportError(f"{self.spec.module} has none of {', '.join(self.spec.classes)}")
-            widget = cls()
-        except ModuleNotFoundError as exc:
-            if exc.name != self.spec.module:
-                self._failed(exc)
-            return False
+            widget = lens()
         except Exception as exc:  # noqa: BLE001 - a broken lens must not break the window
-            self._failed(exc)
-            return False
-        self._timer.stop()
+            log.exception("the %s lens could not be built", self.title)
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.placeholder = QLabel(f"The {self.title} lens could not be built.\n\n{self.error}")
+            self.placeholder.setTextFormat(Qt.TextFormat.PlainText)
+            self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            self.placeholder.setWordWrap(True)
+            self.placeholder.setStyleSheet("color: #888;")
+            self._stack.addWidget(self.placeholder)
+            return
         self.widget = widget
         scroll = QScrollArea()  # a lens's minimum width must not widen the whole window
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(widget)
         self._stack.addWidget(scroll)
-        self._stack.setCurrentWidget(scroll)
-        self._stack.removeWidget(self.placeholder)
-        self.placeholder.deleteLater()
-        self.ready.emit(widget)
-        return True
 
-    def _failed(self, exc: BaseException) -> None:
-        log.debug("lens %s not available:\n%s", self.spec.title, traceback.format_exc())
-        self.placeholder.setText(f"The {self.spec.title} lens is loading… ({type(exc).__name__}: {exc})")
+    def connect_requests(self, requests: LensRequests) -> None:
+        """Connect the lens's request signals (nothing to connect while it shows a placeholder)."""
+        if self.widget is not None:
+            self.widget.connect_requests(requests)
 
-    def call(self, method: str, *args: Any) -> bool:
-        """Call widget.method(*args) if the widget exists and has it; lens errors are logged, never raised."""
-        fn = getattr(self.widget, method, None) if self.widget is not None else None
-        if fn is None:
-            return False
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001
-            log.exception("%s.%s failed", self.spec.title, method)
-        return True
+
+class LensTabs(QTabWidget):
+    """The lens pane: a tab per class in LENSES (in order), then the other views added with addTab.
+
+    Scripts (the tour, the screenshot) drive it through `select`, `content` and `lens`.
+    """
+
+    def __init__(self, lenses: tuple[LensClass, ...] = LENSES, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.slots: dict[str, LensSlot] = {}
+        for cls in lenses:
+            slot = LensSlot(cls)
+            self.slots[cls.title] = slot
+            self.addTab(slot, cls.title)
+
+    def index_of(self, title: str) -> int:
+        """The index of the tab titled `title` (any case), -1 if there is none."""
+        return next((i for i in range(self.count()) if self.tabText(i).lower() == title.lower()), -1)
+
+    def select(self, title: str) -> QWidget | None:
+        """Bring the tab titled `title` (any case) on screen; returns what it shows (see `content`)."""
+        i = self.index_of(title)
+        if i >= 0:
+            self.setCurrentIndex(i)
+        return self.content(title)
+
+    def content(self, title: str) -> QWidget | None:
+        """What the tab titled `title` shows: a lens's widget (None if it could not be built), else the tab's view."""
+        i = self.index_of(title)
+        if i < 0:
+            return None
+        page = self.widget(i)
+        return page.widget if isinstance(page, LensSlot) else page
+
+    def showing(self, title: str) -> bool:
+        """Whether the tab titled `title` is the current one."""
+        return self.currentIndex() >= 0 and self.currentIndex() == self.index_of(title)
+
+    def lens(self, cls: type[L]) -> L | None:
+        """The built lens of class `cls`, None if it is not in the tabs or could not be built."""
+        slot = self.slots.get(cls.title)
+        widget = slot.widget if slot is not None else None
+        return widget if isinstance(widget, cls) else None

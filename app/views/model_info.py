@@ -211,7 +211,8 @@ class ModelLens(QWidget):
             self.meta_model.set_rows(())
             self.template.setPlainText("")
             return
-        self.title.setText(f"{info.name}  ({info.arch})")
+        named = f"; general.name “{info.model_name}”" if info.model_name else ""  # a copy's own file name above
+        self.title.setText(f"{info.name}  ({info.arch}{named})")
         self.subtitle.setText(f"{info.path}  ·  {human_bytes(info.file_bytes)}  ·  {info.n_tensors} tensors  ·  "
                               f"backend {info.backend}  ·  KV cache context {info.n_ctx:,}")
         for key, value in info.args:

@@ -6,8 +6,9 @@ import os
 import resource
 import sys
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar, QToolButton, QWidget
 
 from app.state import AppState
 from app.views.common.formatting import human_bytes
@@ -23,9 +24,36 @@ def process_memory() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _segment(tip: str) -> QLabel:
-    label = QLabel("")
-    label.setTextFormat(Qt.TextFormat.PlainText)
+class ElidedLabel(QLabel):
+    """A one-line plain-text label that, short of room, shows its text cut with '…' (the whole text stays in
+    text()): its minimum width is a few characters, so a long model or file name never widens the window."""
+
+    MIN_CHARS = 6
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(text, parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        hint = super().minimumSizeHint()
+        m = self.contentsMargins()
+        width = self.fontMetrics().horizontalAdvance("x" * self.MIN_CHARS + "…") + m.left() + m.right()
+        return QSize(min(hint.width(), width), hint.height())
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt override
+        rect = self.contentsRect()
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideMiddle, rect.width())
+        if text == self.text():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        painter.drawText(rect, int(self.alignment()) | int(Qt.AlignmentFlag.AlignVCenter), text)
+
+
+def _segment(tip: str) -> ElidedLabel:
+    label = ElidedLabel("")
     label.setToolTip(tip)
     label.setContentsMargins(6, 0, 6, 0)
     return label
@@ -62,7 +90,7 @@ class StatusPanel(QStatusBar):
             self.addPermanentWidget(w)
         state.model_changed.connect(self._model)
         state.backend_changed.connect(self._backend)
-        state.tok_s_changed.connect(lambda v: self.speed.setText(f"{v:.1f} tok/s"))
+        state.tok_s_changed.connect(self._speed)
         state.ctx_used_changed.connect(lambda _v: self._ctx())
         state.ctx_size_changed.connect(lambda _v: self._ctx())
         for signal in (state.kv_bytes_changed, state.kv_type_changed, state.kv_full_bytes_changed, state.ctx_size_changed):
@@ -73,7 +101,7 @@ class StatusPanel(QStatusBar):
         self._model(state.model)
         self.backend_note = ""
         self._backend(state.backend)
-        self.speed.setText("– tok/s")
+        self._speed(state.tok_s)
         self._ctx()
         self._kv()
         self._path(state.attention_path)
@@ -83,7 +111,15 @@ class StatusPanel(QStatusBar):
         state.memory_bytes = process_memory()
 
     def _model(self, info: object) -> None:
+        """The model's name (a file of the user's: its file name) and, in the tooltip, its file; a new model has
+        no speed yet (the last model's tok/s is not this one's)."""
         self.model.setText(getattr(info, "name", None) or "no model")
+        path = getattr(info, "path", "")
+        self.model.setToolTip(f"the loaded model\n{path}" if path else "the loaded model")
+        self._speed(0.0)
+
+    def _speed(self, value: float) -> None:
+        self.speed.setText(f"{value:.1f} tok/s" if value else "– tok/s")
 
     def _backend(self, name: str) -> None:
         """Where the products run, quietly: 'CPU · numba kernels', 'CPU · NumPy fallback (why)', 'GPU · cupy'."""
@@ -117,5 +153,6 @@ class StatusPanel(QStatusBar):
             w.setVisible(on)
         if on:
             what, frac = value
-            self.progress_label.setText(what[:80])
+            self.progress_label.setText(what)  # cut with '…' to the room there is; the whole text in the tooltip
+            self.progress_label.setToolTip(what)
             self.progress.setValue(int(max(0.0, min(1.0, frac)) * 1000))

@@ -12,8 +12,10 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QFileDialog, QLabel
 
 from app.main_window import MainWindow
+from app.views.attention.lens import AttentionLens
 from app.views.catalog import CatalogDialog
-from app.views.lenses import LensSlot, LensSpec
+from app.views.lenses import LensSlot
+from app.views.quant.lens import QuantLens
 from engine.errors import FetchError
 
 
@@ -49,24 +51,27 @@ def test_send_without_model_keeps_text(window: MainWindow) -> None:
     assert any("No model" in t for t in window.chat_view.banner_texts())
 
 
-def test_lens_slot_placeholder_then_widget(qtbot, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = LensSpec("Demo", "tests.app.demo_lens_module_that_does_not_exist", ("DemoLens",))
-    slot = LensSlot(spec)
+def test_lens_slot_shows_why_a_lens_could_not_be_built(qtbot) -> None:
+    class BrokenLens(QLabel):
+        title = "Demo"
+
+        def __init__(self) -> None:
+            raise RuntimeError("no colormap")
+
+    slot = LensSlot(BrokenLens)  # type: ignore[arg-type]
     qtbot.addWidget(slot)
-    assert slot.widget is None and "loading" in slot.placeholder.text()
-    assert not slot.call("set_model", object())
+    assert slot.widget is None and slot.placeholder is not None
+    assert "Demo lens could not be built" in slot.placeholder.text() and "RuntimeError: no colormap" in slot.error
+    slot.connect_requests(object())  # type: ignore[arg-type]  # nothing to connect: no error
 
-    class DemoLens(QLabel):
-        def set_model(self, record: object) -> None:
-            self.setText("got it")
 
-    import importlib
-
-    real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module",
-                        lambda name: type("M", (), {"DemoLens": DemoLens}) if name == spec.module else real(name))
-    assert slot.try_build() and isinstance(slot.widget, DemoLens)
-    assert slot.call("set_model", object()) and slot.widget.text() == "got it"
+def test_lens_tabs_select_and_content(window: MainWindow) -> None:
+    tabs = window.lens_tabs
+    assert tabs.select("quantization") is tabs.lens(QuantLens) is window.lens_slots["Quantization"].widget
+    assert tabs.showing("Quantization") and not tabs.showing("Attention")
+    assert tabs.select("Compare") is window.compare_view and tabs.currentWidget() is window.compare_view
+    assert tabs.content("Attention") is tabs.lens(AttentionLens) and tabs.content("nowhere") is None
+    assert window.load_error_box is None
 
 
 def test_drop_a_gguf_opens_it(window: MainWindow, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -168,7 +168,9 @@ class GridView(pg.GraphicsLayoutWidget):
                 frame.setZValue(5 + v)  # the strongest on top; the selection (added first) is raised above all
                 self.plot.addItem(frame)
                 self.frames.append(frame)
-        self.legend.axis.setLabel(f"{self.role} score")
+        room = self.plot.getViewBox().height() - 8  # a rotated title longer than the bar is cut: the short one then
+        title = f"{self.role} score"
+        self.legend.axis.setLabel(title if self.fontMetrics().horizontalAdvance(title) <= room else str(self.role))
 
     def _head_ticks(self) -> None:
         """Head labels over the columns: every head when the thumbnails are wide enough, else every k-th."""

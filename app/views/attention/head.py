@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QPen
+from PySide6.QtGui import QBrush, QColor, QFontMetrics, QPen
 from PySide6.QtWidgets import QGraphicsRectItem
 
 from app.records.attention import HeadRecord
@@ -57,6 +57,17 @@ class HeadView(pg.GraphicsLayoutWidget):
         self.cmap_name = "viridis"
         self.image.hoverEvent = self._hover
         self.image.mouseClickEvent = self._click
+        self._bar_titles: tuple[str, ...] = ("attention weight",)
+        self.plot.getViewBox().sigResized.connect(lambda _vb: self._fit_bar_title())
+
+    def _fit_bar_title(self) -> None:
+        """The colour bar's title: the longest that fits along the bar (a rotated title longer than it is cut)."""
+        axis = self.colorbar.getAxis("left")
+        room = self.plot.getViewBox().height() - 8
+        metrics = QFontMetrics(axis.label.font())
+        text = next((t for t in self._bar_titles if metrics.horizontalAdvance(t) <= room), self._bar_titles[-1])
+        if axis.labelText != text:
+            axis.setLabel(text)
 
     # ---- drawing
 
@@ -104,7 +115,10 @@ class HeadView(pg.GraphicsLayoutWidget):
         top = top if top > 0 else 1.0
         sink_max = float(np.nanmax(w[:, 0])) if self.first_col == 0 and np.isfinite(w[:, 0]).any() else 0.0
         saturated = f" (key 0 saturates, up to {sink_max:.2f})" if sink_max > top * 1.01 else ""
-        self.colorbar.getAxis("left").setLabel("attention weight" + saturated)
+        self._bar_titles = ("attention weight" + saturated, "weight" + (f" (key 0 ≤ {sink_max:.2f})" if saturated
+                                                                         else ""), "weight")
+        self.colorbar.setToolTip("attention weight" + saturated)
+        self._fit_bar_title()
         x0 = self.first_col * rec.col_step
         rect = QRectF(x0, rec.row_start, w.shape[1] * rec.col_step, w.shape[0] * rec.row_step)
         shown = _display(w)

@@ -1,24 +1,17 @@
 """The Attention lens: a layers x heads grid, one head large with token labels, and the context tinted by attention.
 
-The lens only draws records; heavy work happens on a worker. It asks for what it needs through signals:
+The lens only draws records; heavy work happens on a worker. It asks through signals (`connect_requests`):
 `head_requested(layer, head, rows)` (layer: int | 'mean' | 'max', head: int | 'mean' | 'max', rows: slice
 | None) is answered with `set_head(HeadRecord)`; `attention_requested(max_rows)` (None = every query
 row, exact) is answered with `set_attention(AttentionRecord)`.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QHBoxLayout,
-    QLabel,
-    QSizePolicy,
-    QSplitter,
-    QStackedWidget,
-    QTabWidget,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QSizePolicy, QSplitter, QStackedWidget, QTabWidget,
+                               QVBoxLayout, QWidget)
 from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
@@ -31,6 +24,9 @@ from app.views.attention.roles import HeadRolesView
 from app.views.attention.steps import StepThroughView
 from app.views.attention.text import TokenTextView
 
+if TYPE_CHECKING:
+    from app.views.lenses import LensRequests
+
 AUTO_ALL_ROWS = 512  # up to this many tokens the head view shows every query row
 LIVE_GRID_MS = 150
 LIVE_HEAD_MS = 500
@@ -39,6 +35,7 @@ LIVE_HEAD_MS = 500
 class AttentionLens(QWidget):
     """BertViz-style model view and head view over records made by app.records."""
 
+    title: ClassVar[str] = "Attention"  # the tab it shows in
     head_requested = Signal(object, object, object)  # layer, head, rows
     attention_requested = Signal(object)  # max_rows (None = all rows, exact)
     step_requested = Signal(int, int, int)  # layer, head, query token: answered with set_step(StepRecord)
@@ -138,6 +135,15 @@ class AttentionLens(QWidget):
 
     # ---- public API
 
+    def connect_requests(self, to: LensRequests) -> None:
+        """Each request signal goes to what answers it (a misspelt name fails here, when the window is built)."""
+        self.head_requested.connect(to.request_head)
+        self.attention_requested.connect(to.request_attention)
+        self.step_requested.connect(to.request_step)
+        self.roles_requested.connect(to.request_roles)
+        self.logit_requested.connect(to.request_logit)
+        self.hidden_keys_changed.connect(to.set_hidden_keys)
+
     def set_model(self, model: ModelRecord) -> None:
         """A new model: rebuild the layer and head pickers; forget old records."""
         self.model = model
@@ -199,11 +205,28 @@ class AttentionLens(QWidget):
         self.logit.set_record(rec)  # type: ignore[arg-type]
 
     def lens_failed(self, kind: str, message: str) -> None:
-        """A Head roles or logit-lens computation failed: its view shows why."""
+        """A Head roles or logit-lens computation failed (or had nothing to work on): its view shows why."""
         if kind == "roles":
             self.roles.clear(f"Could not score the heads: {message}")
         elif kind == "logit":
             self.logit.panel.clear(f"Could not decode the layers: {message}")
+        elif kind == "attention" and self.attention is None:
+            self.empty.setText(f"No attention to show: {message}")
+
+    def new_reply(self) -> None:
+        """A reply is being made (a new message, Regenerate, Continue): head roles, the logit lens and the step
+        shown describe the context before it, so they go; the overview follows the reply live."""
+        self.roles.clear()
+        self.logit.clear()
+        self._lens_pick = None
+        if self.model is not None:
+            self.steps.set_model(self.model)
+
+    def waiting(self, text: str) -> None:
+        """Nothing of this chat is drawn yet and it is being read (a reopened chat, another version): say so."""
+        if self.attention is None:
+            self.overview.setCurrentWidget(self.empty)
+            self.empty.setText(text)
 
     def open_head(self, layer: int, head: int) -> None:
         """Show (layer, head) in the overview (a head clicked in Head roles)."""
@@ -338,11 +361,10 @@ class AttentionLens(QWidget):
         self.request_head()
 
     def _hidden_keys(self, keys: object) -> None:
+        """The sinks ticked in Head roles are what "hide sinks" hides; only the user ticks "hide sinks" itself."""
         self.hidden_keys = tuple(int(k) for k in keys) or (0,)  # type: ignore[union-attr]
         self.head_view.set_hidden(self.hidden_keys)
-        if self.hidden_keys != (0,) and not self.sink_check.isChecked():
-            self.sink_check.setChecked(True)
-        elif self.text_view.index is not None:
+        if self.text_view.index is not None:
             self._show_row(self.text_view.index)
         self.hidden_keys_changed.emit(self.hidden_keys)
 

@@ -6,7 +6,7 @@ arrives; it asks with `logit_requested(position, width)` and the bridge runs bot
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
@@ -17,9 +17,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.records.logit_lens import LogitLensPair
-from app.views.attention.controls import FlowLayout, NoHfwLabel
+from app.records.logit_lens import LogitLensPair, on_top_text
+from app.views.attention.controls import FlowLayout
 from app.views.attention.logit_view import METRICS, LogitLensPanel
+from app.views.attention.scaling import FitLabel
 from app.views.common.tokens import token_label
 
 PAIR_WIDTH = 24  # positions per side: two models, so half the single lens's width
@@ -44,17 +45,14 @@ class LogitPairView(QWidget):
         self.width_spin.setRange(4, 128)
         self.width_spin.setValue(PAIR_WIDTH)
         self.width_spin.setSuffix(" positions")
-        self.metric = QComboBox()
+        self.metric_box = QComboBox()  # not `metric`: QWidget.metric() is a virtual Qt calls
         for text, key in METRICS:
-            self.metric.addItem(text, key)
-        self.summary = NoHfwLabel("Run a comparison, pick a token, then ask for the logit lens of A and B.")
-        self.summary.setWordWrap(True)
-        self.summary.setMinimumHeight(34)  # two lines: the summary wraps in a narrow pane
-        self.summary.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)  # one line: no gap above
-        self.summary.setTextFormat(Qt.TextFormat.PlainText)
+            self.metric_box.addItem(text, key)
+        self.summary = FitLabel()  # plain text as tall as its lines: no gap above the heatmaps, nothing cut
+        self.summary.setText("Run a comparison, pick a token, then ask for the logit lens of A and B.")
         bar = QWidget()
         flow = FlowLayout(bar)
-        for w in (self.run, self.width_spin, self.metric):
+        for w in (self.run, self.width_spin, self.metric_box):
             flow.addWidget(w)
         # Compare gives this view a page of its own: each side has its heatmap over its table
         self.a, self.b = LogitLensPanel(vertical=True), LogitLensPanel(vertical=True)
@@ -63,15 +61,15 @@ class LogitPairView(QWidget):
             panel.split.setSizes([520, 380])
             panel.fit_width()
         sides = QHBoxLayout()
-        sides.addWidget(self.a)
-        sides.addWidget(self.b)
+        sides.addWidget(self.a, 1)  # A and B get the same width whatever their tables hold
+        sides.addWidget(self.b, 1)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(bar)
         root.addWidget(self.summary)
         root.addLayout(sides, 1)
         self.run.clicked.connect(self.request)
-        self.metric.currentIndexChanged.connect(lambda _i: self._metric())
+        self.metric_box.currentIndexChanged.connect(lambda _i: self._metric())
         for panel in (self.a, self.b):
             panel.position_clicked.connect(self.show_position)
             panel.hovered.connect(self.hovered)
@@ -119,7 +117,7 @@ class LogitPairView(QWidget):
         super().resizeEvent(event)
 
     def _metric(self) -> None:
-        key = str(self.metric.currentData())
+        key = str(self.metric_box.currentData())
         self.a.set_metric(key)
         self.b.set_metric(key)
 
@@ -129,18 +127,15 @@ class LogitPairView(QWidget):
             return
         la, lb = pair.a.lens, pair.b.lens
         c = pair.a.column(self.position)
-        da, db = int(la.decided_at()[c]), int(lb.decided_at()[c])
         ta, tb = int(la.top_ids[-1, c, 0]), int(lb.top_ids[-1, c, 0])
         differ = np.flatnonzero(la.top_ids[:, c, 0] != lb.top_ids[:, c, 0])
         first = f"top tokens first differ after layer {la.layers[int(differ[0])]}" if differ.size else \
             "the same top token at every layer"
         final = (f"both end on “{token_label(pair.a.text(ta), 14)}”" if ta == tb else
                  f"A ends on “{token_label(pair.a.text(ta), 14)}”, B on “{token_label(pair.b.text(tb), 14)}”")
-        def when(layer: int) -> str:
-            return f"from layer {layer}" if layer >= 0 else "never"
-
         target = pair.a.text(int(la.targets[c]))
-        self.summary.setText(f"Position {int(la.positions[c])} → “{token_label(target, 14)}”: {final}; {first}; "
-                             f"the produced token is on top {when(da)} in A, {when(db)} in B.")
+        # the same words as the single lens's header, from the ranks the tables show
+        self.summary.setText(f"Position {int(la.positions[c])} → “{token_label(target, 14)}”: {final}; {first}. "
+                             f"The produced token is {on_top_text(la, c)} in A; {on_top_text(lb, c)} in B.")
         self.a.setToolTip(self.a.title.text())
         self.b.setToolTip(self.b.title.text())

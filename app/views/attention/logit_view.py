@@ -15,21 +15,26 @@ from PySide6.QtWidgets import (
     QComboBox,
     QGraphicsRectItem,
     QHeaderView,
+    QLabel,
     QPushButton,
     QSpinBox,
     QSplitter,
+    QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from app.records.logit_lens import LENS_WIDTH, LogitLensRecord
+from app.records.logit_lens import LENS_WIDTH, LogitLensRecord, on_top_text
 from app.views.attention.controls import FlowLayout, NoHfwLabel
 from app.views.common.colours import colormap
 from app.views.common.tokens import token_label
 
 METRICS = (("probability of the produced token", "prob"), ("rank of the produced token (log)", "rank"))
+EMPTY_TEXT = "Send a message to see the logit lens."
+COLOUR_TITLES = {"prob": ("p", "the produced token's softmax probability at temperature 1"),
+                 "rank": ("log₁₀ rank", "log₁₀(rank + 1) of the produced token: 0 = the layer's top token")}
 RANK_DECADES = 4.0  # the rank colour scale runs from rank 1 to rank 10^4 and beyond
 HIT = QBrush(QColor(200, 235, 200))
 
@@ -51,7 +56,7 @@ class LogitLensPanel(QWidget):
     def __init__(self, parent: QWidget | None = None, vertical: bool = True):
         super().__init__(parent)
         self.record: LogitLensRecord | None = None
-        self.metric = "prob"
+        self.metric_key = "prob"  # not `metric`: QWidget.metric() is a virtual Qt calls
         self.column = 0
         self.title = NoHfwLabel("")
         self.title.setMinimumHeight(32)
@@ -69,14 +74,21 @@ class LogitLensPanel(QWidget):
         self.plot.addItem(self.image)
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap("viridis"), interactive=False, width=12)
         self.colorbar.setImageItem(self.image, insert_in=self.plot.getPlotItem())
+        self.plot.getPlotItem().layout.setContentsMargins(2, 10, 2, 2)  # the colour bar's top label is drawn whole
         self.marker = QGraphicsRectItem()
         self.marker.setPen(pg.mkPen((230, 30, 30), width=2, cosmetic=True))
         self.marker.setVisible(False)
         self.plot.addItem(self.marker)
-        self.empty = pg.TextItem("", color="#555", anchor=(0.5, 0.5))
-        self.plot.addItem(self.empty)
+        # the empty state is a word-wrapped label in place of the plots, never text drawn inside a plot (cut there)
+        self.empty = QLabel("")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.empty.setTextFormat(Qt.TextFormat.PlainText)
+        self.empty.setStyleSheet("color: #555; background: white; padding: 12px;")
         self.image.hoverEvent = self._hover
         self.image.mouseClickEvent = self._click
+        self.tick_every = 1  # a position label under every tick_every-th column
+        self.plot.getPlotItem().vb.sigResized.connect(lambda _vb: self._position_ticks())
         self.table = QTableWidget(0, 8)
         self.table.setHorizontalHeaderLabels(["layer", "rank", "p", "top 1", "top 2", "top 3", "top 4", "top 5"])
         self.table.verticalHeader().setVisible(False)
@@ -91,22 +103,34 @@ class LogitLensPanel(QWidget):
         split.setSizes([460, 300])
         split.setChildrenCollapsible(False)
         self.split = split
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.empty)
+        self.stack.addWidget(split)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(self.title)
-        root.addWidget(split, 1)
+        root.addWidget(self.stack, 1)
         self.clear()
 
-    def clear(self, message: str = "Send a message to see the logit lens.") -> None:
+    def clear(self, message: str = EMPTY_TEXT) -> None:
         self.record = None
         self.image.clear()
         self.marker.setVisible(False)
         self.table.setRowCount(0)
         self.axis.setTicks([[], []])
         self.empty.setText(message)
-        self.empty.setPos(0.5, 0.5)
+        self.stack.setCurrentWidget(self.empty)
         self.plot.setRange(QRectF(0, 0, 1, 1), padding=0)
         self.title.setText("")
+
+    def busy(self, text: str) -> None:
+        """Say what is being computed: in the header over a record already drawn, else in the empty state
+        (never over the plots)."""
+        if self.record is None:
+            self.empty.setText(text)
+            self.stack.setCurrentWidget(self.empty)
+        else:
+            self.title.setText(text)
 
     def fit_width(self, n_top: int = 5) -> None:
         """Never scroll sideways: the first `n_top` top-k columns share the width left (elided; each cell's tooltip
@@ -120,7 +144,7 @@ class LogitLensPanel(QWidget):
         self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
 
     def set_metric(self, metric: str) -> None:
-        self.metric = metric
+        self.metric_key = metric
         if self.record is not None:
             self._draw_map()
 
@@ -133,7 +157,7 @@ class LogitLensPanel(QWidget):
     def values(self) -> np.ndarray:
         """(L, P) what the heatmap shows: probability, or log10(rank + 1) capped at RANK_DECADES."""
         lens = self.record.lens  # type: ignore[union-attr]
-        if self.metric == "rank":
+        if self.metric_key == "rank":
             return np.minimum(np.log10(lens.rank + 1.0), RANK_DECADES).astype(np.float32)
         return lens.prob.astype(np.float32)
 
@@ -143,24 +167,38 @@ class LogitLensPanel(QWidget):
         lens = rec.lens
         v = self.values()
         n_l, n_p = v.shape
-        self.empty.setText("")
-        rank = self.metric == "rank"
+        self.stack.setCurrentWidget(self.split)
+        rank = self.metric_key == "rank"
         top = RANK_DECADES if rank else 1.0
         self.image.setImage(v, autoLevels=False, levels=(0.0, top), rect=QRectF(0, 0, n_p, n_l))
         self.colorbar.setColorMap(_colours("viridis", reverse=rank))
         self.colorbar.setLevels((0.0, top))
-        self.colorbar.getAxis("left").setLabel("log₁₀(rank + 1)" if rank else "p (softmax, temperature 1)")
-        # positions every few columns, the tokens themselves where there is room (pyqtgraph drops texts that collide)
-        every = max(1, n_p // 8)
-        major = [(c + 0.5, str(int(p))) for c, p in enumerate(lens.positions) if c % every == 0]
-        minor = [(c + 0.5, token_label(rec.token_texts[int(p)], 6)) for c, p in enumerate(lens.positions)]
-        self.axis.setTicks([major, minor])
+        title, tip = COLOUR_TITLES[self.metric_key]  # short: a rotated title longer than the bar is cut
+        self.colorbar.getAxis("left").setLabel(title)
+        self.colorbar.setToolTip(tip)
+        self._position_ticks()
         step = max(1, n_l // 12)
         self.plot.getAxis("left").setTicks([[(li + 0.5, str(lens.layers[li])) for li in range(0, n_l, step)]])
         self.plot.setRange(QRectF(0, 0, n_p, n_l), padding=0)
         first = int(lens.positions[0]) if n_p else 0
         self.plot.setLabel("bottom", f"positions {first}–{first + n_p - 1}")  # short: a narrow panel cuts a long one
         self.plot.setToolTip("Columns: positions of the context, each with the token read there; rows: after each layer")
+
+    def _position_ticks(self) -> None:
+        """Positions every few columns, as many as fit apart in the plot's width; the tokens themselves where there
+        is room (pyqtgraph drops texts that collide)."""
+        rec = self.record
+        if rec is None:
+            return
+        positions = rec.lens.positions
+        n_p = len(positions)
+        px = self.plot.getPlotItem().vb.width() / max(1, n_p)  # screen pixels per column
+        need = self.fontMetrics().horizontalAdvance(str(int(positions[-1]) if n_p else 0)) + 10
+        every = next((k for k in (1, 2, 3, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64) if k * px >= need), 128)
+        self.tick_every = every
+        major = [(c + 0.5, str(int(p))) for c, p in enumerate(positions) if c % every == 0]
+        minor = [(c + 0.5, token_label(rec.token_texts[int(p)], 6)) for c, p in enumerate(positions)]
+        self.axis.setTicks([major, minor])
 
     def select(self, position: int) -> None:
         """Fill the table with the layers' top 5 at `position` (one of the decoded positions)."""
@@ -176,10 +214,9 @@ class LogitLensPanel(QWidget):
         target = int(lens.targets[c])
         pos = int(lens.positions[c])
         what = "the next token in the context" if lens.target_known[c] else "the model's own top token (nothing follows yet)"
-        decided = int(lens.decided_at()[c])
-        when = f"top token from layer {decided} on" if decided >= 0 else "never the top token"
         self.title.setText(f"{rec.label}: after position {pos} “{token_label(rec.token_texts[pos], 20)}”, "
-                           f"the produced token is “{token_label(rec.text(target), 20)}” ({what}): {when}.")
+                           f"the produced token is “{token_label(rec.text(target), 20)}” ({what}): "
+                           f"{on_top_text(lens, c)}.")
         self.table.setRowCount(n_l)
         for li in range(n_l):
             cells = [str(lens.layers[li]), str(int(lens.rank[li, c]) + 1), f"{float(lens.prob[li, c]):.3f}"]
@@ -233,7 +270,12 @@ class LogitLensPanel(QWidget):
 
 
 class LogitLensView(QWidget):
-    """Controls (position, width, metric) over a LogitLensPanel; asks with logit_requested(position, width)."""
+    """Controls (position, width, metric) over a LogitLensPanel; asks with logit_requested(position, width).
+
+    The position box is the one source of truth for the selected position: the header and the table always
+    describe the position it shows (a record decoded for another position is shown at the box's position when
+    it covers it, else the box moves to the record's; a position not decoded yet says so in the header).
+    """
 
     logit_requested = Signal(int, int)  # position (-1 = the last), positions in the heatmap
     hovered = Signal(str)
@@ -250,15 +292,15 @@ class LogitLensView(QWidget):
         self.width_spin.setValue(LENS_WIDTH)
         self.width_spin.setSuffix(" positions")
         self.width_spin.setToolTip("Positions in the heatmap: each costs one output-head product per layer")
-        self.metric = QComboBox()
+        self.metric_box = QComboBox()  # not `metric`: QWidget.metric() is a virtual Qt calls
         for text, key in METRICS:
-            self.metric.addItem(text, key)
+            self.metric_box.addItem(text, key)
         self.run = QPushButton("Decode layers")
         self.run.setToolTip("Re-run the context once recording every layer's residual stream, "
                             "and decode each through the final norm and output head")
         bar = QWidget()
         flow = FlowLayout(bar)
-        for w in (self.position, self.width_spin, self.metric, self.run):
+        for w in (self.position, self.width_spin, self.metric_box, self.run):
             flow.addWidget(w)
         self.panel = LogitLensPanel()
         self.panel.fit_width()  # the top 5 share the pane's width: no sideways scrolling at 1280x800
@@ -268,52 +310,70 @@ class LogitLensView(QWidget):
         root.addWidget(self.panel, 1)
         self.run.clicked.connect(self.request)
         self.position.valueChanged.connect(lambda _v: self._position_changed())
-        self.metric.currentIndexChanged.connect(lambda _i: self.panel.set_metric(str(self.metric.currentData())))
+        self.metric_box.currentIndexChanged.connect(lambda _i: self.panel.set_metric(str(self.metric_box.currentData())))
         self.panel.position_clicked.connect(self._clicked)
         self.panel.hovered.connect(self.hovered)
 
-    def clear(self) -> None:
+    def clear(self, message: str = EMPTY_TEXT) -> None:
         self.n_tokens = 0
-        self.position.blockSignals(True)
-        self.position.setRange(0, 0)
-        self.position.blockSignals(False)
-        self.panel.clear()
+        self._set_position(0, 0)
+        self.panel.clear(message)
 
     def set_tokens(self, n: int) -> None:
         """The context has n tokens; the position follows the end when it was there."""
         at_end = self.position.value() >= self.n_tokens - 1
         self.n_tokens = n
-        self.position.blockSignals(True)
-        self.position.setRange(0, max(0, n - 1))
-        if at_end:
-            self.position.setValue(max(0, n - 1))
-        self.position.blockSignals(False)
+        self._set_position(self.position.value() if not at_end else max(0, n - 1), max(0, n - 1))
+        if self.panel.record is not None and not self._shows(self.position.value()):
+            self.panel.busy(f"Position {self.position.value()} of this context is not decoded yet: "
+                            "press Decode layers.")
 
     def stale(self) -> bool:
         rec = self.panel.record
         return self.n_tokens > 0 and (rec is None or rec.n_tokens != self.n_tokens)
 
     def request(self) -> None:
-        if self.n_tokens:
-            self.panel.empty.setText("decoding every layer…")
-            self.logit_requested.emit(self.position.value(), self.width_spin.value())
+        """Ask for the position in the box. With no tokens known yet the lens still asks (the chat shown is read
+        once first); the answer, or why there is none, replaces the busy line."""
+        p = self.position.value() if self.n_tokens else -1
+        where = f" at position {p}" if p >= 0 else ""
+        self.panel.busy(f"Decoding every layer{where}…")
+        self.logit_requested.emit(p, self.width_spin.value())
 
     def show_position(self, index: int) -> None:
         """Select a position (e.g. a token clicked elsewhere): drawn at once when decoded, else asked for."""
         self.position.setValue(int(index))
 
     def set_record(self, rec: LogitLensRecord) -> None:
+        """Draw a record at the box's position when it decoded that one, else at its own (the box follows)."""
+        if self.n_tokens == 0:  # asked before the context's tokens were known here (a reopened chat)
+            self.n_tokens = rec.n_tokens
+            self._set_position(rec.selected, max(0, rec.n_tokens - 1))
+        p = self.position.value()
         self.panel.set_record(rec)
+        if rec.covers(p):
+            self.panel.select(p)
+        else:
+            self._set_position(rec.selected)
+
+    def _shows(self, p: int) -> bool:
+        rec = self.panel.record
+        return rec is not None and rec.n_tokens == self.n_tokens and rec.covers(p)
+
+    def _set_position(self, value: int, top: int | None = None) -> None:
+        """Move the box without asking (the caller draws or asks)."""
+        self.position.blockSignals(True)
+        if top is not None:
+            self.position.setRange(0, top)
+        self.position.setValue(int(value))
+        self.position.blockSignals(False)
 
     def _position_changed(self) -> None:
-        rec = self.panel.record
         p = self.position.value()
-        if rec is not None and rec.n_tokens == self.n_tokens and p in set(rec.lens.positions.tolist()):
+        if self._shows(p):
             self.panel.select(p)
         else:
             self.request()
 
     def _clicked(self, pos: int) -> None:
-        self.position.blockSignals(True)
-        self.position.setValue(pos)
-        self.position.blockSignals(False)
+        self._set_position(pos)

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -97,8 +98,16 @@ class HeadRolesView(QWidget):
         self.map.addItem(self.image)
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=colormap("viridis"), interactive=False, width=12)
         self.colorbar.setImageItem(self.image, insert_in=self.map.getPlotItem())
-        self.empty = pg.TextItem("", color="#555", anchor=(0.5, 0.5))
-        self.map.addItem(self.empty)
+        self.map.getPlotItem().layout.setContentsMargins(2, 10, 2, 2)  # the colour bar's top label is drawn whole
+        # the empty state: a word-wrapped label in place of the map (text drawn inside the plot was cut mid-word)
+        self.empty = NoHfwLabel("")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.empty.setTextFormat(Qt.TextFormat.PlainText)
+        self.empty.setStyleSheet("color: #555; background: white; padding: 12px;")
+        self.map_stack = QStackedWidget()
+        self.map_stack.addWidget(self.empty)
+        self.map_stack.addWidget(self.map)
         self.image.hoverEvent = self._hover
         self.image.mouseClickEvent = self._click
         self.table = QTableWidget(0, len(COLUMNS))
@@ -134,7 +143,7 @@ class HeadRolesView(QWidget):
         lay.addWidget(self.sink_title)
         lay.addWidget(self.sinks, 1)
         top = QSplitter(Qt.Orientation.Horizontal)
-        top.addWidget(self.map)
+        top.addWidget(self.map_stack)
         top.addWidget(sinks)
         top.setSizes([300, 300])
         top.setChildrenCollapsible(False)
@@ -162,7 +171,8 @@ class HeadRolesView(QWidget):
         self.model = model
         self.clear()
 
-    def clear(self, message: str = "Send a message, then Score this chat, or Run induction probe.") -> None:
+    def clear(self, message: str = "Press Score this chat (after a message) or Run induction probe to score every "
+                                   "head.") -> None:
         """Forget the scores (a new model or another chat)."""
         self.record = None
         self.asked = None
@@ -173,7 +183,7 @@ class HeadRolesView(QWidget):
         self.sink_title.setText("Sinks")
         self.image.clear()
         self.empty.setText(message)
-        self.empty.setPos(0.5, 0.5)
+        self.map_stack.setCurrentWidget(self.empty)
         self.map.setRange(QRectF(0, 0, 1, 1), padding=0)
         self.about.setText("Every head scored by the pattern it follows. " + ROLE_TEXT[self.role()] + ".")
         self._emit_grid_scores()
@@ -196,8 +206,15 @@ class HeadRolesView(QWidget):
         self.grid_scores_changed.emit(*self.grid_scores())
 
     def _asked(self, source: str) -> None:
+        """Say what runs: in the line above the map when scores are drawn, else in the empty state (never over
+        the map)."""
         self.asked = source
-        self.empty.setText("running the induction probe…" if source == "probe" else "scoring every head…")
+        text = "Running the induction probe…" if source == "probe" else "Scoring every head on this chat…"
+        if self.record is None:
+            self.empty.setText(text)
+            self.map_stack.setCurrentWidget(self.empty)
+        else:
+            self.about.setText(text)
 
     def role(self) -> str:
         return str(self.score_box.currentData() or "previous")
@@ -284,7 +301,7 @@ class HeadRolesView(QWidget):
             return
         s = rec.roles.scores[role]
         n_l, n_h = s.shape
-        self.empty.setText("")
+        self.map_stack.setCurrentWidget(self.map)
         self.image.setImage(np.nan_to_num(s, nan=0.0), autoLevels=False, levels=(0.0, 1.0),
                             rect=QRectF(0, 0, n_h, n_l))
         self.map.getAxis("bottom").setTicks([[(h + 0.5, f"h{h}") for h in range(n_h)]])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
 from app.records.attention import StepRecord
@@ -31,20 +32,96 @@ class WrapLabel(QLabel):
         return False
 
 
-def _bars(title: str) -> pg.PlotWidget:
+class FitLabel(WrapLabel):
+    """A word-wrapped label exactly as tall as its text at its width: never cut, and no height-for-width (which a
+    scroll area would turn into a tall minimum height)."""
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        super().setText(text)
+        self._fit()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit()
+
+    def _fit(self) -> None:
+        if self.width() <= 0:
+            return
+        height = max(self.fontMetrics().height(), self.heightForWidth(self.width())) if self.text() else 0
+        if height != self.height() or self.minimumHeight() != height:
+            self.setFixedHeight(height)
+
+
+def _view(plot: pg.PlotItem) -> pg.GraphicsView | None:
+    scene = plot.scene()
+    views = scene.views() if scene is not None else []
+    return views[0] if views else None
+
+
+def title_room(plot: pg.PlotItem) -> float:
+    """The width a title of this plot may take: over the plot's data column when the plot fills its view (a
+    one-column layout), not the plot's own width, which a long title widens past the view (pyqtgraph gives the
+    title label its text's width as a minimum width)."""
+    view = _view(plot)
+    width = view.width() if view is not None else plot.width()
+    axes = sum(plot.getAxis(side).width() for side in ("left", "right") if plot.getAxis(side).isVisible())
+    return width - axes - 20
+
+
+def fit_title(plot: pg.PlotItem, *candidates: str, **style: str) -> None:
+    """The first title (longest first) drawn whole in the plot's view; the last one cut with … if none is.
+    The plot keeps its candidates and fits them again whenever its view is resized."""
+    plot._fit_titles = (candidates, style)  # noqa: SLF001 - our own attribute on the plot
+    view = _view(plot)
+    if view is not None and not getattr(plot, "_fit_connected", False):
+        plot._fit_connected = True  # noqa: SLF001
+        view.sigDeviceRangeChanged.connect(lambda *_a, p=plot: _refit_title(p))
+    _refit_title(plot)
+
+
+def _refit_title(plot: pg.PlotItem) -> None:
+    candidates, style = plot._fit_titles  # noqa: SLF001
+    room = title_room(plot)
+    label = plot.titleLabel
+    for text in candidates:
+        if label.text != text:
+            plot.setTitle(text, **style)
+        if room <= 0 or label.item.boundingRect().width() <= room:
+            break
+    else:
+        metrics = QFontMetrics(label.item.font())
+        plot.setTitle(metrics.elidedText(candidates[-1], Qt.TextElideMode.ElideRight, int(room)), **style)
+    height = int(label.item.boundingRect().height()) + 2  # pyqtgraph's title row is 30 px: the data gets the rest
+    label.setMaximumHeight(height)
+    plot.layout.setRowFixedHeight(0, height)
+
+
+def title_fits(plot: pg.PlotItem) -> bool:
+    """Whether the plot's title is drawn whole inside its view (tests)."""
+    return plot.titleLabel.item.boundingRect().width() <= title_room(plot) + 4 and "…" not in plot.titleLabel.text
+
+
+def axis_width(plot: pg.PlotWidget) -> float:
+    return float(plot.getAxis("left").width()) + 16
+
+
+def _bars(*titles: str) -> pg.PlotWidget:
     w = pg.PlotWidget()
     w.setBackground("w")
     w.setMenuEnabled(False)
     w.hideButtons()
     w.setMouseEnabled(False, False)
-    w.setTitle(title, size="9pt", color="#333")
+    fit_title(w.getPlotItem(), *titles, size="9pt", color="#333")
     w.getAxis("left").setWidth(36)
     w.setMinimumSize(120, 110)
+    w.sigDeviceRangeChanged.connect(lambda *_a: _fit_ticks(w))
     return w
 
 
-def _draw(plot: pg.PlotWidget, labels: list[str], values: list[float], colours: list[tuple[int, int, int]]) -> None:
-    """Bars with their value written on top and a text label under each."""
+def _draw(plot: pg.PlotWidget, labels: list[tuple[str, str]], values: list[float],
+          colours: list[tuple[int, int, int]]) -> None:
+    """Bars with their value written on top and a label under each: (long, short), the short one when the long
+    ones would run into each other."""
     plot.clear()
     x = np.arange(len(values), dtype=float)
     plot.addItem(pg.BarGraphItem(x=x, height=values, width=0.6, brushes=[pg.mkBrush(c) for c in colours],
@@ -54,9 +131,22 @@ def _draw(plot: pg.PlotWidget, labels: list[str], values: list[float], colours: 
         text = pg.TextItem(_fmt(v), color="#222", anchor=(0.5, 1.0))
         text.setPos(xi, v)
         plot.addItem(text)
-    plot.getAxis("bottom").setTicks([list(zip(x, labels))])
+    plot._bar_labels = labels  # noqa: SLF001
+    _fit_ticks(plot)
     plot.setXRange(-0.6, len(values) - 0.4, padding=0)
     plot.setYRange(0, top * 1.5, padding=0)
+
+
+def _fit_ticks(plot: pg.PlotWidget) -> None:
+    labels = getattr(plot, "_bar_labels", None)
+    if not labels:
+        return
+    axis = plot.getAxis("bottom")
+    per_bar = (plot.width() - axis_width(plot)) / max(1, len(labels)) - 6
+    metrics = QFontMetrics(axis.font() if axis.style.get("tickFont") is None else axis.style["tickFont"])
+    fits = all(metrics.horizontalAdvance(long) <= per_bar for long, _short in labels)
+    axis.setTicks([[(float(i), long if fits else short) for i, (long, short) in enumerate(labels)]])
+    plot._bar_ticks = [long if fits else short for long, short in labels]  # noqa: SLF001 - what is drawn (tests)
 
 
 def row_entropy(cell: AttentionCell) -> tuple[float, float, float]:
@@ -78,17 +168,20 @@ def _fmt(v: float) -> str:
 
 
 class ScalingPanel(QWidget):
-    """Two bar charts (variance, entropy) and a few lines of numbers for one head."""
+    """Two bar charts (variance, entropy) and a few lines of numbers for one head.
 
-    def __init__(self, parent: QWidget | None = None):
+    With `text_inside=False` the paragraph (`text`) is left for the caller to place (the step-through view gives
+    it the whole width, above the charts, so that it is a few lines and never cut)."""
+
+    def __init__(self, parent: QWidget | None = None, text_inside: bool = True):
         super().__init__(parent)
-        self.text = WrapLabel(rich=True)
-        self.text.setMinimumHeight(92)
-        self.variance = _bars("variance of q·k")
-        self.entropy = _bars("mean softmax entropy per row (nats)")
+        self.text = FitLabel(rich=True)  # as tall as its paragraph: the charts below take what is left
+        self.variance = _bars("variance of q·k", "Var(q·k)")
+        self.entropy = _bars("mean softmax entropy per row (nats)", "mean row entropy (nats)", "entropy (nats)")
         lay = QGridLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.text, 0, 0, 1, 2)
+        if text_inside:
+            lay.addWidget(self.text, 0, 0, 1, 2)
         lay.addWidget(self.variance, 1, 0)
         lay.addWidget(self.entropy, 1, 1)
         lay.setRowStretch(1, 1)
@@ -99,9 +192,9 @@ class ScalingPanel(QWidget):
         self.record = rec
         s, cell = rec.stats, rec.cell
         predicted = s.d_k * s.q_var * s.k_var  # Var(sum of d_k products of independent components)
-        _draw(self.variance, ["raw q·k", "d_k·σq²·σk²", "scaled"], [s.var_raw, predicted, s.var_scaled],
-              [RAW, PREDICTED, SCALED])
-        _draw(self.entropy, ["unscaled", "scaled", "uniform"],
+        _draw(self.variance, [("raw q·k", "raw"), ("d_k·σq²·σk²", "pred."), ("scaled", "scaled")],
+              [s.var_raw, predicted, s.var_scaled], [RAW, PREDICTED, SCALED])
+        _draw(self.entropy, [("unscaled", "raw"), ("scaled", "scaled"), ("uniform", "unif.")],
               [s.entropy_unscaled, s.entropy_scaled, s.entropy_uniform], [RAW, SCALED, PREDICTED])
         over = f"the first {rec.stats_tokens:,} of {rec.n_tokens:,} tokens" if rec.stats_tokens < rec.n_tokens \
             else f"all {rec.n_tokens:,} tokens"

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QSplitte
 
 from app.records.attention import StepRecord, describe_scale
 from app.records.model import ModelRecord
-from app.views.attention.scaling import ScalingPanel, WrapLabel
+from app.views.attention.scaling import FitLabel, ScalingPanel, fit_title
 from app.views.common.tokens import TokenAxis, token_label
 
 BLUE, RED, ORANGE = (31, 119, 180), (214, 39, 40), (230, 120, 20)
@@ -72,9 +72,8 @@ class StepThroughView(QWidget):
                   self.query_spin, self.query_text):
             bar.addWidget(w)
         bar.addStretch(1)
-        self.header = WrapLabel()
+        self.header = FitLabel()  # as tall as its lines: the scale line under the cell's line is never cut
         self.header.setText("Run a prompt, then pick a layer, a head and a query token.")
-        self.header.setFixedHeight(36)
         self.keys_view = pg.GraphicsLayoutWidget()
         self.keys_view.setBackground("w")
         # reading order: the left column is steps 1-5 top to bottom (q, then the per-key steps), the right 6-7
@@ -97,7 +96,7 @@ class StepThroughView(QWidget):
         self.out_plot.getAxis("left").setWidth(100)  # the same as the image above: linked x ranges line up in pixels
         self.vec_view.ci.layout.setRowStretchFactor(0, 2)
         self.out_plot.setXLink(self.mix_plot)
-        self.scaling = ScalingPanel()
+        self.scaling = ScalingPanel(text_inside=False)
         self.numbers = QLabel("")
         self.numbers.setTextFormat(Qt.TextFormat.RichText)
         self.numbers.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
@@ -106,11 +105,14 @@ class StepThroughView(QWidget):
         plots.addWidget(self.keys_view)
         plots.addWidget(self.vec_view)
         plots.setSizes([560, 440])
-        bottom = QWidget()
-        row = QHBoxLayout(bottom)
-        row.setContentsMargins(0, 0, 0, 0)
+        bottom = QWidget()  # "Why ÷ √d_k" over the whole width (a few lines), then the keys' numbers and the charts
+        column = QVBoxLayout(bottom)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.scaling.text)
+        row = QHBoxLayout()
         row.addWidget(self.numbers, 0)
         row.addWidget(self.scaling, 1)
+        column.addLayout(row, 1)
         self.split = QSplitter(Qt.Orientation.Vertical)
         self.split.addWidget(plots)
         self.split.addWidget(bottom)
@@ -221,17 +223,21 @@ class StepThroughView(QWidget):
         seen = c.scaled[vis]
         lo, hi = min(0.0, float(seen.min())), max(0.0, float(seen.max()))
         same = bool(np.isclose(c.scale, c.textbook_scale, rtol=1e-5))
-        titles = {
-            "dots": f"② q·kⱼ: K {c.keys.shape} · q {c.q.shape} → {c.dots.shape}",
-            "scaled": f"③ × {c.scale:.4g}" + (f" = ÷ √{c.d_k}" if same else
-                                              f" (the model's; ÷ √{c.d_k} = × {c.textbook_scale:.4g})")
-                      + f" → {c.scaled.shape}",
-            "masked": f"④ mask{' + window' if c.window else ''}: {int(vis.sum())} of {n} keys visible, rest −∞ (hatched)",
-            "weights": f"⑤ softmax {c.weights.shape}: Σ = {float(c.weights.sum(dtype=np.float64)):.6f}",
+        total = f"Σ = {float(c.weights.sum(dtype=np.float64)):.6f}"
+        titles = {  # each title longest first: a plot shows the longest drawn whole in its width
+            "dots": (f"② q·kⱼ: K {c.keys.shape} · q {c.q.shape} → {c.dots.shape}", f"② q·kⱼ → {c.dots.shape}",
+                     "② q·kⱼ"),
+            "scaled": ((f"③ × {c.scale:.4g}" + (f" = ÷ √{c.d_k}" if same else
+                                               f" (the model's; ÷ √{c.d_k} = × {c.textbook_scale:.4g})")
+                        + f" → {c.scaled.shape}"),
+                       f"③ × {c.scale:.4g}" + (f" = ÷ √{c.d_k}" if same else " (the model's)"), f"③ × {c.scale:.4g}"),
+            "masked": (f"④ mask{' + window' if c.window else ''}: {int(vis.sum())} of {n} keys visible, rest −∞ "
+                       "(hatched)", f"④ mask: {int(vis.sum())} of {n} keys visible", f"④ mask: {int(vis.sum())}/{n}"),
+            "weights": (f"⑤ softmax {c.weights.shape}: {total}", f"⑤ softmax: {total}", "⑤ softmax"),
         }
         for name, p in self.plots.items():
             p.clear()
-            p.setTitle(titles[name], **TITLE)
+            fit_title(p, *titles[name], **TITLE)
             v = shown[name]
             if name == "masked":
                 p.addItem(pg.BarGraphItem(x=x[vis], height=v[vis], width=0.8, brush=pg.mkBrush(BLUE), pen=None))
@@ -253,7 +259,8 @@ class StepThroughView(QWidget):
 
     def _draw_vectors(self, rec: StepRecord) -> None:
         c = rec.cell
-        self.q_plot.setTitle(f"① q (after RoPE) {c.q.shape}, |q| = {np.linalg.norm(c.q):.3g}", **TITLE)
+        norm = f"|q| = {np.linalg.norm(c.q):.3g}"
+        fit_title(self.q_plot, f"① q (after RoPE) {c.q.shape}, {norm}", f"① q {c.q.shape}, {norm}", "① q", **TITLE)
         _signed_bars(self.q_plot, c.q)
         # only the keys with the most weight: the rest add almost nothing and would leave the image blank
         keys = sorted(rec.top_keys(MIX_KEYS))
@@ -268,10 +275,12 @@ class StepThroughView(QWidget):
         self.mix_plot.setYRange(0, max(1, len(keys)), padding=0)
         self.mix_plot.setXRange(0, c.d_k, padding=0.01)
         share = float(c.weights[keys].sum())
-        self.mix_plot.setTitle(f"⑥ wⱼ·vⱼ, top {len(keys)} keys (Σw {share:.2f})", **TITLE)
+        fit_title(self.mix_plot, f"⑥ wⱼ·vⱼ, top {len(keys)} keys (Σw {share:.2f})", f"⑥ wⱼ·vⱼ, top {len(keys)} keys",
+                  "⑥ wⱼ·vⱼ", **TITLE)
         self.mix_plot.setToolTip("Each row is scaled to its own largest |wⱼ·vⱼ| (blue −, red +), so keys of small "
                                  "weight still show their values; the labels give each key's weight")
-        self.out_plot.setTitle(f"⑦ output {c.output.shape}, |o| = {np.linalg.norm(c.output):.3g}", **TITLE)
+        norm = f"|o| = {np.linalg.norm(c.output):.3g}"
+        fit_title(self.out_plot, f"⑦ output {c.output.shape}, {norm}", f"⑦ output, {norm}", "⑦ output", **TITLE)
         _signed_bars(self.out_plot, c.output)
 
     def _draw_numbers(self, rec: StepRecord) -> None:

@@ -196,6 +196,13 @@ class ChatView(QWidget):
     def clear_input(self) -> None:
         self.input.clear()
 
+    def set_placeholder(self, text: str) -> None:
+        """The input box's hint ('Loading the model…', 'Message the model…'), repainted at once: Qt repaints a
+        QPlainTextEdit's placeholder only when it appears or goes, not when its text changes while shown."""
+        if self.input.placeholderText() != text:
+            self.input.setPlaceholderText(text)
+            self.input.viewport().update()
+
     def set_input(self, text: str) -> None:
         self.input.blockSignals(True)
         self.input.setPlainText(text)

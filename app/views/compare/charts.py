@@ -177,7 +177,7 @@ class SweepChart(QWidget):
         bar.addWidget(self.cancel)
         bar.addWidget(self.mix.compare)
         bar.addWidget(self.mix.apply)
-        bar.addWidget(self.progress, 1)
+        bar.addStretch(1)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         self.empty = QLabel("Sweep presets to see every preset's size against its KLD to the file, "
@@ -189,6 +189,7 @@ class SweepChart(QWidget):
         self.stack.addWidget(self.empty)
         self.stack.addWidget(self.plot)
         root.addLayout(bar)
+        root.addWidget(self.progress)  # a line of its own: what runs is said whole, never squeezed beside the buttons
         root.addWidget(self.mix)
         root.addWidget(self.status)
         root.addWidget(self.stack, 1)

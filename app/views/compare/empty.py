@@ -8,6 +8,7 @@ from app.records.model import ModelRecord
 
 EMPTY = {
     "summary": "No comparison yet.\nChoose B above and press Compare.",
+    "running": "Comparing A and B…\n{what}",  # every empty page while the first comparison runs
     "layers": "Press Compare to see how far each layer's residual stream moves (and each layer's own share).",
     "heads": "Press Compare to see one attention head of A and B side by side, and their difference.",
     "tokens": "Press Compare to see the text shaded by each token's KLD; click a token for both next-token lists.",
@@ -24,6 +25,13 @@ def empty_state(widget: QWidget, text: str) -> QStackedWidget:
     stack.addWidget(label)
     stack.addWidget(widget)
     return stack
+
+
+def set_empty_text(stack: QStackedWidget, text: str) -> None:
+    """Say something else on a page's empty state (what is running, or what to do)."""
+    label = stack.widget(0)
+    if isinstance(label, QLabel):
+        label.setText(text)
 
 
 def dominant_type(record: ModelRecord) -> str:

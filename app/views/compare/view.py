@@ -37,7 +37,7 @@ from app.data.overrides import OverrideSpec, eval_text
 from app.records.model import ModelRecord
 from app.views.attention.logit_pair import LogitPairView
 from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
-from app.views.compare.empty import EMPTY, dominant_type
+from app.views.compare.empty import EMPTY, dominant_type, set_empty_text
 from app.views.compare.empty import empty_state as _empty_state
 from app.views.compare.heads import HeadPairView
 from app.views.compare.pages import AdaptiveSplitter, controls_bar, result_pages
@@ -95,13 +95,15 @@ class CompareView(QWidget):
         self.cancel = QPushButton("Cancel")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(260)
+        self.progress.setFormat("%p%")  # what runs is said in the status line beside it: the bar holds a number only
+        self.progress.setFixedWidth(160)
         self.text = QPlainTextEdit(eval_text())
         self.text.setMaximumHeight(54)
         self.text.setToolTip("Both models read this text; statistics are over every position")
         self.reset_text = QPushButton("Evaluation text")
         self.reset_text.setToolTip("Put the bundled evaluation text back")
-        self.status = QLabel("Load a model, then Compare. A is the file as it is on disk.")
+        self.idle_text = "Load a model, then Compare. A is the file as it is on disk."  # the status when nothing ran
+        self.status = QLabel(self.idle_text)
         self.status.setWordWrap(True)
         self.overrides_label = "file"
         self.summary = SummaryTable()
@@ -198,7 +200,8 @@ class CompareView(QWidget):
         self.sweep.set_file_type(dominant_type(record))
         self.sweep.mix.set_weights(record.total_weights)
         self.sweep.mix.set_budget(min(record.average_bpw, 4.9))
-        self.status.setText(f"A is {html.escape(Path(record.path).name)} as on disk. Choose B and press Compare.")
+        self.idle_text = f"A is {html.escape(Path(record.path).name)} as on disk. Choose B and press Compare."
+        self.status.setText(self.idle_text)
 
     def clear(self) -> None:
         """Forget every result (another model was loaded): the empty states come back."""
@@ -251,19 +254,26 @@ class CompareView(QWidget):
         self.overrides_label = "file (no overrides set)" if spec.empty else spec.label()
         self._set_item(0, f"overrides: {self.overrides_label}")
 
-    def set_running(self, running: bool) -> None:
+    def set_running(self, running: bool, what: str = "") -> None:
+        """A comparison runs (what it does now, in the status line and the empty summary) or does not; "press
+        Compare" is never shown while one runs."""
         self.run.setEnabled(not running)
         self.cancel.setEnabled(running)
         self.progress.setVisible(running)
+        for key, stack in self.stacks.items():  # no page says "press Compare" while it runs
+            set_empty_text(stack, EMPTY["running"].format(what=what or "starting") if running else EMPTY[key])
+        if running:
+            self.status.setText(f"Comparing A and B: {html.escape(what or 'starting')}…")
+        elif self.status.text().startswith("Comparing A and B"):  # ended without a result or a reason
+            self.status.setText(self.idle_text)
 
     def set_progress(self, p: TaskProgress) -> None:
         """Progress of the comparison or the sweep."""
         if p.task in ("sweep", "mix"):
             self.sweep.set_running(True, p.what, p.fraction)
             return
-        self.set_running(True)
+        self.set_running(True, p.what)
         self.progress.setValue(int(1000 * max(0.0, min(1.0, p.fraction))))
-        self.progress.setFormat(f"{p.what} %p%")
 
     def set_record(self, rec: CompareRecord) -> None:
         """Draw a finished comparison; the token with the largest KLD is selected."""

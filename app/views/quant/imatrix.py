@@ -12,7 +12,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
@@ -22,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.records.imatrix import ImatrixRecord
+from app.views.attention.controls import FlowLayout
 
 TOP_COLUMNS = 5
 
@@ -55,12 +55,12 @@ class ImatrixPanel(QGroupBox):
         self.status = QLabel("None: overrides quantize as llama-quantize does without --imatrix.")
         self.status.setTextFormat(Qt.TextFormat.PlainText)
         self.status.setWordWrap(True)
-        row = QHBoxLayout()
+        buttons = QWidget()  # the buttons wrap onto a second line in a narrow pane: the table beside keeps its width
+        row = FlowLayout(buttons)
         for w in (self.load_button, self.compute_button, self.chunk, self.clear_button, self.cancel_button):
             row.addWidget(w)
-        row.addStretch(1)
         lay = QVBoxLayout(self)
-        lay.addLayout(row)
+        lay.addWidget(buttons)
         lay.addWidget(self.progress)
         lay.addWidget(self.status)
         self.load_button.clicked.connect(self._choose_file)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, ClassVar
 
 import html
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QResizeEvent
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -29,9 +30,14 @@ from app.views.quant.imatrix import ImatrixPanel
 from app.views.quant.overrides import OverrideEditor
 from app.views.quant.tensor import TensorDetail
 
+if TYPE_CHECKING:
+    from app.views.lenses import LensRequests
+
 ROLE_ORDER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 GLOBAL_ROW = "model"  # the row for tensors outside blk.N (token_embd, output, output_norm)
 NARROW_WIDTH = 1000  # below this the lens shows its three parts as tabs
+RIGHT_MIN = 380  # side by side, the tensor and the overrides keep at least this width; the table gets the rest
+LEFT_SHARE = 0.44  # ...but never less than this share of the width (the bar chart under the table needs it)
 
 
 def human_bytes(n: float) -> str:
@@ -45,6 +51,7 @@ def human_bytes(n: float) -> str:
 class QuantLens(QWidget):
     """Types of every tensor, bytes per layer, and the selected tensor's distributions and block layout."""
 
+    title: ClassVar[str] = "Quantization"  # the tab it shows in
     tensor_requested = Signal(str)
     block_requested = Signal(str, int)  # (tensor name, block index): answered with set_tensor
 
@@ -76,6 +83,7 @@ class QuantLens(QWidget):
         self.bars.setLabel("bottom", "layer")
         self.bars.setLabel("left", "size", units="B")
         self.bars.setMinimumHeight(160)
+        self.bars.getPlotItem().vb.sigResized.connect(lambda _vb: self._layer_ticks())  # labels as far apart as fit
         self.bars_key = QLabel("")  # the colour key under the chart: a legend inside it would hide the last layers
         self.bars_key.setWordWrap(True)
         bars_box = QWidget()
@@ -104,6 +112,9 @@ class QuantLens(QWidget):
         split.addWidget(left)
         split.addWidget(right)
         split.setSizes([700, 900])
+        self.layer_step = 1  # the bar chart labels every layer_step-th layer
+        self._split_dragged = False  # the user moved the handle: the widths are theirs
+        split.splitterMoved.connect(lambda _pos, _i: setattr(self, "_split_dragged", True))
         # a narrow pane (1280x800 beside the chat) shows the three parts as tabs instead of side by side
         self.left, self.right, self.editing, self.split = left, right, editing, split
         self.narrow = QTabWidget()
@@ -114,7 +125,7 @@ class QuantLens(QWidget):
         root.addWidget(split, 1)
         root.addWidget(self.narrow, 1)
         self.grid.cellClicked.connect(self._grid_clicked)
-        self.flat.cellClicked.connect(lambda r, _c: self._request(self.flat.item(r, 0).text()))
+        self.flat.cellClicked.connect(lambda r, _c: self.open_tensor(self.flat.item(r, 0).text()))
         self.detail.block_requested.connect(self.block_requested)
         self.overrides.spec_changed.connect(lambda _spec: self._mark_plan())
         self.overrides.applied_changed.connect(lambda _spec: self._explain())
@@ -124,6 +135,38 @@ class QuantLens(QWidget):
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
         self.set_narrow(event.size().width() < NARROW_WIDTH)
         super().resizeEvent(event)
+        self.fit_table()
+
+    def table_width(self) -> int:
+        """The width the Layers × tensors table needs to show every column without scrolling sideways."""
+        g = self.grid
+        bar = g.verticalScrollBar().sizeHint().width() if g.rowCount() * g.verticalHeader().defaultSectionSize() \
+            > g.viewport().height() else 0
+        return g.verticalHeader().width() + g.horizontalHeader().length() + 2 * g.frameWidth() + bar + 10  # + its tabs
+
+    def fit_table(self) -> None:
+        """Side by side, the table gets the width its columns need (token_embd, output and the norms included),
+        at least LEFT_SHARE of the width, and the tensor and overrides the rest, never less than RIGHT_MIN; the
+        user's own widths stay."""
+        if self.narrow_mode or self._split_dragged or self.model is None or self.split.width() <= 0:
+            return
+        total = self.split.width() - self.split.handleWidth()
+        left = min(max(self.table_width(), int(LEFT_SHARE * total)), total - RIGHT_MIN)  # the chart keeps its share
+        if left > 0 and abs(self.split.sizes()[0] - left) > 2:
+            self.split.setSizes([left, total - left])
+
+    def _layer_ticks(self) -> None:
+        """A label under every layer where the labels fit, else under every 2nd, 5th, 10th… (never run together)."""
+        n = self.model.n_layers if self.model is not None else 0
+        if n <= 0:
+            return
+        axis = self.bars.getAxis("bottom")
+        font = axis.style.get("tickFont") or axis.font()
+        need = QFontMetrics(font).horizontalAdvance(str(n - 1)) + 8
+        px = self.bars.getPlotItem().vb.width() / n  # screen pixels per layer
+        step = next((s for s in (1, 2, 5, 10, 20, 50, 100) if s * px >= need), 200)
+        axis.setTicks([[(i, str(i)) for i in range(0, n, step)], []])
+        self.layer_step = step
 
     def set_narrow(self, on: bool) -> None:
         """Tables, the tensor and the overrides as three tabs (a narrow pane), or side by side."""
@@ -146,9 +189,15 @@ class QuantLens(QWidget):
             self.split.setSizes([700, 900])
             self.narrow.hide()
             self.split.show()
+            self._split_dragged = False
         self.updateGeometry()  # the minimum size changed: the scroll area around the lens re-checks its scroll bars
 
     # ---- public API
+
+    def connect_requests(self, to: LensRequests) -> None:
+        """Each request signal goes to what answers it (a misspelt name fails here, when the window is built)."""
+        self.tensor_requested.connect(to.request_tensor)
+        self.block_requested.connect(to.request_block)
 
     def set_model(self, model: ModelRecord) -> None:
         """Fill the tables, the totals and the per-layer bar chart; another file empties the detail pane."""
@@ -172,6 +221,8 @@ class QuantLens(QWidget):
         self._fill_grid(model)
         self._fill_flat(model.tensors)
         self._fill_bars(model)
+        self.fit_table()
+        QTimer.singleShot(0, self.fit_table)  # once the new columns are measured
         if self.overrides.record is None or self.overrides.record.path != model.path:
             self.overrides.set_model(model)  # the bridge gives the file's record on load; this covers use without it
         self._mark_plan()
@@ -287,14 +338,13 @@ class QuantLens(QWidget):
         n = model.n_layers
         self.bars.setXRange(-0.6, n - 0.4, padding=0)  # every layer, the last one included
         self.bars.setYRange(0, float(bottom.max()) * 1.05 if n else 1.0, padding=0)
-        step = 1 if n <= 32 else 2 if n <= 64 else 4
-        self.bars.getAxis("bottom").setTicks([[(i, str(i)) for i in range(0, n, step)], []])
+        self._layer_ticks()
         self.bars.setTitle("Bytes per layer by type")  # short: a long title would widen the plot past its pane
 
     def _grid_clicked(self, r: int, c: int) -> None:
         name = self._cells.get((r, c))
         if name:
-            self._request(name)
+            self.open_tensor(name)
 
     def _mark_plan(self) -> None:
         """Cells the override preview changes show the new type (in its colour, italic); the others their own."""
@@ -313,7 +363,8 @@ class QuantLens(QWidget):
             font.setItalic(new is not None)
             item.setFont(font)
 
-    def _request(self, name: str) -> None:
+    def open_tensor(self, name: str) -> None:
+        """Show tensor `name` up close: the editor picks it, the detail says it is loading, the lens asks for it."""
         self.overrides.pick_tensor(name)
         self.detail.loading(name)
         if self.narrow_mode:

@@ -10,7 +10,8 @@ from app.data.store import Settings
 from app.jobs.lens import LensResult
 from app.records.attention import make_attention_record
 from app.state import AppState
-from app.views.lenses import LENSES, LensSlot
+from app.views.attention.lens import AttentionLens
+from app.views.lenses import LensSlot
 from tests.app.test_lenses_common import fake_run, synthetic_model_record
 
 
@@ -35,7 +36,7 @@ class FakeEngine(QObject):
 def test_attention_clears_on_chat_and_model_change_and_sinks_repool(qtbot) -> None:
     run = fake_run(40)
     engine, state = FakeEngine(), AppState(Settings())
-    slot = LensSlot(next(s for s in LENSES if s.title == "Attention"))
+    slot = LensSlot(AttentionLens)
     qtbot.addWidget(slot)
     bridge = LensBridge(engine, state, {"Attention": slot})  # type: ignore[arg-type]
     lens = slot.widget

@@ -130,6 +130,7 @@ def test_sinks_ticked_are_hidden_everywhere(qtbot) -> None:
     sent: list = []
     lens.hidden_keys_changed.connect(sent.append)
     lens.set_roles(roles)
+    assert not lens.sink_check.isChecked()  # scores arriving tick sinks in their list, never "hide sinks" itself
     from PySide6.QtWidgets import QListWidgetItem
 
     item = QListWidgetItem("key 7")  # a second sink, as a frequent word would be
@@ -138,7 +139,8 @@ def test_sinks_ticked_are_hidden_everywhere(qtbot) -> None:
     item.setCheckState(Qt.CheckState.Unchecked)
     lens.roles.sinks.addItem(item)
     item.setCheckState(Qt.CheckState.Checked)  # the user ticks it
-    assert sent[-1] == lens.roles.hidden_keys() and 7 in sent[-1] and lens.sink_check.isChecked()
+    assert sent[-1] == lens.roles.hidden_keys() and 7 in sent[-1] and not lens.sink_check.isChecked()
+    lens.sink_check.setChecked(True)  # only the user ticks "hide sinks": then the ticked keys are hidden
     shown = lens.head_view.shown
     assert lens.head_view.first_col == 1 and np.isnan(shown[:, 7 - 1]).all()  # key 0 dropped, key 7 blank
     seen: list = []
@@ -179,8 +181,8 @@ def test_logit_lens_view_draws_ranks_and_top5(qtbot) -> None:
     assert "model's own top token" in panel.title.text()
     lens.logit.show_position(4)  # decoded already: no new request
     assert len(asked) == 1 and "position 4" in panel.title.text()
-    lens.logit.metric.setCurrentIndex(1)
-    assert panel.image.image.max() <= 4.0 and panel.metric == "rank"
+    lens.logit.metric_box.setCurrentIndex(1)
+    assert panel.image.image.max() <= 4.0 and panel.metric_key == "rank"
     lens.clear_chat()
     assert panel.record is None and panel.table.rowCount() == 0
 
@@ -219,6 +221,6 @@ def test_a_failed_computation_says_why(qtbot) -> None:
     lens.set_attention(_attention(run))
     lens.roles.probe_button.click()
     lens.lens_failed("roles", "no model is loaded")
-    assert lens.roles.asked is None and "no model is loaded" in lens.roles.empty.textItem.toPlainText()
+    assert lens.roles.asked is None and "no model is loaded" in lens.roles.empty.text()
     lens.lens_failed("logit", "the logit lens run was cancelled")
-    assert "cancelled" in lens.logit.panel.empty.textItem.toPlainText()
+    assert "cancelled" in lens.logit.panel.empty.text()

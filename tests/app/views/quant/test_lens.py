@@ -80,7 +80,7 @@ def test_real_smollm2_quant_lens(qtbot, smollm2_run) -> None:
     lens.tensor_requested.connect(lambda name: lens.set_tensor(make_tensor_record(m, name)))
     lens.set_model(make_model_record(m))
     assert lens.grid.rowCount() == 31 and "Q4_1" in lens.summary.text()
-    lens._request("blk.0.ffn_down.weight")
+    lens.open_tensor("blk.0.ffn_down.weight")
     assert lens.tensor is not None and lens.tensor.type_name == "Q4_1"
     assert lens.detail.fields.rowCount() == 3
 
