@@ -113,8 +113,12 @@ class Screenshot:
             lens.steps.request()
             return False
         rec = lens.steps.record
-        want = tuple(self.step[:2])
-        return (rec is not None and (not want or (rec.cell.layer, rec.cell.head) == want)) or now - self.done_at > 20
+        want = tuple(self.step[:3])
+        got = None if rec is None else (rec.cell.layer, rec.cell.head, rec.cell.query_index)[: len(want)]
+        if got is not None and want and got != want and lens.steps.picks()[: len(want)] != want:
+            lens.steps.select(*want)  # the lens re-read the chat after the reply (its query back on the last token)
+            lens.steps.request()
+        return (rec is not None and (not want or got == want)) or now - self.done_at > 20
 
     def finish(self, code: int) -> None:
         from PySide6.QtWidgets import QApplication  # noqa: PLC0415
