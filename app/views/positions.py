@@ -343,12 +343,12 @@ class PositionsLens(QWidget):
         self.mk_plot.setTitle(f"M_k, k = {k} (first {d} of {self.d_model} dims)")
         pairs = max(0, self._positions() - k)
         mode = self.model.rope_mode if self.model is not None else "norm"
-        if mode not in ("norm", "neox"):  # an architecture whose pair layout is unknown: the check assumes adjacent pairs
-            mode = "norm (assumed)"
-        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, mode.split()[0], k, self._positions())
+        known = mode in ("norm", "neox")  # an architecture whose pair layout is unknown: the check assumes adjacent pairs
+        check_mode, label = (mode, mode) if known else ("norm", "norm (assumed)")
+        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, check_mode, k, self._positions())
                                for j in range(len(self.bases))), default=0.0)
         self.check.setText(
-            f"Checks at k = {k} over {pairs} positions: RoPE (the model's own rotation, {mode} pairs, every base): "
+            f"Checks at k = {k} over {pairs} positions: RoPE (the model's own rotation, {label} pairs, every base): "
             f"max |q_m·k_(m−{k}) − formula(k)| / (|q||k|) = {self.rope_error:.1e}, the same for every m: the score "
             f"depends on the distance only.   Sinusoid: max |PE(pos + {k}) − M_{k} · PE(pos)| over {self.d_model} dims "
             f"= {self.last_error:.2e} (M_k: one 2×2 rotation [[cos kω, sin kω], [−sin kω, cos kω]] per frequency ω)"

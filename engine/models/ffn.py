@@ -55,14 +55,18 @@ class DenseFFN:
         n = y.shape[-1] // 2
         return [y[..., :n], y[..., n:]]
 
+    def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The matrices each recorded input feeds: gate/up, then down."""
+        return tuple(p.weight.name for p in self.parts), (self.w_down.weight.name,)
+
     def __call__(self, h: F32, ops: GatedActivation, recorder: Recorder | None = None) -> F32:
         """The FFN's output rows (T, dim) for its normed input h (T, dim)."""
         if recorder is not None:  # the inputs of the products, for an importance matrix
-            recorder.record_input(tuple(p.weight.name for p in self.parts), h)
+            recorder.record_input(self.input_names()[0], h)
         gate, up = self.split(self.gate_up(h))
         g = ops.glu(self.glu, gate, up)
         if recorder is not None:
-            recorder.record_input((self.w_down.weight.name,), g)
+            recorder.record_input(self.input_names()[1], g)
         return self.w_down(g)
 
     def linears(self) -> list[Linear]:

@@ -132,6 +132,10 @@ class Layer:
         a, b = self.q_dim, self.q_dim + self.kv_dim
         return [y[..., :a], y[..., a:b], y[..., b:]]
 
+    def input_names(self) -> tuple[tuple[str, ...], ...]:
+        """The matrices each recorded input of the block feeds: q/k/v, output, then the FFN's (gate/up, down)."""
+        return (tuple(p.weight.name for p in self.qkv_parts), (self.wo.weight.name,), *self.ffn.input_names())
+
     def linears(self) -> list[Linear]:
         """The block's matrices in the order its graph multiplies them."""
         return [*self.qkv_parts, self.wo, *self.ffn.linears()]
@@ -255,7 +259,7 @@ class Transformer(DecoderModel):
         t, d = h.shape[0], a.head_dim
         cos, sin = rope
         if recorder is not None:  # the inputs of the products, for an importance matrix
-            recorder.record_input(tuple(p.weight.name for p in layer.qkv_parts), h)
+            recorder.record_input(layer.input_names()[0], h)
         q, k, v = layer.split_qkv(layer.qkv(h))
         if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
             q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
@@ -280,7 +284,7 @@ class Transformer(DecoderModel):
             recorder.record_q(i, start, q, spec)
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
         if recorder is not None:
-            recorder.record_input((layer.wo.weight.name,), o)
+            recorder.record_input(layer.input_names()[1], o)
         return layer.wo(o)
 
     def head(self, x: F32, all_logits: bool) -> F32:

@@ -190,7 +190,7 @@ class DecodePlan:
                       layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm),
                       _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
                       h_in.slots(), f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt],
-                      layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale, _input_names(layer))
+                      layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names())
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -246,13 +246,6 @@ class DecodePlan:
         if self.final_softcap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
             logits = soft_cap(logits, self.final_softcap)
         return logits
-
-
-def _input_names(layer: Layer) -> tuple[tuple[str, ...], ...]:
-    """The tensor names of the products each of a block's four inputs feeds, as the graph's recorder calls name them."""
-    ffn = layer.ffn
-    return (tuple(p.weight.name for p in layer.qkv_parts), (layer.wo.weight.name,),
-            tuple(p.weight.name for p in ffn.parts), (ffn.w_down.weight.name,))
 
 
 def _vec(v: F32 | None) -> F32:
