@@ -132,6 +132,7 @@ class LensBridge(QObject):
         self._want: GenerationRequest | None = None  # the conversation the lenses were cleared for and wait for
         self._due = False  # _want is read when the Attention or Positions tab comes on screen
         self._reply_chat = ""  # id of the chat whose reply is (or was last) being made
+        self._asked: GenerationRequest | None = None  # the newest conversation asked for (read on the worker)
         engine.lens_ready.connect(self._ready)
         engine.reply_event.connect(lambda _rid, item: self.kv_info(item) if isinstance(item, KVInfo) else None)
         state.settings_changed.connect(lambda s: engine.set_cache_type(cache_type_setting(s)))
@@ -199,9 +200,14 @@ class LensBridge(QObject):
         if context is not None:
             session = getattr(self.engine, "session", None)
             generating = session.generating.is_set if session is not None else (lambda: False)
-            compute = in_context(compute, context, self._context_memo, generating)
+            self._asked = context
+            compute = in_context(compute, context, self._context_memo, generating, self._still_asked)
         self.engine.request_lens(kind, compute)
         return context
+
+    def _still_asked(self, context: GenerationRequest) -> bool:
+        """On the worker: whether `context` is still the newest conversation asked for (no reply since)."""
+        return self._asked == context
 
     def context_changed(self) -> None:
         """What is on screen may have changed without a reply (another version, another chat, a new model): if the
@@ -235,6 +241,7 @@ class LensBridge(QObject):
         conv = self.conversation
         current = conv.current.id if conv is not None and conv.current is not None else ""
         if on:
+            self._asked = None  # a lens request still waiting must not bring the cache back to an older context
             self._reply_chat = current  # its live records are this chat's; nothing is waiting to be read now
             self._want, self._due, self._shown = None, False, None
             self.deliver(self.lens(AttentionLens), AttentionLens.new_reply)  # scores of the old context go

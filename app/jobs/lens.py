@@ -41,17 +41,23 @@ class InContext:
 
 
 def in_context(compute: Callable[..., Any], context: GenerationRequest, memo: dict[str, Any],
-               generating: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
+               generating: Callable[[], bool] = lambda: False,
+               wanted: Callable[[GenerationRequest], bool] = lambda _c: True) -> Callable[..., Any]:
     """`compute`, run on the cache holding `context` (the conversation on screen): one prefill first when the
     cache holds another (another version of a reply, a chat reopened after a restart, another chat). Returns
     InContext(record, context), so the GUI can tell a record of the conversation shown from a stale one.
 
     Never while a reply is being generated (its cache is in use between tokens): then the cache is read as it is.
+    Nor when the request is stale by the time it runs (`wanted(context)` False: the screen moved on, or a reply
+    started after it was asked): then nothing runs and the record is None, so a late request for an old
+    conversation never replaces the cache a newer reply left behind.
     `memo` (kept by the caller, touched on the worker only) remembers the context the cache was last brought to,
     so the lens requests that follow cost no tokenizing.
     """
 
     def run(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        if not wanted(context):
+            return InContext(None, context)
         if cache is not None and recorder is not None and not generating() and ensure_context(
                 model, recorder, cache, context, memo):
             texts = [model.tokenizer.token_text(t) for t in cache.tokens]

@@ -5,6 +5,7 @@
   other version that arrives late is dropped.
 * A saved chat reopened after a restart is read for its lenses when the Attention tab is on screen: its attention
   and its logit lens appear without sending anything; an empty chat's "Decode layers" says what to do.
+* A lens request asked before a reply and run after it does nothing: the reply's cache stays.
 * A new model: the status bar forgets the last model's speed; a copy of a catalog model goes by its file's name.
 """
 from __future__ import annotations
@@ -95,6 +96,28 @@ def test_every_lens_follows_the_reply_version_on_screen(qtbot, tiny: Path, data_
     lens.views.setCurrentWidget(lens.overview)
     qtbot.waitUntil(lambda: lens.attention is not None and _tail(lens.attention.token_texts).endswith(_said(v2)),
                     timeout=REPLY_MS)
+    w.close()
+
+
+def test_a_lens_request_that_waits_through_a_reply_leaves_that_replys_cache(qtbot, tiny: Path, data_dir: Path) -> None:
+    """A lens request asked before a reply and run after it (its thread waited for the session lock) is stale:
+    it must not prefill the older conversation over the cache the reply left (CI saw this race)."""
+    w = _window(qtbot, tiny, data_dir)
+    w.lens_tabs.select("Attention")
+    assert w.conversation.send("abc")
+    _reply(qtbot, w)
+    held = []
+    w.engine.request_lens = lambda kind, compute: held.append(compute)  # asked now, run later
+    w.bridge.request_attention()
+    del w.engine.request_lens
+    assert len(held) == 1
+    assert w.conversation.send("def")
+    _reply(qtbot, w)
+    session = w.engine.session
+    with session.lock:
+        tokens = list(session.cache.tokens)
+        late = held[0](session.model, session.recorder, session.cache, session.token_texts())
+        assert late.record is None and list(session.cache.tokens) == tokens
     w.close()
 
 
