@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,11 @@ class ArchSpec:
     logit_std: float = 3.5  # the spread of the logits, for peaked distributions
     successor: float = 1.2  # untied: each token's embedding also points the head at one successor token
     metadata: dict[str, Any] = field(default_factory=dict)
-    extras: tuple[str, ...] = ()  # rope_freqs, biases, qk_norm, post_norms, fused, phi_factors
+    extras: tuple[str, ...] = ()  # rope_freqs, biases, qk_norm, post_norms, fused, phi_factors, moe, shexp
+    n_expert: int = 0  # moe: experts per layer, the number each token uses, one expert's width (0: the metadata
+    n_used: int = 0  # leaves expert_feed_forward_length out, so the architecture's default applies)
+    expert_hidden: int = 0
+    router_std: float = 1.2  # moe: the router's logits spread (peaked routing with clear but not total winners)
 
 
 SPECS: dict[str, ArchSpec] = {
@@ -82,6 +87,12 @@ SPECS: dict[str, ArchSpec] = {
     "qwen3": ArchSpec("qwen3", n_kv_heads=2, head_dim=128, rope_base=1_000_000.0, tied=False, extras=("qk_norm",)),
     "gemma2": ArchSpec("gemma2", n_kv_heads=2, head_dim=128, extras=("post_norms",), logit_std=1.0, metadata={
         "attention.sliding_window": U32(32), "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
+    # Mixture-of-Experts: the expert width left to the default (n_ff / used) in qwen3moe, given in qwen2moe
+    "qwen3moe": ArchSpec("qwen3moe", n_kv_heads=2, head_dim=128, rope_base=1_000_000.0, tied=False, hidden=512,
+                         extras=("qk_norm", "moe"), n_expert=8, n_used=2),
+    "qwen2moe": ArchSpec("qwen2moe", n_kv_heads=2, rope_base=1_000_000.0, hidden=256, tied=False,
+                         extras=("biases", "moe", "shexp"), n_expert=6, n_used=3, expert_hidden=256),
+    "mixtral": ArchSpec("llama", n_kv_heads=2, tied=False, hidden=256, extras=("moe",), n_expert=4, n_used=2),
     "phi3": ArchSpec("phi3", n_kv_heads=4, rope_dim=32, tied=False, extras=("fused", "phi_factors"), metadata={
         "rope.scaling.original_context_length": U32(128), "rope.scaling.attn_factor": 1.1902380714238083}),
 }
@@ -136,6 +147,12 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
     rope_dim = s.rope_dim or s.head_dim
     md[f"{a}.rope.dimension_count"] = U32(rope_dim)
     md.update({f"{a}.{k}": v for k, v in s.metadata.items()})
+    if "moe" in s.extras:
+        md[f"{a}.expert_count"], md[f"{a}.expert_used_count"] = U32(s.n_expert), U32(s.n_used)
+        if s.expert_hidden:
+            md[f"{a}.expert_feed_forward_length"] = U32(s.expert_hidden)
+        if "shexp" in s.extras:
+            md[f"{a}.expert_shared_feed_forward_length"] = U32(s.hidden)
 
     def mat(n_in: int, n_out: int, std: float | None = None) -> np.ndarray:  # (n_out, n_in): ggml shape (n_in, n_out)
         return (rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(std or 1 / math.sqrt(n_in)))
@@ -182,13 +199,39 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
             ts.append((b + "post_attention_norm.weight", f32, (s.dim,), norm(s.dim)))
             ts.append((b + "post_ffw_norm.weight", f32, (s.dim,), norm(s.dim)))
         ts.append((b + "ffn_norm.weight", f32, (s.dim,), norm(s.dim)))
-        if "fused" in s.extras:
+        if "moe" in s.extras:
+            ts += experts(b, s)
+        elif "fused" in s.extras:
             ts.append((b + "ffn_up.weight", f32, (s.dim, 2 * s.hidden), mat(s.dim, 2 * s.hidden)))
         else:
             ts.append((b + "ffn_gate.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)))
             ts.append((b + "ffn_up.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)))
-        ts.append((b + "ffn_down.weight", f32, (s.hidden, s.dim), mat(s.hidden, s.dim, OUT_SCALE / math.sqrt(s.hidden))))
+        if "moe" not in s.extras:
+            ts.append((b + "ffn_down.weight", f32, (s.hidden, s.dim), mat(s.hidden, s.dim, OUT_SCALE / math.sqrt(s.hidden))))
     return md, ts
+
+
+def experts(b: str, s: ArchSpec) -> list[tuple[str, GGMLType, tuple[int, ...], np.ndarray]]:
+    """Block b's Mixture-of-Experts tensors: the router, each expert's gate/up/down stacked on a third axis and,
+    with shexp, Qwen2-MoE's shared expert and its gate. Each expert's down matrix has its own scale (0.5x to 2x) so
+    that which experts a token takes, and with what weight, moves the output (a renormalisation left out, or an
+    expert swapped, changes the logits by far more than rounding does)."""
+    rng = np.random.default_rng(zlib.crc32(b.encode()) + s.n_expert)  # per block, independent of the rest
+    f32, n, d = GGMLType.F32, s.n_expert, s.dim
+    width = s.hidden if s.arch == "llama" else s.expert_hidden or s.hidden // s.n_used  # llama: n_ff wide
+    gen = lambda *shape, std: (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))  # noqa: E731
+    scale = np.geomspace(0.5, 2.0, n).astype(np.float32)[:, None, None]
+    ts = [(b + "ffn_gate_inp.weight", f32, (d, n), gen(n, d, std=s.router_std / math.sqrt(d))),
+          (b + "ffn_gate_exps.weight", f32, (d, width, n), gen(n, width, d, std=1 / math.sqrt(d))),
+          (b + "ffn_up_exps.weight", f32, (d, width, n), gen(n, width, d, std=1 / math.sqrt(d))),
+          (b + "ffn_down_exps.weight", f32, (width, d, n), gen(n, d, width, std=OUT_SCALE / math.sqrt(width)) * scale)]
+    if "shexp" in s.extras:
+        h = s.hidden
+        ts += [(b + "ffn_gate_inp_shexp.weight", f32, (d,), gen(d, std=2 / math.sqrt(d))),
+               (b + "ffn_gate_shexp.weight", f32, (d, h), gen(h, d, std=1 / math.sqrt(d))),
+               (b + "ffn_up_shexp.weight", f32, (d, h), gen(h, d, std=1 / math.sqrt(d))),
+               (b + "ffn_down_shexp.weight", f32, (h, d), gen(d, h, std=OUT_SCALE / math.sqrt(h)))]
+    return ts
 
 
 def write_arch(path: Path, name: str, seed: int = SEED) -> Path:

@@ -37,6 +37,24 @@ def _printable(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def expert_summary(gguf) -> dict[str, Any] | None:
+    """A Mixture-of-Experts file's experts: the counts from its metadata (as they read, checked or not) and the
+    share of the weights the expert tensors hold; None for a dense file."""
+    arch = gguf.metadata.get("general.architecture")
+    count = gguf.metadata.get(f"{arch}.expert_count") if isinstance(arch, str) else None
+    exps = [t for t in gguf.tensors.values() if "_exps." in t.name or "_shexp." in t.name]
+    if count is None and not exps:
+        return None
+    used = gguf.metadata.get(f"{arch}.expert_used_count")
+    routed = sum(t.nbytes for t in exps if "_exps." in t.name)
+    total = sum(t.nbytes for t in gguf.tensors.values())
+    out: dict[str, Any] = {"expert_count": _summarize(count), "expert_used_count": _summarize(used),
+                           "expert_tensors": len(exps), "expert_bytes": routed, "total_bytes": total}
+    if isinstance(count, (int, np.integer)) and isinstance(used, (int, np.integer)) and 0 < used <= count:
+        out["bytes_per_token"] = int(total - routed + routed * int(used) // int(count))  # what one token reads
+    return out
+
+
 def run_problems(gguf) -> list[str]:
     """Why load_model would refuse this file, one line per failed check (empty when it would load)."""
     from engine.models.registry import model_class  # noqa: PLC0415 - the models load only for inspect
@@ -88,13 +106,20 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "metadata": {k: _summarize(v) for k, v in g.metadata.items()},
             "tensors": tensors, "n_params": total_n, "tensor_bytes": total_b,
             "bpw": round(8.0 * total_b / max(1, total_n), 4), "warnings": list(g.warnings),
-            "problems": run_problems(g),
+            "problems": run_problems(g), "experts": expert_summary(g),
         }
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=1, default=str))
     else:
         print(f"{report['path']}  GGUF v{report['version']}  {report['file_size']:,} bytes")
         print(f"{len(tensors)} tensors, {total_n:,} weights, {total_b:,} bytes, {report['bpw']:.3f} bits per weight")
+        ex = report["experts"]
+        if ex is not None:
+            line = (f"experts: {ex['expert_count']} per layer, {ex['expert_used_count']} used per token; expert "
+                    f"tensors {ex['expert_tensors']}, {ex['expert_bytes']:,} bytes")
+            if "bytes_per_token" in ex:
+                line += f"; a token reads about {ex['bytes_per_token']:,} of the {ex['total_bytes']:,} bytes"
+            print(line)
         print("\nmetadata:")
         for k, v in report["metadata"].items():
             text = _printable(json.dumps(v, ensure_ascii=False, default=str) if not isinstance(v, str) else v)

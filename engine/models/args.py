@@ -13,6 +13,7 @@ from engine.errors import ModelFormatError
 MAX_LAYERS = 512
 MAX_HEADS = 1024
 MAX_CONTEXT = 1 << 24
+MAX_EXPERTS = 512  # llama-hparams.h LLAMA_MAX_EXPERTS
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,11 @@ class BaseArgs:
             raise ModelFormatError(f"{a}.rope.freq_base", "must be in [1, 1e12)", self.rope_base)
 
     @staticmethod
-    def common_fields(m: MetadataView, n_vocab: int, rope_base: float) -> dict[str, Any]:
-        """The fields every architecture reads the same way from `<arch>.*` metadata (keys named in errors)."""
-        m.reject_experts()
+    def common_fields(m: MetadataView, n_vocab: int, rope_base: float, experts: bool = False) -> dict[str, Any]:
+        """The fields every architecture reads the same way from `<arch>.*` metadata (keys named in errors);
+        `experts`: the architecture runs Mixture-of-Experts layers (its caller reads their keys)."""
+        if not experts:
+            m.reject_experts()
         dim = m.int("embedding_length")
         n_heads = m.int("attention.head_count")
         if n_heads > 0 and dim % n_heads and m.optional_int("attention.key_length") is None:
@@ -135,11 +138,40 @@ class MetadataView:
         return v
 
     def reject_experts(self) -> None:
-        """Mixture-of-experts variants need router tensors this engine does not run: refuse them by name."""
+        """An architecture without experts whose file says it has some: refused by name, never run as dense."""
         n = self.optional_int("expert_count")
         if n is not None and n > 1:
-            why = "must be at most 1024" if n > 1024 else "mixture-of-experts models are not supported by GGUF Lens"
+            why = (f"{self.arch} has no Mixture-of-Experts layers in GGUF Lens (experts run in llama, qwen2moe and "
+                   f"qwen3moe files)")
             raise ModelFormatError(f"{self.arch}.expert_count", why, n)
+
+    def experts(self, hidden: int, required: bool, width_default: int | None = None) -> dict[str, int]:
+        """The Mixture-of-Experts keys as llama_model::load_hparams reads them, checked: expert_count,
+        expert_used_count, expert_feed_forward_length (else hidden // used, as qwen2moe.cpp and qwen3moe.cpp; an
+        architecture that does not read the key gives `width_default`: llama's experts are n_ff wide),
+        expert_shared_feed_forward_length. Not required and no expert_count: a dense model."""
+        n = self.optional_int("expert_count")
+        if n is None or (n == 0 and not required):
+            if required:
+                raise ModelFormatError(f"{self.arch}.expert_count", "required metadata key is missing")
+            return {}
+        _in_range(f"{self.arch}.expert_count", n, 1, MAX_EXPERTS)
+        full, used = self._get("expert_used_count", None)
+        if isinstance(used, (list, tuple, np.ndarray)):
+            raise ModelFormatError(full, "a per-layer expert count is not supported by GGUF Lens", "array")
+        used = self.int("expert_used_count")
+        _in_range(f"{self.arch}.expert_used_count", used, 1, n)
+        groups = self.optional_int("expert_group_count")
+        if groups is not None and groups > 1:
+            raise ModelFormatError(f"{self.arch}.expert_group_count", "expert groups (DeepSeek-style group routing) are "
+                                   "not supported by GGUF Lens", groups)
+        width = self.optional_int("expert_feed_forward_length") if width_default is None else None
+        if width is None or width == 0:
+            width = width_default if width_default is not None else hidden // used
+        _in_range(f"{self.arch}.expert_feed_forward_length", width, 1, 1 << 18)
+        shared = self.optional_int("expert_shared_feed_forward_length") or 0
+        _in_range(f"{self.arch}.expert_shared_feed_forward_length", shared, 0, 1 << 18)
+        return {"n_expert": n, "n_expert_used": used, "expert_hidden": width, "shared_hidden": shared}
 
     def optional_int(self, key: str) -> int | None:
         full, v = self._get(key, None)

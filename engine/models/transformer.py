@@ -22,6 +22,7 @@ from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.models.args import BaseArgs, LayerAttentionSpec, MetadataView
 from engine.models.decoder import DecoderModel, Numerics
+from engine.models.experts import MoEFFN, load_moe
 from engine.models.ffn import DenseFFN
 from engine.models.rope import NO_SCALING, RopeScaling, rope_freqs, yarn_attn_factor
 from engine.models.weights import Weights
@@ -36,7 +37,11 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama-model.cpp's
 # optional tensors llama.cpp's llama / phi3 / qwen2 graphs add when a file has them, which this graph does not
 # (and long/short RoPE factors outside Phi-3: llama's longrope variant picks them by context, not done here)
 NOT_APPLIED = re.compile(r"^(blk\.\d+\.(attn_output|ffn_gate|ffn_up|ffn_down|attn_norm|ffn_norm)\.bias|output(_norm)?\.bias"
-                            r"|rope_factors_(long|short)\.weight)$")
+                            r"|rope_factors_(long|short)\.weight"
+                            # experts this architecture or file does not run: a shared expert outside qwen2moe
+                            # (Granite), expert biases and selection biases, experts in a file without expert_count
+                            r"|blk\.\d+\.(ffn_(gate|up|down)_shexp|ffn_gate_inp_shexp|ffn_(gate|up|down|gate_up)_exps"
+                            r"|ffn_gate_inp|exp_probs_b)\.(weight|bias))$")
 
 
 @dataclass
@@ -53,16 +58,25 @@ class TransformerArgs(BaseArgs):
     attn_softcap: float | None = None  # attn_logit_softcapping
     final_softcap: float | None = None  # final_logit_softcapping
     attn_scale: float = 0.0  # the attention scale; 1/sqrt(head_dim) unless the architecture says otherwise
+    n_expert: int = 0  # Mixture-of-Experts: experts per layer (0: a dense FFN), chosen per token, one expert's
+    n_expert_used: int = 0  # FFN width, the shared expert's (Qwen2-MoE; 0: none)
+    expert_hidden: int = 0
+    shared_hidden: int = 0
 
     def is_swa(self, layer: int) -> bool:
         p = self.swa_pattern
         return self.sliding_window is not None and p > 0 and layer % p < p - 1
 
     @classmethod
-    def read(cls, md: dict[str, Any], n_vocab: int, arch: str, rope_base: float, **extra: Any) -> TransformerArgs:
-        """The common fields and RoPE scaling from `<arch>.*` metadata (llama_model::load_hparams)."""
+    def read(cls, md: dict[str, Any], n_vocab: int, arch: str, rope_base: float, moe: str = "", **extra: Any,
+             ) -> TransformerArgs:
+        """The common fields and RoPE scaling from `<arch>.*` metadata (llama_model::load_hparams); `moe`:
+        'required' (an experts architecture), 'optional' (llama: experts when the file has them) or ''."""
         m = MetadataView(md, arch)
-        common = cls.common_fields(m, n_vocab, rope_base)
+        common = cls.common_fields(m, n_vocab, rope_base, experts=bool(moe))
+        if moe:  # llama's experts are feed_forward_length wide; qwen2moe / qwen3moe's default to n_ff / used
+            common.update(m.experts(common["hidden_dim"], moe == "required",
+                                    common["hidden_dim"] if moe == "optional" else None))
         kind = m.string("rope.scaling.type", "linear")
         if kind not in ROPE_SCALING_TYPES:
             raise ModelFormatError(f"{arch}.rope.scaling.type", f"is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})", kind)
@@ -108,7 +122,7 @@ class Layer:
     qkv_parts: list[Linear]  # [wq, wk, wv], or [wqkv] (fused, split by q_dim / kv_dim)
     wo: Linear
     ffn_norm: F32
-    ffn: DenseFFN  # the FFN seam: the gated dense FFN (engine.models.ffn)
+    ffn: DenseFFN | MoEFFN  # the FFN seam: the gated dense FFN (engine.models.ffn) or the experts (models.experts)
     q_dim: int
     kv_dim: int
     biases: tuple[F32, F32, F32] | None = None  # q, k, v biases (ggml_add after the products)
@@ -142,7 +156,7 @@ class Layer:
 
     def fused(self) -> list[FusedLinear]:
         """The products that multiply several matrices' rows at once (q/k/v, gate/up)."""
-        return [self.qkv, self.ffn.gate_up]
+        return [f for f in (self.qkv, self.ffn.gate_up) if f is not None]
 
 
 class Transformer(DecoderModel):
@@ -155,10 +169,13 @@ class Transformer(DecoderModel):
     embed_scale: ClassVar[bool] = False  # the embeddings times sqrtf(dim) (Gemma)
     always_tied: ClassVar[bool] = False  # the head is token_embd even when output.weight exists (Gemma 2)
     refused: ClassVar[re.Pattern[str]] = NOT_APPLIED  # tensors this graph does not apply: refused by name
+    moe: ClassVar[str] = ""  # Mixture-of-Experts layers: '' none, 'optional' (llama), 'required' (qwen2moe, qwen3moe)
+    moe_normalize: ClassVar[bool] = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
+    shared_expert: ClassVar[bool] = False  # Qwen2-MoE's shared expert and its sigmoid gate
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
-        return cls.Args.read(md, n_vocab, cls.arch_name, cls.default_rope_base)
+        return cls.Args.read(md, n_vocab, cls.arch_name, cls.default_rope_base, moe=cls.moe)
 
     def __init__(self, args: TransformerArgs, w: Weights, ops: Numerics):
         super().__init__(args, w, ops)
@@ -222,7 +239,8 @@ class Transformer(DecoderModel):
             extra["post_ffn_norm"] = w.vector(b + "post_ffw_norm.weight", a.dim)
         wo = w.linear(b + "attn_output.weight", q_dim, a.dim)
         ffn_norm = w.vector(b + "ffn_norm.weight", a.dim)
-        return Layer(attn_norm, qkv, wo, ffn_norm, self.load_ffn(w, b, a), q_dim, kv_dim, biases, **extra)
+        ffn = load_moe(self, w, i, a) if a.n_expert else self.load_ffn(w, b, a)
+        return Layer(attn_norm, qkv, wo, ffn_norm, ffn, q_dim, kv_dim, biases, **extra)
 
     def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> DenseFFN:
         """Block b's FFN: ffn_gate and ffn_up, then ffn_down."""

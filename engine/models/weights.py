@@ -1,6 +1,8 @@
 """Weights: named tensors read from a GGUF file, each checked against the shape its architecture expects."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
 
@@ -8,6 +10,9 @@ from engine.errors import ModelFormatError
 from engine.gguf import GGUFFile
 from engine.quant.types import GGMLType
 from engine.tensor import DenseBudget, Linear, QTensor
+
+if TYPE_CHECKING:
+    from engine.models.experts import ExpertLinear
 
 
 class Weights:
@@ -37,6 +42,12 @@ class Weights:
 
     def linear(self, name: str, n_in: int, n_out: int) -> Linear:
         return Linear(self.qtensor(name, (n_in, n_out)), self.budget, numerics=self.numerics)
+
+    def experts(self, name: str, n_in: int, n_out: int, n_expert: int) -> ExpertLinear:
+        """A 3-D expert weight (ggml shape n_in x n_out x n_expert), kept as the memory map's blocks."""
+        from engine.models.experts import ExpertLinear  # noqa: PLC0415 - experts builds on this module's neighbours
+
+        return ExpertLinear(self.qtensor(name, (n_in, n_out, n_expert)), n_in, n_out, n_expert, numerics=self.numerics)
 
     def vector(self, name: str, n: int) -> npt.NDArray[np.float32]:
         """A 1-D tensor (norm weights) as float32."""

@@ -30,6 +30,9 @@ class Recorder:
     # called with (weight tensor names, input rows (T, n_in)) before each matrix product of a layer, when set:
     # what llama-imatrix's eval callback sees (engine.quality.imatrix_collect accumulates it)
     on_input: Callable[[tuple[str, ...], np.ndarray], None] | None = None
+    # Mixture-of-Experts layers: layer -> the chosen experts (N, k) in descending order, their weights (N, k) and
+    # the router's probabilities over all experts (N, n_expert, kept as float16)
+    routing: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _pending: int = 0
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -46,6 +49,17 @@ class Recorder:
     def record_hidden(self, layer: int, start: int, h: np.ndarray) -> None:
         if self.capture_hidden:
             self.hidden[layer] = _put(self.hidden.get(layer), start, h, axis=0)
+
+    def record_routing(self, layer: int, experts: np.ndarray, weights: np.ndarray, probs: np.ndarray) -> None:
+        """A MoE layer's routing of the positions being run (they start where the committed ones end)."""
+        old = self.routing.get(layer, (None, None, None))
+        new = (experts.astype(np.int32), weights.astype(np.float32), probs.astype(np.float16))
+        self.routing[layer] = tuple(_put(o, self.length, n, axis=0) for o, n in zip(old, new))  # type: ignore[assignment]
+
+    def routing_of(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Layer's routing at the recorded positions (experts, weights, probabilities), or None (a dense layer)."""
+        got = self.routing.get(layer)
+        return None if got is None else tuple(a[: self.length] for a in got)  # type: ignore[return-value]
 
     def record_input(self, names: tuple[str, ...], x: np.ndarray) -> None:
         """The float32 input rows (T, n_in) that the matrices `names` are about to multiply."""
@@ -87,7 +101,7 @@ def _put(buf: np.ndarray | None, start: int, x: np.ndarray, axis: int) -> np.nda
     if buf is None or buf.shape[axis] < end:
         shape = list(x.shape)
         shape[axis] = max(end, 2 * (0 if buf is None else buf.shape[axis]), 64)
-        new = np.zeros(shape, np.float32)
+        new = np.zeros(shape, x.dtype)
         if buf is not None:
             idx = [slice(None)] * x.ndim
             idx[axis] = slice(0, min(start, buf.shape[axis]))

@@ -102,6 +102,18 @@ def _silu_libm(x: F32) -> F32:
         return x / (np.float32(1.0) + libm_expf(-x))
 
 
+def silu_rows(x: npt.ArrayLike) -> F32:
+    """ggml_silu on a tensor (ggml_vec_silu_f32 per row): ggml_v_silu over each row's 16-float chunks, libm's
+    scalar ggml_silu_f32 for the n % 16 left at the end (a row of one element is all leftover)."""
+    x = _f32(x)
+    n = x.shape[-1]
+    body = n - n % CHUNK
+    out = np.empty(x.shape, np.float32)
+    out[..., :body] = silu(x[..., :body])
+    out[..., body:] = _silu_libm(x[..., body:])
+    return out
+
+
 def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     """ggml_swiglu_split (ggml_vec_swiglu_f32, AVX-512): silu(gate) * up per row.
 

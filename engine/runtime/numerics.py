@@ -88,6 +88,12 @@ class Float32Numerics:
         act = reference.gelu_tanh if kind == "geglu" else reference.silu
         return act(gate) * up
 
+    def softmax(self, x: F32) -> F32:
+        return reference.softmax(x)
+
+    def silu(self, x: F32) -> F32:
+        return reference.silu(x)
+
     def rope_tables(self, model: DecoderModel, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[F32, F32]:
         """cos and sin (T, rope_dim/2) from exact float64 angles (`freqs` already scaled as rope.rope_freqs does)."""
         return rope_angles(pos, freqs, model.rope_scaling.mscale())
@@ -183,6 +189,13 @@ class GgmlNumerics(Float32Numerics):
 
     def glu(self, kind: str, gate: F32, up: F32) -> F32:
         return ggml_ops.geglu(gate, up) if kind == "geglu" else ggml_ops.swiglu(gate, up)
+
+    def softmax(self, x: F32) -> F32:
+        """ggml_soft_max over the last axis (the router's probabilities)."""
+        return ggml_ops.soft_max(x)
+
+    def silu(self, x: F32) -> F32:
+        return ggml_ops.silu_rows(x)
 
     def rope_tables(self, model: DecoderModel, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[F32, F32]:
         """ggml's theta recurrence and libm, from tables memoised per block of positions."""

@@ -131,3 +131,28 @@ def test_inspect_of_a_runnable_file_has_no_problems(tiny: Path) -> None:
     r = cli("inspect", str(tiny), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["problems"] == []
     assert "cannot run" not in r.stderr
+
+
+def test_inspect_lists_experts_and_warns_about_a_bad_count(tmp_path: Path) -> None:
+    from engine.gguf import write_gguf  # noqa: PLC0415
+    from tools.make_arch_models import U32, build, write_arch  # noqa: PLC0415
+
+    good = write_arch(tmp_path / "moe.gguf", "qwen3moe")
+    r = cli("inspect", str(good))
+    assert r.returncode == 0 and "experts: 8 per layer, 2 used per token; expert tensors 6" in r.stdout, r.stdout
+    report = json.loads(cli("inspect", str(good), "--json").stdout)
+    ex = report["experts"]
+    routed = 2 * 3 * 256 * 256 * 8 * 4  # 2 layers x gate/up/down, 256 x 256 x 8 experts, F32
+    assert ex["expert_bytes"] == routed and ex["bytes_per_token"] == ex["total_bytes"] - routed + routed // 4
+    assert report["problems"] == [] and json.loads(cli("inspect", str(_tiny_path(tmp_path)), "--json").stdout)["experts"] is None
+    md, ts = build("qwen3moe")
+    md["qwen3moe.expert_used_count"] = U32(12)
+    bad = tmp_path / "bad-moe.gguf"
+    write_gguf(bad, md, ts)
+    r = cli("inspect", str(bad))
+    assert r.returncode == 0 and "experts: 8 per layer, 12 used per token" in r.stdout
+    assert any("qwen3moe.expert_used_count = 12" in w and "cannot run" in w for w in r.stderr.splitlines()), r.stderr
+
+
+def _tiny_path(folder: Path) -> Path:
+    return make_tiny_llama(folder / "dense.gguf")

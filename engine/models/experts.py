@@ -1,0 +1,201 @@
+"""The Mixture-of-Experts FFN: a router picks k of n experts per token, as llama.cpp's build_moe_ffn runs it.
+
+Beside `DenseFFN` (engine.models.ffn) with the same seam: `__call__(h, ops, recorder)`, `linears()`,
+`input_names()`. Op for op, in llama-graph.cpp's order:
+
+1. router logits = ffn_gate_inp x h (a dense product), probabilities = softmax over all experts;
+2. the k experts with the highest probabilities, in descending order (ggml_argsort_top_k), and their weights
+   (those probabilities; renormalised where the architecture asks: divided by their sum, the sum clamped below at
+   6.103515625e-5, the smallest normal float16);
+3. up and gate through each chosen expert (ggml's MUL_MAT_ID: the batch grouped by expert, each expert's rows
+   through the same kernels as a dense weight of that type, see `ExpertLinear`), the GLU, then down;
+4. each expert's output times its weight, summed in slot order (slot 0 + slot 1 + ...);
+5. Qwen2-MoE: plus a shared expert (a dense FFN) times sigmoid(ffn_gate_inp_shexp x h), computed as ggml computes
+   it, silu(x) / x.
+
+Expert weights stay in the memory map: an expert's product is built the first time a token is routed to it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.kernels.dispatch import TILED_MIN_ROWS, BlockProduct, compiled
+from engine.kernels.activations import KERNEL_LOCK
+from engine.models.ffn import DenseFFN, GatedActivation
+from engine.tensor import Linear, QTensor
+
+if TYPE_CHECKING:
+    from engine.models.weights import Weights
+    from engine.observe.recorder import Recorder
+
+F32 = npt.NDArray[np.float32]
+WEIGHT_SUM_MIN = np.float32(6.103515625e-5)  # build_moe_ffn's clamp of the weights' sum (norm_w)
+
+
+class RoutingOps(GatedActivation, Protocol):
+    """What the experts FFN asks of the numerics object beyond the GLU."""
+
+    def softmax(self, x: F32) -> F32: ...
+    def silu(self, x: F32) -> F32: ...
+
+
+@dataclass
+class ExpertLinear:
+    """One 3-D expert weight, ggml shape (n_in, n_out, n_expert): expert e is rows [e*n_out, (e+1)*n_out) of the blocks.
+
+    `rows(e, x)` is what ggml-cpu's MUL_MAT_ID computes for the rows routed to expert e: each row as the type's
+    one-row product makes it (vec_dot, or the repacked gemv where llama.cpp repacks the weight), or the tiled
+    k-quant kernel when 8 rows or more go to the expert; float32 numerics: the expert dequantized, times x.
+    """
+
+    weight: QTensor
+    n_in: int
+    n_out: int
+    n_expert: int
+    numerics: str = "ggml"
+    _products: dict[int, BlockProduct] = field(default_factory=dict, repr=False)
+
+    def expert(self, e: int) -> QTensor:
+        """Expert e's rows as a 2-D weight (a view of the memory map)."""
+        blocks = self.weight.blocks[e * self.n_out : (e + 1) * self.n_out]
+        return QTensor(f"{self.weight.name}[{e}]", self.weight.qtype, (self.n_in, self.n_out), blocks)
+
+    def product(self, e: int) -> BlockProduct:
+        p = self._products.get(e)
+        if p is None:
+            p = self._products[e] = BlockProduct(self.weight.qtype, self.expert(e).blocks, self.n_in)
+        return p
+
+    def rows(self, e: int, x: F32) -> F32:
+        """x (R, n_in) through expert e: (R, n_out)."""
+        if self.numerics != "ggml":
+            return np.ascontiguousarray(x, np.float32) @ self.expert(e).dequantize().T
+        p = self.product(e)
+        t = x.shape[0]
+        if not compiled() or p.gemv is None:
+            return p(x)  # the NumPy fallback: the same operands, another order of additions
+        from engine.kernels.dispatch import Activation  # noqa: PLC0415
+
+        act = Activation(x)
+        out = np.empty((t, self.n_out), np.float32)
+        xq = act.bytes_for(self.weight.qtype)
+        with KERNEL_LOCK:
+            if p.tiled is not None and t >= TILED_MIN_ROWS:  # ggml_compute_forward_mul_mat_id_tiled, per expert
+                p.tiled(p.weight, xq, out)
+            else:  # mul_mat_id_one_chunk (vec_dot per row) or the repacked forward_mul_mat_id (gemv per row)
+                for r in range(t):
+                    p.gemv(p.weight, xq[r], out[r])
+        return out
+
+    def __call__(self, x: F32, ids: npt.NDArray[np.int64]) -> F32:
+        """Row r of x through expert ids[r]: the rows grouped by expert, experts in ascending order (MUL_MAT_ID)."""
+        out = np.empty((x.shape[0], self.n_out), np.float32)
+        for e in np.unique(ids):
+            sel = np.nonzero(ids == e)[0]
+            out[sel] = self.rows(int(e), x[sel])
+        return out
+
+    def resident_experts(self) -> list[int]:
+        """The experts whose products were built (those some token was routed to)."""
+        return sorted(self._products)
+
+
+@dataclass
+class Routing:
+    """One layer's routing of a batch: per token the chosen experts (descending probability), their weights, and
+    the router's probabilities over all experts."""
+
+    experts: npt.NDArray[np.int32]  # (T, k)
+    weights: F32  # (T, k)
+    probs: F32  # (T, n_expert)
+
+
+def route(logits: F32, k: int, ops: RoutingOps, normalize: bool) -> Routing:
+    """softmax, the top k (ties to the lower index), their probabilities, renormalised when asked."""
+    probs = ops.softmax(np.ascontiguousarray(logits, np.float32))
+    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.int32)
+    weights = np.take_along_axis(probs, order, axis=-1)
+    if normalize:  # ggml_sum_rows (a double sum, rounded once), ggml_clamp, ggml_div
+        total = weights.astype(np.float64).sum(axis=-1).astype(np.float32)
+        weights = weights / np.maximum(total, WEIGHT_SUM_MIN)[:, None]
+    return Routing(order, weights.astype(np.float32), probs)
+
+
+@dataclass
+class MoEFFN:
+    """The experts FFN of one layer (see the module docstring); `shared` and `shared_gate` for Qwen2-MoE."""
+
+    router: Linear  # ffn_gate_inp: n_embd -> n_expert
+    up: ExpertLinear
+    gate: ExpertLinear | None  # None: silu(up) (a llama MoE file without ffn_gate_exps)
+    down: ExpertLinear
+    n_used: int
+    normalize: bool
+    glu: str = "swiglu"
+    layer: int = 0
+    shared: DenseFFN | None = None
+    shared_gate: Linear | None = None  # ffn_gate_inp_shexp: n_embd -> 1
+
+    def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The dense matrices each recorded input feeds (the router's); the experts' inputs, which depend on the
+        routing, are not recorded (an importance matrix per expert is not made yet)."""
+        shared = (self.shared_gate.weight.name,) if self.shared_gate is not None else ()
+        return (self.router.weight.name, *shared), ()
+
+    def __call__(self, h: F32, ops: RoutingOps, recorder: Recorder | None = None) -> F32:  # type: ignore[override]
+        t, k = h.shape[0], self.n_used
+        if recorder is not None:
+            recorder.record_input(self.input_names()[0], h)
+        r = route(self.router(h), k, ops, self.normalize)
+        if recorder is not None:
+            recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
+        ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
+        hx = np.repeat(h, k, axis=0)  # each token's row once per chosen expert
+        up = self.up(hx, ids)
+        g = ops.glu(self.glu, self.gate(hx, ids), up) if self.gate is not None else ops.silu(up)
+        y = self.down(g, ids).reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
+        out = y[:, 0].copy()
+        for s in range(1, k):  # ggml_add of the slots' views, one after another
+            out = out + y[:, s]
+        if self.shared is not None and self.shared_gate is not None:
+            z = self.shared_gate(h)  # (T, 1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                gate = ops.silu(z) / z  # qwen2moe.cpp's sigmoid: ggml_div(ggml_silu(x), x)
+            out = out + self.shared(h, ops, recorder) * gate
+        return out.astype(np.float32, copy=False)
+
+    @property
+    def gate_up(self) -> None:
+        """No fused gate/up product: the experts are multiplied per expert (Layer.fused skips it)."""
+        return None
+
+    def linears(self) -> list[Linear]:
+        """The dense matrices of the layer's FFN (the router, the shared expert's); experts are in `experts()`."""
+        dense = [self.router]
+        if self.shared is not None and self.shared_gate is not None:
+            dense += [self.shared_gate, *self.shared.linears()]
+        return dense
+
+    def experts(self) -> list[ExpertLinear]:
+        return [self.up, *([self.gate] if self.gate is not None else []), self.down]
+
+
+def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
+    """Block i's experts FFN under llama.cpp's names (ffn_gate_inp, ffn_{gate,up,down}_exps; Qwen2-MoE's *_shexp)."""
+    b = f"blk.{i}."
+    n, width = a.n_expert, a.expert_hidden
+    router = w.linear(b + "ffn_gate_inp.weight", a.dim, n)
+    up = w.experts(b + "ffn_up_exps.weight", a.dim, width, n)
+    gate = w.experts(b + "ffn_gate_exps.weight", a.dim, width, n) if w.has(b + "ffn_gate_exps.weight") else None
+    down = w.experts(b + "ffn_down_exps.weight", width, a.dim, n)
+    shared = shared_gate = None
+    if model.shared_expert:  # qwen2moe.cpp: n_ff_shexp, else n_ff
+        sw = a.shared_hidden or a.hidden_dim
+        parts = [w.linear(b + "ffn_gate_shexp.weight", a.dim, sw), w.linear(b + "ffn_up_shexp.weight", a.dim, sw)]
+        shared = DenseFFN(parts, w.linear(b + "ffn_down_shexp.weight", sw, a.dim), "swiglu")
+        shared_gate = w.linear(b + "ffn_gate_inp_shexp.weight", a.dim, 1)
+    return MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate)
