@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_numerics(p)
     p.set_defaults(func=cmd_perplexity)
 
+    from engine.cli.routing import add_command as add_routing  # noqa: PLC0415
+
+    add_routing(sub, _add_model)
     from engine.cli.quant import add_commands  # noqa: PLC0415 - quantize and compare
 
     add_commands(sub)

@@ -156,3 +156,19 @@ def test_inspect_lists_experts_and_warns_about_a_bad_count(tmp_path: Path) -> No
 
 def _tiny_path(folder: Path) -> Path:
     return make_tiny_llama(folder / "dense.gguf")
+
+
+def test_routing_writes_each_tokens_experts_as_json(tmp_path: Path) -> None:
+    from tools.make_arch_models import write_arch  # noqa: PLC0415
+
+    path = write_arch(tmp_path / "moe.gguf", "qwen3moe")
+    r = cli("routing", str(path), "--text", "experts, please")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["moe_layers"] == [0, 1] and report["n_positions"] == len(report["tokens"]) > 3
+    cell = report["tokens"][2]["layers"][0]
+    assert len(cell["experts"]) == 2 and abs(sum(cell["weights"]) - 1) < 1e-5 and 0 < cell["entropy_bits"] <= 3
+    layer = report["layers"][1]
+    assert sum(layer["load"]) == 2 * report["n_positions"] and len(layer["tokens_of_expert"]) == 8
+    dense = cli("routing", str(_tiny_path(tmp_path)), "--text", "hi")
+    assert dense.returncode != 0 and "dense model: it has no experts" in dense.stderr

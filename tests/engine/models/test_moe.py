@@ -188,3 +188,39 @@ def test_broken_moe_files_are_refused_by_name(folder: Path, case: str) -> None:
     path = _variant(folder, name, case, md_change, tensor_change)
     with pytest.raises(ModelFormatError, match=pattern):
         load_model(path).close()
+
+
+# ---- the routing itself against llama.cpp's (tools/make_moe_routing_fixtures.py: its ffn_moe_topk tensors)
+
+
+@pytest.mark.parametrize("numerics", ["ggml", "float32"])
+@pytest.mark.parametrize("quant", ["F16", "Q4_K_M"])
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "mixtral"])
+def test_chosen_experts_are_llama_cpps(folder: Path, name: str, quant: str, numerics: str) -> None:
+    """Every token's experts in every layer, in llama.cpp's order, for a 128-token prompt (ggml numerics: all of
+    them; float32: all but the few near-ties the 8-bit activations decide the other way)."""
+    from engine.generate import prefill
+    from engine.observe.recorder import Recorder
+    from engine.observe.routing import routing_layers, routing_report
+    from tools.make_arch_models import FIXTURES
+
+    z = np.load(FIXTURES / f"{name}_routing.npz")
+    ids = z["ids"].tolist()
+    model = load_model(model_file(folder, name, quant), numerics=numerics)
+    try:
+        rec = Recorder(capture_q=False)
+        prefill(model, ids, model.new_cache(len(ids)), recorder=rec, chunk_size=256)
+        layers = routing_layers(rec, model.args.n_layers)
+        assert [lr.layer for lr in layers] == list(range(model.args.n_layers))
+        for lr in layers:
+            want = z[f"{quant}_layer{lr.layer}"]
+            same = (lr.experts == want).all(axis=1).mean()
+            print(name, quant, numerics, lr.layer, same)
+            assert same == 1.0 if numerics == "ggml" else same >= 0.9
+        report = routing_report(layers, [str(t) for t in ids])
+        first = report["layers"][0]
+        assert sum(first["load"]) == len(ids) * first["k"] and abs(sum(first["weight_share"]) - 1) < 1e-5
+        assert report["tokens"][5]["layers"][1]["experts"] == layers[1].experts[5].tolist()
+        assert 0 < first["mean_entropy_bits"] <= np.log2(first["n_expert"])
+    finally:
+        model.close()
