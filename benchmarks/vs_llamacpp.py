@@ -8,7 +8,8 @@ checkout) the same way. Both are best of --reps. Prints one JSON object per mode
 ratios (ours / llama.cpp), and each one's peak resident memory against the file size.
 
 --synthetic-1b adds issue 12's 1.1B llama in Q4_K_M (Llama-3.2-1B shapes, random weights), written on the
-fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the first time, then reused).
+fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the first time, then reused);
+--moe adds a Mixture-of-Experts model with Qwen3-30B-A3B's widths and a few layers (benchmarks/synthetic_moe.py).
 """
 from __future__ import annotations
 
@@ -71,8 +72,11 @@ def main() -> int:
                     help="also the 1.1B llama Q4_K_M with random weights (written to /tmp on the first run)")
     ap.add_argument("--synthetic-vocab", type=int, default=None,
                     help="its vocabulary (default 49152: 1.07B parameters; 128256 is Llama 3.2 1B's own)")
+    ap.add_argument("--moe", action="store_true",
+                    help="also a qwen3moe with Qwen3-30B-A3B's widths, 128 experts, top 8 (written to /tmp on the first run)")
+    ap.add_argument("--moe-layers", type=int, default=4)
     args = ap.parse_args()
-    models = list(args.models) or ([] if args.synthetic_1b else ["smollm2-135m-instruct"])
+    models = list(args.models) or ([] if args.synthetic_1b or args.moe else ["smollm2-135m-instruct"])
     t = str(args.threads)
     # the same thread count everywhere: BLAS (prefill tiles), numba's kernels, llama.cpp's n_threads;
     # PYTHONPATH: `gguf-lens bench` runs this checkout's engine
@@ -91,6 +95,13 @@ def main() -> int:
         path = ensure_1b(None, shape, threads=os.cpu_count() or 2, llama_python=args.llama_python,
                          log=lambda m: print(m, file=sys.stderr, flush=True))
         paths.append((f"synthetic-llama-1.1b-q4_k_m-v{shape.n_vocab}", str(path)))
+    if args.moe:
+        from synthetic_moe import ShapeMoE, ensure_moe  # noqa: PLC0415
+
+        shape_moe = ShapeMoE(n_layers=args.moe_layers)
+        path = ensure_moe(None, shape_moe, threads=os.cpu_count() or 2, llama_python=args.llama_python,
+                          log=lambda m: print(m, file=sys.stderr, flush=True))
+        paths.append((f"synthetic-qwen3moe-30b-a3b-shape-L{shape_moe.n_layers}-q4_k_m", str(path)))
     for model, path in paths:
         file_mb = Path(path).stat().st_size / 2**20
         ours = run_json([*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json"], env)

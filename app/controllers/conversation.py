@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -34,6 +34,17 @@ class Reply:
     ttft_s: float = 0.0
     prompt_tokens: int = 0
     generated: int = 0
+
+
+def template_vars(s: Any) -> tuple[tuple[str, object], ...]:
+    """The reasoning switches the settings move away from what templates assume when they are not passed
+    (thinking on, medium effort): only those go to the template, so every other template renders as before."""
+    out: list[tuple[str, object]] = []
+    if not s.enable_thinking:
+        out.append(("enable_thinking", False))
+    if s.reasoning_effort != "medium":
+        out.append(("reasoning_effort", s.reasoning_effort))
+    return tuple(out)
 
 
 class Conversation(QObject):
@@ -274,7 +285,7 @@ class Conversation(QObject):
             messages=msgs, continue_ids=continue_ids, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             min_p=s.min_p, repeat_penalty=s.repeat_penalty, max_tokens=s.max_tokens,
             seed=None if s.seed < 0 else s.seed, overflow_policy=s.overflow_policy,
-            plain=self.prompt_mode(chat) == "plain",
+            plain=self.prompt_mode(chat) == "plain", template_vars=template_vars(s),
         )
 
     def _start(self, chat: Chat, from_send: bool, resume: Message | None = None,

@@ -23,6 +23,7 @@ from app.records.kv import KVInfo, backend_setting, cache_type_setting, kv_bytes
 from app.records.reply import GenerationRequest
 from app.state import AppState
 from app.views.attention.lens import AttentionLens
+from app.views.experts import ExpertsLens
 from app.views.lenses import LensSlot
 from app.views.positions import PositionsLens
 from app.views.quant.lens import QuantLens
@@ -37,7 +38,8 @@ READING_TEXT = ("Reading this chat: the conversation shown (the reply versions o
                 "model to show its attention…")
 NO_TOKENS = "this chat has no tokens yet: send a message first"
 NO_MODEL_TEXT = "This chat's attention is shown once a model is loaded."
-L = TypeVar("L", AttentionLens, PositionsLens, QuantLens)
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens)
+LIVE_ROUTING_S = 1.0  # the Experts lens follows a streaming reply at most this often
 P = ParamSpec("P")
 
 
@@ -102,6 +104,15 @@ def _step(layer: int, head: int, query: int) -> Callable[..., Any]:
     return compute
 
 
+def _routing() -> Callable[..., Any]:
+    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        from app.records.routing import make_routing_record  # noqa: PLC0415
+
+        return make_routing_record(model, recorder, cache, texts)
+
+    return compute
+
+
 def _tensor(name: str, block: int) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.tensor import make_tensor_record  # noqa: PLC0415
@@ -121,6 +132,7 @@ class LensBridge(QObject):
         self.slots = slots
         self.visible: Callable[[str], bool] = lambda title: True
         self._live_at = 0.0
+        self._routing_at = 0.0
         self._live_cost = 0.0
         self._asked_at = 0.0
         self._pending: dict[str, dict[Callable[..., Any], partial[Any]]] = {}  # hidden lens -> method -> newest call
@@ -181,6 +193,13 @@ class LensBridge(QObject):
     def request_logit(self, position: int, width: int) -> None:
         self._ask("logit", _logit(int(position), int(width), self._logit_memo))
 
+    def request_routing(self) -> None:
+        """The Experts lens's record, when the model has experts (nothing to ask of a dense model)."""
+        experts = self.lens(ExpertsLens)
+        if experts is not None and experts.wants_routing():
+            self._routing_at = time.perf_counter()
+            self._ask("routing", _routing())
+
     # ---- the conversation on screen
 
     def shown_context(self) -> GenerationRequest | None:
@@ -224,13 +243,14 @@ class LensBridge(QObject):
             return
         self.deliver(self.lens(AttentionLens), AttentionLens.waiting, READING_TEXT)
         self._due = True
-        if self.visible(AttentionLens.title) or self.visible(PositionsLens.title):
+        if any(self.visible(t) for t in (AttentionLens.title, PositionsLens.title, ExpertsLens.title)):
             self._read()
 
     def _read(self) -> None:
         """Read the conversation the lenses wait for (one prefill on the worker, then the attention overview)."""
         self._due = False
         self.request_attention(ATTENTION_MAX_ROWS)
+        self.request_routing()
 
     def _messages_changed(self, chat_id: str) -> None:
         conv = self.conversation
@@ -302,8 +322,10 @@ class LensBridge(QObject):
         set_model = type(slot.widget).set_model
         for method in sorted(pending, key=lambda m: m is not set_model):
             self._call(title, pending[method])
-        if self._due and title in (AttentionLens.title, PositionsLens.title):
+        if self._due and title in (AttentionLens.title, PositionsLens.title, ExpertsLens.title):
             self._read()
+        elif title == ExpertsLens.title:
+            self.request_routing()
 
     @staticmethod
     def _call(title: str, call: partial[Any]) -> None:
@@ -334,6 +356,8 @@ class LensBridge(QObject):
         self.deliver(self.lens(PositionsLens), PositionsLens.set_tokens, [])  # the other chat's tokens are not this one's
         self._pending.pop(AttentionLens.title, None)  # what was queued for the old chat must not land after the clear
         self.deliver(self.lens(AttentionLens), AttentionLens.clear_chat)
+        self._pending.pop(ExpertsLens.title, None)
+        self.deliver(self.lens(ExpertsLens), ExpertsLens.clear_chat)
 
     def model_loaded(self) -> None:
         """A new model: every lens starts over with its ModelRecord (the old model's attention is gone) and reads
@@ -367,9 +391,13 @@ class LensBridge(QObject):
         self._ask("attention", _attention(max_rows, self.hidden_keys))
 
     def reply_progress(self) -> None:
-        """A token arrived: refresh the attention overview now and then, if someone is looking at it (at the chat
-        being answered: another chat's lenses must not show this reply)."""
-        if not self.visible(AttentionLens.title) or self._current_chat() != self._reply_chat:
+        """A token arrived: refresh the attention overview (and the Experts lens) now and then, if someone is
+        looking at it (at the chat being answered: another chat's lenses must not show this reply)."""
+        if self._current_chat() != self._reply_chat:
+            return
+        if self.visible(ExpertsLens.title) and time.perf_counter() - self._routing_at >= LIVE_ROUTING_S:
+            self.request_routing()
+        if not self.visible(AttentionLens.title):
             return
         now = time.perf_counter()
         if now - self._live_at < max(LIVE_MIN_S, LIVE_COST_FACTOR * self._live_cost):
@@ -380,6 +408,7 @@ class LensBridge(QObject):
     def reply_finished(self, cancelled: bool) -> None:
         if not cancelled and self._current_chat() == self._reply_chat:
             self.request_attention(ATTENTION_MAX_ROWS)
+            self.request_routing()
 
     def _failed(self, kind: str, message: str) -> None:
         log.info("lens %s: %s", kind, message)
@@ -431,3 +460,5 @@ class LensBridge(QObject):
             self.deliver(attention, AttentionLens.set_logit_lens, rec)
         elif result.kind == "tensor":
             self.deliver(self.lens(QuantLens), QuantLens.set_tensor, rec)
+        elif result.kind == "routing":
+            self.deliver(self.lens(ExpertsLens), ExpertsLens.set_routing, rec)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.data.chats import Chat, to_markdown
+from engine.chat.reasoning import EFFORTS
 from engine.fileio import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class Settings:
     seed: int = -1  # -1 = random each reply
     overflow_policy: str = "refuse"
     context_limit: int = 4096  # the KV cache (and recorded queries) never grow past min(this, the model's context)
+    enable_thinking: bool = True  # reasoning switches, for templates that read them (engine.chat.reasoning)
+    reasoning_effort: str = "medium"
     last_model: str = ""
     current_chat: str = ""
     geometry: str = ""
@@ -66,6 +69,8 @@ class Settings:
                 setattr(s, f.name, float(d[f.name]))
         if s.overflow_policy not in OVERFLOW_POLICIES:
             s.overflow_policy = "refuse"
+        if s.reasoning_effort not in EFFORTS:
+            s.reasoning_effort = "medium"
         for name, (lo, hi) in LIMITS.items():
             value = getattr(s, name)
             if value != value:  # NaN (json reads it)

@@ -99,7 +99,7 @@ def plain_text(messages: list[dict[str, str]]) -> str:
 
 
 def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[int, ...] | None,
-            plain: bool = False) -> tuple[list[int], str]:
+            plain: bool = False, variables: dict[str, object] | None = None) -> tuple[list[int], str]:
     """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed."""
     tok = model.tokenizer
     if plain:  # no template: BOS as the model adds it, special-token text in the messages stays text
@@ -109,11 +109,11 @@ def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[in
         return tok.encode(plain_text(messages), add_special=True, parse_special=False), ""
     if continue_ids is not None:
         head, last = messages[:-1], messages[-1]
-        result = model.chat.render(head, add_generation_prompt=True)
+        result = model.chat.render(head, add_generation_prompt=True, variables=variables)
         ids = tok.encode(result.text, add_special=True, parse_special=True)
         tail = list(continue_ids) if continue_ids else tok.encode(last["content"], add_special=False, parse_special=False)
         return ids + tail, result.warning or ""
-    result = model.chat.render(messages, add_generation_prompt=True)
+    result = model.chat.render(messages, add_generation_prompt=True, variables=variables)
     return tok.encode(result.text, add_special=True, parse_special=True), result.warning or ""
 
 
@@ -132,7 +132,8 @@ def fit_context(
     min(max_tokens, n_ctx // 4) tokens, and raises ContextFullError if even the last turn alone is too long.
     """
     messages = [{"role": r, "content": c} for r, c in req.messages]
-    ids, warning = _render(model, messages, req.continue_ids, req.plain)
+    variables = dict(req.template_vars)
+    ids, warning = _render(model, messages, req.continue_ids, req.plain, variables)
     if req.overflow_policy != "drop_oldest":
         if len(ids) + 1 > n_ctx:
             raise ContextFullError(len(ids), n_ctx)
@@ -148,7 +149,7 @@ def fit_context(
         cut = starts[0]
         rest = rest[cut:]
         dropped += cut
-        ids, again = _render(model, system + rest, req.continue_ids, req.plain)
+        ids, again = _render(model, system + rest, req.continue_ids, req.plain, variables)
         warning = warning or again  # a note the template gives once (a folded system prompt) is kept
     return ids, dropped, warning
 

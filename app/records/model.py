@@ -65,6 +65,9 @@ class ModelRecord:
     runnable: bool  # False when only the file could be read (no forward pass for this architecture)
     rope_scaling: str = ""  # how the model scales RoPE (Llama 3's factors, linear, YaRN), "" for none
     rope_ratio: tuple[float, ...] = ()  # per pair: the frequency used / base^(-2i/d) (empty: 1 for every pair)
+    n_expert: int = 0  # Mixture-of-Experts: experts per layer (0: a dense model) and how many a token uses
+    n_expert_used: int = 0
+    reasoning: tuple[str, ...] = ()  # the reasoning switches its chat template reads (engine.chat.reasoning)
 
     @property
     def total_bytes(self) -> int:
@@ -114,8 +117,20 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         group=max(1, a.n_heads // max(1, a.n_kv_heads)), layers=layers,
         tensors=tuple(tensor_row(info) for info in gguf.tensors.values()),
         file_bytes=int(getattr(gguf, "file_size", 0)), runnable=net is not None,
+        n_expert=int(getattr(a, "n_expert", 0) or 0), n_expert_used=int(getattr(a, "n_expert_used", 0) or 0),
+        reasoning=_reasoning_switches(model),
         **_scaling(net, a),
     )
+
+
+def _reasoning_switches(model: Any) -> tuple[str, ...]:
+    """The names of the reasoning switches the model's own chat template reads (none for a built-in one)."""
+    from engine.chat.reasoning import template_switches  # noqa: PLC0415
+
+    chat = getattr(model, "chat", None)
+    if chat is None or getattr(chat, "is_builtin", True):
+        return ()
+    return tuple(sw.name for sw in template_switches(str(getattr(chat, "source", ""))))
 
 
 def _scaling(net: Any, a: Any) -> dict[str, Any]:

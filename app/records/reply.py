@@ -23,6 +23,7 @@ class GenerationRequest:
     overflow_policy: str = "refuse"  # 'refuse' | 'drop_oldest'
     chunk_size: int = 64  # prefill chunk: Stop answers within one chunk
     plain: bool = False  # the text alone, no chat template (a base model continues it)
+    template_vars: tuple[tuple[str, object], ...] = ()  # reasoning switches set away from the template's default
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Every lens class in LENSES says, as class attributes and methods, what it shows and how it asks:
 
-* `title`: the tab it shows in ("Attention", "Positions", "Quantization"), in LENSES's order;
+* `title`: the tab it shows in ("Attention", "Positions", "Quantization", "Experts"), in LENSES's order;
 * `set_model(ModelRecord)`: every lens draws the loaded model (its other `set_*` methods take the records it shows);
 * `connect_requests(requests)`: connects each of its request signals to the LensRequests method that answers it,
   by reference (`self.head_requested.connect(requests.request_head)`), so a misspelt name fails when the window
@@ -20,16 +20,17 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QStackedLayout, QTabWidget, QWidget
 
 from app.views.attention.lens import AttentionLens
+from app.views.experts import ExpertsLens
 from app.views.positions import PositionsLens
 from app.views.quant.lens import QuantLens
 
 log = logging.getLogger(__name__)
 
-LensWidget = AttentionLens | PositionsLens | QuantLens
-LensClass = type[AttentionLens] | type[PositionsLens] | type[QuantLens]
-L = TypeVar("L", AttentionLens, PositionsLens, QuantLens)
+LensWidget = AttentionLens | PositionsLens | QuantLens | ExpertsLens
+LensClass = type[AttentionLens] | type[PositionsLens] | type[QuantLens] | type[ExpertsLens]
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens)
 
-LENSES: tuple[LensClass, ...] = (AttentionLens, PositionsLens, QuantLens)  # the lens tabs, in this order
+LENSES: tuple[LensClass, ...] = (AttentionLens, PositionsLens, QuantLens, ExpertsLens)  # the lens tabs, in order
 
 
 class LensRequests(Protocol):
@@ -52,6 +53,9 @@ class LensRequests(Protocol):
 
     def set_hidden_keys(self, keys: object) -> None:
         """The sink keys the overview leaves out changed."""
+
+    def request_routing(self) -> None:
+        """The chat's routing (a Mixture-of-Experts model's chosen experts per token and layer)."""
 
     def request_tensor(self, name: str) -> None:
         """One tensor up close (its first block decoded)."""

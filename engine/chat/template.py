@@ -166,29 +166,33 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
-               documents: Sequence[Mapping[str, Any]] | None = None) -> RenderResult:
+               documents: Sequence[Mapping[str, Any]] | None = None,
+               variables: Mapping[str, Any] | None = None) -> RenderResult:
         """The prompt for messages; the text is meant for encode(add_special=True, parse_special=True).
 
         tools are JSON schemas ({"type": "function", "function": {...}}) and documents {"title", "text"} dicts,
         handed to templates that use them; the built-in templates ignore both. Bad arguments raise TypeError.
         With tools, a file's separate tool-use template is used where it has one, as transformers chooses.
+        variables are further template variables, as transformers passes extra keyword arguments (the reasoning
+        switches `enable_thinking` and `reasoning_effort`, engine.chat.reasoning).
         """
         if tools is not None and self.tool_use is not None:
             return self.tool_use.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                        documents=documents)
-        context = self._context(messages, add_generation_prompt, tools, documents)
+                                        documents=documents, variables=variables)
+        context = self._context(messages, add_generation_prompt, tools, documents, variables)
         if self.is_builtin:
             return RenderResult(self._fallback(messages, add_generation_prompt), None, False)
         folded = self._folds_system and has_system(messages)
         try:
             if folded:
-                context = self._context(fold_system(messages), add_generation_prompt, tools, documents)
+                context = self._context(fold_system(messages), add_generation_prompt, tools, documents, variables)
             text = self._run(context)
         except TemplateRaised as e:
             if folded or not has_system(messages) or not _refuses_system(e):
                 return self._use_fallback(messages, add_generation_prompt, _failure(e))
             try:  # Gemma 2, Mistral v0.1 and others refuse a system message: fold it into the first user turn
-                text = self._run(self._context(fold_system(messages), add_generation_prompt, tools, documents))
+                text = self._run(self._context(fold_system(messages), add_generation_prompt, tools, documents,
+                                               variables))
             except Exception:  # noqa: BLE001 (still failing: the first error is the one to show)
                 return self._use_fallback(messages, add_generation_prompt, _failure(e))
             self._folds_system = folded = True

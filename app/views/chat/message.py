@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
 from app.data.chats import Message
 from app.views.chat.markdown import RichView
 from app.views.chat.token_popup import TokenPopup
+from engine.chat.reasoning import THINK_CLOSE, THINK_OPEN, Reasoning, split_reasoning
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STYLE = {
@@ -65,7 +66,7 @@ class MessageWidget(QFrame):
         self.tokens_button.setCheckable(True)
         self.tokens_button.toggled.connect(lambda _on: self.refresh(force=True))
         self.copy_button = self._tool("Copy", "Copy the text")
-        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.message.content))
+        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.copy_text()))
         self.edit_button = self._tool("Edit", "Edit this message and resend from here")
         self.edit_button.clicked.connect(self.start_edit)
         self.regen_button = self._tool("Regenerate", "A new version of this reply (the earlier ones are kept: ‹ ›)")
@@ -75,6 +76,15 @@ class MessageWidget(QFrame):
         for b in (self.tokens_button, self.copy_button, self.edit_button, self.regen_button):
             head.addWidget(b)
         lay.addLayout(head)
+        # a reasoning model's thinking, collapsed above its answer (as LM Studio shows it)
+        self.reasoning_button = self._tool("", "Show or hide the model's reasoning")
+        self.reasoning_button.setCheckable(True)
+        self.reasoning_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.reasoning_button.toggled.connect(lambda _on: self.refresh(force=True))
+        self.reasoning_view = plain_label("", "color: #666; border-left: 3px solid #ddd; padding-left: 6px;")
+        lay.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.reasoning_view)
+        self.reasoning: Reasoning = Reasoning("", "")
         self.body = RichView()
         self.body.token_clicked.connect(self._show_alternatives)
         lay.addWidget(self.body)
@@ -137,10 +147,12 @@ class MessageWidget(QFrame):
         mode = "tokens" if self.tokens_button.isChecked() and m.tokens else "md" if self.role == "assistant" else "plain"
         key = (mode, len(m.content), len(m.tokens), self.selected_token, m.content[-32:])
         if force or key != self._shown:
+            self._show_reasoning(mode == "md")
             if mode == "tokens":
                 self.body.set_tokens(m.tokens, self.selected_token)
             elif mode == "md":
-                self.body.set_markdown(m.content if m.content or not self.streaming else "…")
+                answer = self.reasoning.answer if self.reasoning.style else m.content
+                self.body.set_markdown(answer if answer or not self.streaming else "…")
             else:
                 self.body.set_plain(m.content)
             self._shown = key
@@ -159,6 +171,26 @@ class MessageWidget(QFrame):
         self.model_label.setVisible(bool(model))
         self.stats.setVisible(bool(self.stats.text()))
         self.body.setStyleSheet("" if m.in_context else "color: #888;")
+
+    def _show_reasoning(self, shown: bool) -> None:
+        """Split the reply into reasoning and answer; the reasoning's header says how long it is (and whether it
+        is still going), its text shows when the header is pressed."""
+        m = self.message
+        text = m.content if self.role == "assistant" else ""
+        self.reasoning = split_reasoning(text, opened=THINK_CLOSE in text and THINK_OPEN not in text)
+        r = self.reasoning
+        has = bool(r.style) and shown
+        words = len(r.reasoning.split())
+        arrow = "▾" if self.reasoning_button.isChecked() else "▸"
+        self.reasoning_button.setText(f"{arrow} Thinking… ({words} words)" if r.thinking
+                                      else f"{arrow} Thought for {words} words")
+        self.reasoning_button.setVisible(has)
+        self.reasoning_view.setText(r.reasoning)
+        self.reasoning_view.setVisible(has and self.reasoning_button.isChecked() and bool(r.reasoning))
+
+    def copy_text(self) -> str:
+        """What Copy puts on the clipboard: the answer (a reasoning model's thinking left out)."""
+        return self.reasoning.answer if self.reasoning.style else self.message.content
 
     def _show_alternatives(self, position: int) -> None:
         if not 0 <= position < len(self.message.tokens):

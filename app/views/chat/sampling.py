@@ -5,7 +5,8 @@ import dataclasses
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractSpinBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout,
+    QWidget,
 )
 
 from app.data.store import OVERFLOW_POLICIES, Settings
@@ -21,6 +22,7 @@ from app.records.kv import (
     numerics_setting,
 )
 from app.state import AppState
+from engine.chat.reasoning import EFFORTS
 
 # (field, label, kind, minimum, maximum, step, decimals, tooltip)
 CONTROLS = (
@@ -98,6 +100,19 @@ class SamplingPanel(QWidget):
                                  "dequantized weights and float32 activations, the textbook reference.")
         self.numerics.currentIndexChanged.connect(lambda _i: self._set_extra(NUMERICS_KEY, self.numerics.currentData()))
         form.addRow("Numerics (next load)", self.numerics)
+        self.thinking = QCheckBox("think before answering")
+        self.thinking.setToolTip("The chat template's enable_thinking (Qwen3 and kin): off, the model answers "
+                                 "without a <think> block")
+        self.thinking.toggled.connect(lambda on: self._set("enable_thinking", bool(on)))
+        form.addRow("Thinking", self.thinking)
+        self.effort = QComboBox()
+        for name in EFFORTS:
+            self.effort.addItem(name, name)
+        self.effort.setToolTip("The chat template's reasoning_effort (gpt-oss): how long the model reasons")
+        self.effort.currentIndexChanged.connect(lambda _i: self._set("reasoning_effort", self.effort.currentData()))
+        form.addRow("Reasoning effort", self.effort)
+        self.form = form
+        self.set_switches(())
         lay.addLayout(form)
         self.model_ctx = QLabel("")
         self.model_ctx.setTextFormat(Qt.TextFormat.PlainText)
@@ -113,8 +128,19 @@ class SamplingPanel(QWidget):
         if state.settings is not None:
             self.show_settings(state.settings)
 
+    def set_switches(self, names: tuple[str, ...]) -> None:
+        """Show the reasoning switches the loaded model's chat template reads, and only those."""
+        self.form.setRowVisible(self.thinking, "enable_thinking" in names)
+        self.form.setRowVisible(self.effort, "reasoning_effort" in names)
+
     def show_settings(self, s: Settings) -> None:
         """Put a Settings record into the controls without echoing changes back."""
+        self.thinking.blockSignals(True)
+        self.thinking.setChecked(s.enable_thinking)
+        self.thinking.blockSignals(False)
+        self.effort.blockSignals(True)
+        self.effort.setCurrentIndex(max(0, self.effort.findData(s.reasoning_effort)))
+        self.effort.blockSignals(False)
         for name, box in self.controls.items():
             box.blockSignals(True)
             box.setValue(getattr(s, name))
@@ -134,7 +160,7 @@ class SamplingPanel(QWidget):
 
     def _set(self, name: str, value: object) -> None:
         current = self.state.settings or Settings()
-        if isinstance(getattr(current, name), int) and not isinstance(value, str):
+        if isinstance(getattr(current, name), int) and not isinstance(value, (str, bool)):
             value = int(value) if not isinstance(getattr(current, name), float) else float(value)
         if isinstance(getattr(current, name), float):
             value = float(value)

@@ -1,0 +1,77 @@
+"""The Experts lens on a Mixture-of-Experts model (a random-weight qwen3moe) in the real window, and on a dense one.
+
+After a reply the lens shows the routing of every token in the cache, as the engine recorded it: per token the k
+chosen experts with weights summing to one, the layer picker lists the MoE layers; clicking a cell shows that
+token's experts in every layer and the tokens the expert was chosen for; a new chat clears it; a dense model says
+there is nothing to route.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.data.store import Store
+from app.main_window import MainWindow
+from app.views.experts import DENSE_TEXT, EMPTY_TEXT, ExpertsLens
+from tests.tiny_models import make_tiny_llama
+from tools.make_arch_models import write_arch
+
+LOAD_MS = 60_000
+REPLY_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_arch(tmp_path_factory.mktemp("moe") / "moe.gguf", "qwen3moe")
+
+
+def _window(qtbot, path: Path, data_dir: Path) -> MainWindow:
+    w = MainWindow(model=str(path), store=Store(data_dir))
+    qtbot.addWidget(w)
+    w.resize(1280, 800)
+    w.show()
+    qtbot.waitUntil(lambda: w.state.model is not None, timeout=LOAD_MS)
+    w.state.settings = dataclasses.replace(w.state.settings, temperature=0.0, max_tokens=8, seed=1)
+    return w
+
+
+def test_the_lens_shows_each_tokens_experts_after_a_reply(qtbot, moe: Path, data_dir: Path) -> None:
+    w = _window(qtbot, moe, data_dir)
+    lens = w.lens_tabs.lens(ExpertsLens)
+    w.lens_tabs.select("Experts")  # a hidden lens is handed the model when its tab comes on screen
+    assert lens is not None and lens.layer_box.count() == 2 and lens.empty.text() == EMPTY_TEXT
+    assert w.conversation.send("route me")
+    qtbot.waitUntil(lambda: not w.conversation.generating, timeout=REPLY_MS)
+    cache = w.engine.session.cache
+    qtbot.waitUntil(lambda: lens.record is not None and lens.record.n_tokens == cache.length, timeout=REPLY_MS)
+    rec = lens.record
+    assert [lr.layer for lr in rec.layers] == [0, 1] and rec.k == 2 and rec.n_expert == 8
+    m = lens.matrix()  # experts x tokens, the weights each token gave
+    assert m.shape == (8, rec.n_tokens) and np.allclose(m.sum(axis=0), 1.0, atol=1e-5)
+    assert ((m > 0).sum(axis=0) == 2).all()
+    lens.colour_box.setCurrentIndex(1)  # the router's probabilities over all experts
+    assert np.allclose(lens.matrix().sum(axis=0), 1.0, atol=2e-3)
+    lens.layer_box.setCurrentIndex(1)
+    expert = int(rec.layers[1].experts[3, 0])
+    lens.pick(3, expert)
+    text = lens.detail.toPlainText()
+    assert "Token 3" in text and "L0" in text and "L1" in text and f"Expert {expert} of layer 1" in text
+    assert 3 in rec.layers[1].positions_of(expert) and "layer 1: 8 experts, 2 per token" in lens.status.text()
+    w.conversation.new_chat()
+    assert lens.record is None and lens.stack.currentWidget() is lens.empty
+    w.close()
+
+
+def test_a_dense_model_says_there_is_nothing_to_route(qtbot, tmp_path: Path, data_dir: Path) -> None:
+    w = _window(qtbot, make_tiny_llama(tmp_path / "dense.gguf"), data_dir)
+    lens = w.lens_tabs.lens(ExpertsLens)
+    w.lens_tabs.select("Experts")
+    assert lens.empty.text() == DENSE_TEXT and lens.layer_box.count() == 0 and not lens.wants_routing()
+    assert w.conversation.send("hi")
+    qtbot.waitUntil(lambda: not w.conversation.generating, timeout=REPLY_MS)
+    qtbot.wait(200)
+    assert lens.record is None and lens.empty.text() == DENSE_TEXT
+    w.close()
