@@ -4,20 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, Callable
 
 from engine.cli.options import add_numerics, read_text_file
 from engine.errors import SettingError
 
 
 def cmd_routing(args: argparse.Namespace) -> int:
-    from engine.cli.main import _load, _prompt_ids  # noqa: PLC0415
     from engine.generate import prefill  # noqa: PLC0415
     from engine.observe.recorder import Recorder  # noqa: PLC0415
     from engine.observe.routing import routing_layers, routing_report  # noqa: PLC0415
 
-    model = _load(args)
+    model = args.load(args)
     text = args.text if args.text is not None else read_text_file(args.text_file)
-    ids = _prompt_ids(model, text)
+    ids = model.tokenizer.encode(text, add_special=True, parse_special=False)  # a whole document, as `logits`
     if not ids:
         raise SettingError("no tokens to run")
     if len(ids) > model.args.n_ctx:
@@ -37,7 +37,9 @@ def cmd_routing(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_command(sub: argparse._SubParsersAction, add_model) -> None:
+def add_command(sub: argparse._SubParsersAction, add_model: Callable[[argparse.ArgumentParser], None],
+                load: Callable[[argparse.Namespace], Any]) -> None:
+    """The `routing` subcommand; `load` loads args.model as the other commands do (engine.cli.main)."""
     p = sub.add_parser("routing", help="the experts a Mixture-of-Experts model chose for each token, as JSON")
     add_model(p)
     g = p.add_mutually_exclusive_group(required=True)
@@ -47,4 +49,4 @@ def add_command(sub: argparse._SubParsersAction, add_model) -> None:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--compact", action="store_true", help="one line of JSON")
     add_numerics(p)
-    p.set_defaults(func=cmd_routing)
+    p.set_defaults(func=cmd_routing, load=load)
