@@ -109,12 +109,17 @@ def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[in
         return tok.encode(plain_text(messages), add_special=True, parse_special=False), ""
     if continue_ids is not None:
         head, last = messages[:-1], messages[-1]
-        result = model.chat.render(head, add_generation_prompt=True, variables=variables)
+        result = model.chat.render(head, add_generation_prompt=True, **_vars(variables))
         ids = tok.encode(result.text, add_special=True, parse_special=True)
         tail = list(continue_ids) if continue_ids else tok.encode(last["content"], add_special=False, parse_special=False)
         return ids + tail, result.warning or ""
-    result = model.chat.render(messages, add_generation_prompt=True, variables=variables)
+    result = model.chat.render(messages, add_generation_prompt=True, **_vars(variables))
     return tok.encode(result.text, add_special=True, parse_special=True), result.warning or ""
+
+
+def _vars(variables: dict[str, object] | None) -> dict[str, object]:
+    """render()'s keyword for template variables, only when there are some (the template's defaults otherwise)."""
+    return {"variables": variables} if variables else {}
 
 
 def _turn_starts(messages: list[dict[str, str]]) -> list[int]:
