@@ -238,7 +238,7 @@ class MainWindow(QMainWindow):
         st.model = result.info
         st.backend = result.info.backend
         st.model_record = result.record
-        self.sampling.set_switches(result.record.reasoning)
+        self.sampling.set_switches(result.record.reasoning if result.record is not None else ())
         st.attention_record = None
         st.ctx_size, st.ctx_used, st.kv_bytes = result.n_ctx, 0, 0
         self.conversation.model_ready = True

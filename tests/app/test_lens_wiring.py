@@ -23,6 +23,7 @@ from app.records.attention import make_attention_record
 from app.state import AppState
 from app.views.attention.lens import AttentionLens
 from app.views.lenses import LENSES, LensRequests, LensSlot, LensTabs
+from app.views.experts import ExpertsLens
 from app.views.positions import PositionsLens
 from app.views.quant.lens import QuantLens
 from tests.app.controllers.test_lens_bridge import FakeEngine
@@ -59,8 +60,8 @@ def emit_dummy(widget: QObject, name: str) -> None:
 
 
 def test_the_table_lists_each_lens_class_once_with_its_tab_title() -> None:
-    assert [cls.title for cls in LENSES] == ["Attention", "Positions", "Quantization"]
-    assert LENSES == (AttentionLens, PositionsLens, QuantLens)
+    assert [cls.title for cls in LENSES] == ["Attention", "Positions", "Quantization", "Experts"]
+    assert LENSES == (AttentionLens, PositionsLens, QuantLens, ExpertsLens)
     for cls in LENSES:
         assert callable(cls.set_model) and callable(cls.connect_requests), cls.__name__
 
