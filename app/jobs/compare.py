@@ -420,8 +420,10 @@ def make_reference(model: Any, ids: Sequence[int], cancel: threading.Event, say:
 
 def _chunks(model: Any, ids: Sequence[int], cancel: threading.Event, say: Say, what: str) -> Iterator[np.ndarray]:
     """The logits of `ids` on a fresh F32 cache, CHUNK rows at a time (the forward passes run_model makes), each
-    chunk's logits handed over as it comes."""
+    chunk's logits handed over as it comes. The weights stream: a measuring run reads each once per chunk, so
+    their file pages (the GGUF's, or a requantized variant's scratch file) are given back after each product."""
     from engine.generate import run_checked  # noqa: PLC0415
+    from engine.kernels.pages import streaming  # noqa: PLC0415
 
     cache = model.new_cache(max(len(ids), 16), "F32")
     say(what, 0.0)
@@ -429,7 +431,9 @@ def _chunks(model: Any, ids: Sequence[int], cancel: threading.Event, say: Say, w
         if cancel.is_set():
             raise LensError("comparison cancelled")
         r1 = min(r0 + CHUNK, len(ids))
-        yield run_checked(model, list(ids[r0:r1]), cache, None, all_logits=True)
+        with streaming():  # each weight's file pages go once its batch is done (one layer resident at a time)
+            logits = run_checked(model, list(ids[r0:r1]), cache, None, all_logits=True)
+        yield logits
         say(what, r1 / len(ids))
 
 

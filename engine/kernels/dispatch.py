@@ -206,24 +206,33 @@ class Activation:
 class BlockProduct:
     """x @ W^T on W's ggml blocks: (T, n_in) -> (T, n_out), nothing of W kept in float."""
 
-    def __init__(self, qtype: GGMLType, blocks: U8, n_in: int, keep_blocks: bool = True):
+    def __init__(self, qtype: GGMLType, blocks: U8, n_in: int, keep_blocks: bool = True,
+                 parts: list[U8] | None = None):
+        """`parts` (fused legacy products): the weights stacked by rows, `blocks` then being unused (None)."""
         if qtype not in VEC_DOT_TYPE:
             raise ValueError(f"no CPU product for {qtype.name} weights")
         self.qtype = qtype
         self.blocks = blocks
         self.n_in = n_in
-        self.n_out = blocks.shape[0]
+        self.n_out = sum(p.shape[0] for p in parts) if parts else blocks.shape[0]
         reg = _load()
         ks = reg.kernels.get(qtype, KernelSet())
         self.gemv, self.gemm, self.dequant = ks.gemv, ks.gemm, ks.dequant
+        self._make: Callable[[], object] | None = None
+        self._lock = threading.Lock()
         # which of ggml-cpu's kernels the numbers follow: "vec_dot", a repacked path (every call: "repack_8x8", "q2_k_x8",
         # "iq4_nl_x8", "q4_0_x8"), the tiled path (self.tiled, from TILED_MIN_ROWS rows) where llama.cpp takes them;
         # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows
         self.path, self.tiled = "vec_dot", None
-        if reg.compiled and qtype == _T.Q8_0 and blocks.shape[0] % 16 == 0 and paths.q8_0_x16() is not None:
-            self.weight, self.gemv = paths.q8_0_x16().repack_q8_0_x16(blocks), paths.gemv_x16
-            pages.release(blocks)  # prompts read the GGUF blocks (legacy_gemm), embeddings a few rows of them
+        lazy = reg.compiled and int(qtype) in paths.LEGACY_INT  # batches read the GGUF blocks (legacy_gemm)
+        stacked = (lambda: np.concatenate(parts, axis=0)) if parts else (lambda: blocks)
+        if lazy and qtype == _T.Q8_0 and self.n_out % 16 == 0 and paths.q8_0_x16() is not None:
+            self._make, self.gemv = _released(paths.q8_0_x16().repack_q8_0_x16, stacked, parts or [blocks]), paths.gemv_x16
             self.path, self.repacked, self.planar = "q8_0_x16", True, False
+        elif lazy and ks.repack is not None:
+            # the legacy quants' byte planes, made at the first one-row product (decode): batches read the GGUF
+            # blocks, so a model that only reads prompts (a sweep, a measurement) never holds the second copy
+            self._make, self.repacked, self.planar = _released(ks.repack, stacked, parts or [blocks]), True, True
         else:
             # the kernels read the repacked layout where the type has one (same bytes, SIMD-friendly order)
             self.weight = ks.repack(blocks) if ks.repack is not None else blocks
@@ -234,22 +243,42 @@ class BlockProduct:
         # batches of legacy quants: the integer kernel of legacy_gemm on the GGUF blocks (raw_parts, stacked by rows)
         self.batch = paths.legacy_batch() if reg.compiled and int(qtype) in paths.LEGACY_INT else None
         # the kernels' type id: Q4_0 with rows in eights takes llama.cpp's repacked q4_0_8x8 numbers (legacy_dot)
-        self.kind = paths.legacy_kind(qtype, blocks.shape[0]) if reg.compiled else int(qtype)
+        self.kind = paths.legacy_kind(qtype, self.n_out) if reg.compiled else int(qtype)
         if self.kind != int(qtype):
             self.gemv, self.path = paths.legacy_gemv(self.kind), "q4_0_x8"
         # F16 / F32 / BF16 batches: llamafile's tinyBLAS, as llama.cpp
         self.float_batch = paths.tinyblas_gemm(qtype) if reg.compiled else None
-        self.raw_parts: list[U8] | None = [blocks] if self.batch is not None else None
+        self.raw_parts: list[U8] | None = (parts or [blocks]) if self.batch is not None else None
         if reg.compiled and qtype in (_T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K):
             self._llama_cpp_paths(blocks)
-        if reg.compiled and paths.takes_tiled(qtype, blocks.shape[0]):
+        if reg.compiled and paths.takes_tiled(qtype, self.n_out):
             self.tiled = paths.tiled_gemm(qtype)  # Q2_K and the Q8_K i-quants (iquant_tiled)
-        elif reg.compiled and (own := paths.repacked_rows(qtype, blocks.shape[0])) is not None:
+        elif reg.compiled and (own := paths.repacked_rows(qtype, self.n_out)) is not None:
             self.path, self.gemv, self.gemm = own  # llama.cpp repacks these rows: q2_K_8x8 / iq4_nl_8x8 numbers
         if self.repacked and not keep_blocks:
             self.blocks = None  # a temporary (a concatenation of fused weights): only the repacked copy stays
+        if parts:
+            self.blocks = None
         row_floats = max(1, n_in)
         self.tile_rows = max(1, min(self.n_out, TILE_BYTES // (4 * row_floats)))
+
+    @property
+    def weight(self) -> object:
+        """What the kernels read: the repacked copy (made on first use for the legacy quants), or the blocks."""
+        if self._make is not None:
+            with self._lock:
+                if self._make is not None:
+                    self._weight, self._make = self._make(), None
+        return self._weight
+
+    @property
+    def repack_made(self) -> bool:
+        """False while a legacy quant's repack waits for its first one-row product."""
+        return self._make is None
+
+    @weight.setter
+    def weight(self, value: object) -> None:
+        self._weight, self._make = value, None
 
     def _llama_cpp_paths(self, blocks: U8) -> None:
         """Q4_K rows in eights: repacked as llama.cpp does (q4_K_8x8), its gemv and gemm; else the tiled kernels."""
@@ -261,6 +290,16 @@ class BlockProduct:
             self.tiled = paths.tiled_gemm(self.qtype)
 
     def __call__(self, x: F32 | Activation, out: F32 | None = None) -> F32:
+        out = self._product(x, out)
+        if out.shape[0] > 1:  # a batch under pages.streaming(): the file-backed blocks it read leave this process
+            pages.after_batch(self.raw_parts if self.raw_parts is not None else (self._weight_now(),))
+        return out
+
+    def _weight_now(self) -> object:
+        """The weight the kernels read if it is made (a pending repack stays pending)."""
+        return None if self._make is not None else self._weight
+
+    def _product(self, x: F32 | Activation, out: F32 | None) -> F32:
         act = x if isinstance(x, Activation) else Activation(x)
         t = act.x.shape[0]
         if out is None:
@@ -339,12 +378,13 @@ class BlockProduct:
         """One product over several weights of one type stacked by rows (q/k/v, gate/up): one kernel call.
 
         Only for types the kernels repack (the stacked copy is the repacked one; the GGUF blocks stay mapped).
+        The legacy quants' batches read each part's blocks; their stacked repack waits for a one-row product.
         """
+        if _load().compiled and int(qtype) in paths.LEGACY_INT:
+            return cls(qtype, parts[0], n_in, parts=list(parts))
         product = cls(qtype, np.concatenate(parts, axis=0), n_in, keep_blocks=False)
         for p in parts:  # read once, by the concatenation
             pages.release(p)
-        if product.batch is not None:
-            product.raw_parts = list(parts)  # the batch kernel reads the GGUF blocks of each part
         return product
 
     def rows(self, ids: npt.ArrayLike) -> F32:
@@ -353,7 +393,7 @@ class BlockProduct:
             from engine.kernels.kquant.repack import unpack_q4_k_8x8  # noqa: PLC0415
 
             return dequantize_rows(unpack_q4_k_8x8(self.weight, ids), self.qtype)
-        if self.planar:
+        if self.planar and (self._make is None or self.blocks is None):  # a repack not made yet: the blocks
             return dequantize_rows(self.weight.rows(ids), self.qtype)
         return dequantize_rows(self.blocks, self.qtype, np.asarray(ids, dtype=np.int64))
 
@@ -361,6 +401,19 @@ class BlockProduct:
     def can_fuse(qtype: GGMLType) -> bool:
         ks = _load().kernels.get(qtype)
         return ks is not None and ks.repack is not None and ks.gemv is not None
+
+
+def _released(repack: Callable[[U8], object], stacked: Callable[[], U8], parts: list[U8]) -> Callable[[], object]:
+    """A repack to make later: of the blocks (stacked when fused); each part's file pages then leave this process
+    (they were read once; batches fault them back in as they read them)."""
+
+    def make() -> object:
+        weight = repack(stacked())
+        for p in parts:
+            pages.release(p)
+        return weight
+
+    return make
 
 
 def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callable[[float], None] | None = None,

@@ -11,12 +11,19 @@ the next read, so it is always safe for read-only private mappings without copy-
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import mmap
+import os
 import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+log = logging.getLogger(__name__)
 _MADV_DONTNEED = 4
 _libc = None
 
@@ -81,3 +88,50 @@ def release_libraries() -> int:
     if cur is not None and cur[2] == 0:
         spans.append((cur[0], cur[1]))
     return sum(hi - lo for lo, hi in spans if fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0)
+
+
+def spill(arr: np.ndarray, directory: str | os.PathLike[str] | None = None) -> np.ndarray:
+    """`arr`'s bytes in an unlinked scratch file, mapped read-only: an array that behaves like a GGUF file's blocks
+    (release() can give its pages back; they fault in again from the page cache when read). Made blocks that
+    the kernels read only once (to repack them) or only in batches then cost no anonymous memory of their own.
+
+    The file is removed as soon as it is mapped, so nothing is left on disk after the array goes, whatever
+    happens; where the file cannot be written (no space, no directory) `arr` itself is returned, unchanged."""
+    if not isinstance(arr, np.ndarray) or arr.nbytes < mmap.PAGESIZE or not arr.flags.c_contiguous:
+        return arr
+    try:
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory, prefix="gguf-lens-spill-") as f:
+            f.write(memoryview(arr).cast("B"))
+            f.flush()
+            mapped = np.memmap(f, dtype=arr.dtype, mode="r", shape=arr.shape)
+    except (OSError, ValueError) as exc:
+        log.warning("made blocks stay in memory (scratch file not written: %s)", exc)
+        return arr
+    return mapped
+
+
+_STREAM = threading.local()
+
+
+@contextlib.contextmanager
+def streaming() -> Iterator[None]:
+    """Within it (this thread), a product that read a file-backed weight for a batch gives its pages back
+    afterwards (engine.kernels.dispatch.BlockProduct): measuring runs (a sweep's variants, a comparison's
+    chunks) then hold about one layer's weights resident at a time instead of the model's; the pages fault back
+    in from the page cache at the next chunk. Not for chat, where every step reads every weight again."""
+    before = getattr(_STREAM, "on", False)
+    _STREAM.on = True
+    try:
+        yield
+    finally:
+        _STREAM.on = before
+
+
+def after_batch(arrays: Iterable[object]) -> None:
+    """Under streaming(): release the file-backed arrays a batch product just read."""
+    if getattr(_STREAM, "on", False):
+        for arr in arrays:
+            if isinstance(arr, np.ndarray):
+                release(arr)

@@ -15,10 +15,12 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, wait
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+import platformdirs
 
 from engine.errors import SettingError
 from engine.gguf import GGUFFile, GGUFValueType, open_gguf, write_gguf
@@ -82,13 +84,20 @@ def requantize_rows(
 Job = tuple[TensorPlan, "npt.NDArray[np.uint8]", "npt.NDArray[np.float32] | None"]  # (what, file rows, float32 rows)
 
 
+def scratch_dir() -> Path:
+    """Where made blocks are spilled (unlinked files, gone with the arrays): the user's cache, on disk."""
+    return Path(platformdirs.user_cache_dir("gguf-lens")) / "scratch"
+
+
 def _run_jobs(
     jobs: list[Job], progress: Progress | None, cancel: threading.Event | None, executor: Executor | None,
     weights: dict[str, npt.NDArray[np.float32]] | None = None, release: bool = False,
 ) -> dict[str, npt.NDArray[np.uint8]] | None:
     """Requantize every job (with its tensor's importance from `weights`), on `executor` when given; progress
     is reported from the calling thread. `release`: once a tensor is done, its file pages leave this process
-    (engine.kernels.pages; they stay in the page cache), so reading the whole file does not keep it resident."""
+    (engine.kernels.pages; they stay in the page cache), so reading the whole file does not keep it resident,
+    and its new blocks go to a scratch file mapped read-only (pages.spill): the products release them as they
+    release a file's blocks, so a variant costs one copy of its weights, not the blocks and their repack."""
     weights = weights or {}
     total = max(1, sum(tp.n_elements for tp, _, _ in jobs))
     done = [0]
@@ -109,7 +118,7 @@ def _run_jobs(
                                      quant_weights=weights.get(tp.name))
             if blocks is None:
                 return None
-            out[tp.name] = blocks
+            out[tp.name] = pages.spill(blocks, scratch_dir()) if release else blocks
             if release:
                 pages.release(rows)
         return out
@@ -131,7 +140,7 @@ def _run_jobs(
                 if blocks is None:
                     stop.set()
                 else:
-                    out[futures[fut]] = blocks
+                    out[futures[fut]] = pages.spill(blocks, scratch_dir()) if release else blocks
                     if release:
                         pages.release(rows_of[futures[fut]])
             say("requantizing", min(1.0, done[0] / total))

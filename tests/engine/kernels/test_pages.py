@@ -1,0 +1,96 @@
+"""Made blocks spilled to scratch files, streamed batches and legacy repacks made on first use: what keeps a
+preset sweep's resident memory at about one requantized copy (issue 25), with the products' numbers unchanged."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.kernels import pages
+from engine.kernels.dispatch import BlockProduct, compiled
+from engine.quant import quantize
+from engine.quant.types import GGMLType
+
+T = GGMLType
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps: Linux")
+
+
+def resident_kib(arr: np.ndarray) -> int:
+    """Rss of the mapping holding arr's first byte, from /proc/self/smaps."""
+    addr = arr.__array_interface__["data"][0]
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(v, 16) for v in head[0].split("-"))
+                inside = lo <= addr < hi
+            elif inside and head[0] == "Rss:":
+                return int(head[1])
+    raise AssertionError("no mapping holds the array")
+
+
+def q_blocks(qtype: GGMLType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    return quantize(w, qtype)
+
+
+def test_spill_maps_the_same_bytes_read_only_and_leaves_no_file(tmp_path: Path) -> None:
+    arr = q_blocks(T.Q8_0, 64, 1024)
+    mapped = pages.spill(arr, tmp_path)
+    assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+    assert mapped.shape == arr.shape and mapped.dtype == arr.dtype and np.array_equal(mapped, arr)
+    assert list(tmp_path.iterdir()) == []  # unlinked at once: nothing stays on disk
+
+
+def test_spill_keeps_the_array_where_no_scratch_file_can_be_written(tmp_path: Path) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_bytes(b"x")
+    arr = q_blocks(T.Q4_0, 64, 1024)
+    assert pages.spill(arr, blocker / "scratch") is arr  # a warning, and the blocks stay in memory
+    small = np.zeros(16, np.uint8)
+    assert pages.spill(small, tmp_path) is small  # under a page: not worth a file
+
+
+@linux_only
+def test_streaming_gives_back_the_pages_a_batch_read(tmp_path: Path) -> None:
+    for qtype in (T.Q8_0, T.Q4_0, T.Q6_K):
+        blocks = pages.spill(q_blocks(qtype, 256, 2048, seed=int(qtype)), tmp_path)
+        product = BlockProduct(qtype, blocks, 2048)
+        x = np.random.default_rng(1).standard_normal((4, 2048)).astype(np.float32)
+        plain = product(x)
+        assert resident_kib(blocks) > 0, qtype.name  # read, and left resident
+        with pages.streaming():
+            streamed = product(x)
+        assert resident_kib(blocks) == 0, qtype.name  # given back after the batch
+        np.testing.assert_array_equal(streamed, plain)  # and faulted in again for the next one
+        product(x)
+        assert resident_kib(blocks) > 0, qtype.name  # outside streaming() nothing is released
+
+
+def test_a_legacy_repack_waits_for_the_first_one_row_product() -> None:
+    if not compiled():
+        pytest.skip("the compiled kernels are not in use (no repack, no batch kernel)")
+    for qtype in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
+        product = BlockProduct(qtype, q_blocks(qtype, 64, 512, seed=int(qtype)), 512)
+        x = np.random.default_rng(2).standard_normal((5, 512)).astype(np.float32)
+        batch = product(x)
+        assert not product.repack_made, qtype.name  # prompts read the blocks: no second copy
+        one = product(x[:1])
+        assert product.repack_made, qtype.name
+        assert np.all(np.isfinite(one)) and np.array_equal(product(x), batch)
+
+
+def test_a_fused_legacy_product_is_its_parts_side_by_side() -> None:
+    if not compiled():
+        pytest.skip("the compiled kernels are not in use (no fused products)")
+    for qtype in (T.Q8_0, T.Q4_0, T.Q5_1):
+        parts = [q_blocks(qtype, n, 512, seed=n) for n in (64, 16, 16)]
+        fused = BlockProduct.fused(qtype, parts, 512)
+        alone = [BlockProduct(qtype, p, 512) for p in parts]
+        x = np.random.default_rng(3).standard_normal((6, 512)).astype(np.float32)
+        for rows in (x, x[:1]):  # the batch kernel on each part, then the stacked repack's one-row product
+            np.testing.assert_array_equal(fused(rows), np.concatenate([p(rows) for p in alone], axis=1))
+        assert fused.blocks is None and fused.repack_made
