@@ -348,6 +348,19 @@ class BlockProduct:
             fallback.tiled_product(self, act, out)
         return out
 
+    def gemv_rows(self, xq: U8, out: F32) -> None:
+        """Each activation row (m, bytes of the vec_dot_type) as the one-row product computes it, into out (m, n_out):
+        ggml's MUL_MAT_ID for the rows of one expert. Q4_K rows in eights: one call reading each weight group once
+        for all rows (the same bits); else a gemv per row. Compiled kernels only; the caller holds KERNEL_LOCK."""
+        if self.path == "repack_8x8" and xq.shape[0] > 1:
+            from engine.kernels.kquant.repack import gemv_rows_q4_k_8x8  # noqa: PLC0415 - compiled kernels only
+
+            gemv_rows_q4_k_8x8(self.weight, np.ascontiguousarray(xq), out)
+            return
+        weight, gemv = self.weight, self.gemv
+        for r in range(xq.shape[0]):
+            gemv(weight, xq[r], out[r])
+
     def bind(self, xq: U8, out: F32) -> Callable[[], None] | None:
         """The one-row product reading the activation bytes in xq (1, bytes of the vec_dot_type) into out (1, n_out),
         every argument prepared once (a decode step reuses its buffers); None without compiled kernels.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels.dispatch import TILED_MIN_ROWS, BlockProduct, compiled
+from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
 from engine.kernels.activations import KERNEL_LOCK
 from engine.models.ffn import DenseFFN, GatedActivation
 from engine.tensor import Linear, QTensor
@@ -72,32 +72,47 @@ class ExpertLinear:
 
     def rows(self, e: int, x: F32) -> F32:
         """x (R, n_in) through expert e: (R, n_out)."""
-        if self.numerics != "ggml":
-            return np.ascontiguousarray(x, np.float32) @ self.expert(e).dequantize().T
-        p = self.product(e)
-        t = x.shape[0]
-        if not compiled() or p.gemv is None:
-            return p(x)  # the NumPy fallback: the same operands, another order of additions
-        from engine.kernels.dispatch import Activation  # noqa: PLC0415
+        out = np.empty((x.shape[0], self.n_out), np.float32)
+        self._into(Activation(x), np.zeros(x.shape[0], np.int64) + e, None, out)
+        return out
 
-        act = Activation(x)
-        out = np.empty((t, self.n_out), np.float32)
+    def __call__(self, x: F32 | Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None = None) -> F32:
+        """Row r of the output: activation row src[r] (row r without src) through expert ids[r], the rows grouped by
+        expert, experts in ascending order (MUL_MAT_ID). An Activation is quantized once for every expert (and for
+        up and gate, which read the same rows): each row's bytes are what quantizing it alone gives."""
+        act = x if isinstance(x, Activation) else Activation(x)
+        out = np.empty((len(ids), self.n_out), np.float32)
+        self._into(act, np.asarray(ids, np.int64), src, out)
+        return out
+
+    def _into(self, act: Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None, out: F32) -> None:
+        order = np.argsort(ids, kind="stable")
+        starts = np.flatnonzero(np.diff(ids[order], prepend=-1))
+        groups = np.split(order, starts[1:])
+        rows_of = (lambda sel: sel) if src is None else (lambda sel: src[sel])
+        if self.numerics != "ggml":
+            for sel in groups:
+                out[sel] = act.x[rows_of(sel)] @ self.expert(int(ids[sel[0]])).dequantize().T
+            return
+        products = [self.product(int(ids[sel[0]])) for sel in groups]
+        if not compiled() or any(p.gemv is None for p in products):
+            for sel, p in zip(groups, products):  # the NumPy fallback: the same operands, another order of additions
+                out[sel] = p(act.x[rows_of(sel)])
+            return
         xq = act.bytes_for(self.weight.qtype)
         with KERNEL_LOCK:
-            if p.tiled is not None and t >= TILED_MIN_ROWS:  # ggml_compute_forward_mul_mat_id_tiled, per expert
-                p.tiled(p.weight, xq, out)
-            else:  # mul_mat_id_one_chunk (vec_dot per row) or the repacked forward_mul_mat_id (gemv per row)
-                for r in range(t):
-                    p.gemv(p.weight, xq[r], out[r])
-        return out
-
-    def __call__(self, x: F32, ids: npt.NDArray[np.int64]) -> F32:
-        """Row r of x through expert ids[r]: the rows grouped by expert, experts in ascending order (MUL_MAT_ID)."""
-        out = np.empty((x.shape[0], self.n_out), np.float32)
-        for e in np.unique(ids):
-            sel = np.nonzero(ids == e)[0]
-            out[sel] = self.rows(int(e), x[sel])
-        return out
+            for sel, p in zip(groups, products):
+                rows = rows_of(sel)
+                if p.tiled is not None and len(sel) >= TILED_MIN_ROWS:  # mul_mat_id's tiled path, per expert
+                    tile = np.empty((len(sel), self.n_out), np.float32)
+                    p.tiled(p.weight, np.ascontiguousarray(xq[rows]), tile)
+                    out[sel] = tile
+                elif len(sel) == 1:  # mul_mat_id_one_chunk (vec_dot per row) or forward_mul_mat_id (gemv per row)
+                    p.gemv(p.weight, xq[rows[0]], out[sel[0]])
+                else:
+                    tile = np.empty((len(sel), self.n_out), np.float32)
+                    p.gemv_rows(xq[rows], tile)
+                    out[sel] = tile
 
     def resident_experts(self) -> list[int]:
         """The experts whose products were built (those some token was routed to)."""
@@ -154,9 +169,10 @@ class MoEFFN:
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
         ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
-        hx = np.repeat(h, k, axis=0)  # each token's row once per chosen expert
-        up = self.up(hx, ids)
-        g = ops.glu(self.glu, self.gate(hx, ids), up) if self.gate is not None else ops.silu(up)
+        src = np.repeat(np.arange(t), k)  # each token's row once per chosen expert
+        act = Activation(h)  # quantized once, for up and gate and every expert
+        up = self.up(act, ids, src)
+        g = ops.glu(self.glu, self.gate(act, ids, src), up) if self.gate is not None else ops.silu(up)
         y = self.down(g, ids).reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
         out = y[:, 0].copy()
         for s in range(1, k):  # ggml_add of the slots' views, one after another

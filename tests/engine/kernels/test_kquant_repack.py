@@ -143,6 +143,30 @@ def test_compiled_matches_reference_random(rows: int, nb: int, m: int) -> None:
                       "gemv")
 
 
+@pytest.mark.parametrize("m", [2, 5, 16, 17, 40])
+def test_gemv_rows_is_llama_cpps_gemv_on_each_row(golden, m: int) -> None:
+    """MUL_MAT_ID's rows of one expert in one call: each row the fixture's gemv bits (its rows below 4), and
+    bit for bit the one-row gemv on fresh rows, past a tile of 16."""
+    for key, wcase, n in _cases(golden):
+        if n >= 4:
+            continue
+        w, x = _inputs(golden, wcase, n)
+        weight = R.repack_q4_k_8x8(w)
+        xq = np.stack([quantize_q8_k(x[a]) for a in range(n)] * 2)
+        out = np.full((2 * n, len(w)), np.nan, np.float32)
+        R.gemv_rows_q4_k_8x8(weight, xq, out)
+        assert_bits_equal(out, np.concatenate([golden[key], golden[key]]), f"{key} (gemv rows)")
+    rng = np.random.default_rng(m)
+    w = _random_q4_k(rng, 24, 2)
+    weight = R.repack_q4_k_8x8(w)
+    x = (rng.standard_normal((m, 512)) * rng.uniform(0.01, 3, (m, 1))).astype(np.float32)
+    xq = np.stack([quantize_q8_k(row) for row in x])
+    out = np.full((m, 24), np.nan, np.float32)
+    R.gemv_rows_q4_k_8x8(weight, xq, out)
+    for a in range(m):
+        assert_bits_equal(out[a], R.gemv_q4_k_8x8(weight, xq[a], np.empty(24, np.float32)), f"row {a} of {m}")
+
+
 def test_strided_output_rows() -> None:
     """gemm writes (m, n_rows) rows at any row stride (a column slice of a wider output)."""
     rng = np.random.default_rng(9)
