@@ -8,8 +8,9 @@ anything; the non-matrix work is engine.runtime.decode_step. The numbers are tho
 operations in the same order), which still runs prompts, other cache types and the float32 numerics.
 
 The plan is built from the model's one description of a block (engine.models.transformer.Layer: its products,
-norms and biases; the FFN seam must be the dense kind) and its switches; the step calls the recorder where the
-graph does (the inputs of the products, the rotated queries, the residual stream after each block). A plan is
+norms and biases; the FFN seam dense or experts) and its switches; the step calls the recorder where the
+graph does (the inputs of the products, the rotated queries, the residual stream after each block). An experts
+FFN (engine.models.experts) runs as the graph runs it, between the compiled calls of its block. A plan is
 rebuilt when a weight is swapped (requantizing in the Quantization lens).
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.ops import attention_ggml as ggml_attention
 from engine.ops import ggml as ggml_ops
 from engine.runtime import decode_step as ggml_step
 from engine.models.decoder import DecoderModel
+from engine.models.experts import MoEFFN
 from engine.models.ffn import DenseFFN
 from engine.models.transformer import Layer
 from engine.ops.reference import soft_cap
@@ -102,7 +104,7 @@ class _Layer:
     ffn_runs: tuple[Callable[[], None], ...]  # the gate/up products
     gate: F32
     up: F32
-    down: _Product
+    down: _Product | None  # None in an experts layer
     attn_norm: F32
     ffn_norm: F32
     q_norm: F32
@@ -121,6 +123,7 @@ class _Layer:
     q_scale: np.float32
     kq_scale: np.float32
     names: tuple[tuple[str, ...], ...]  # the matrices each recorded input goes to: q/k/v, output, gate/up, down
+    moe: MoEFFN | None = None  # an experts FFN: run by its own module between the compiled calls
 
 
 class DecodePlan:
@@ -155,7 +158,7 @@ class DecodePlan:
         self.act = np.zeros((1, a.hidden_dim), np.float32)
         self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
         self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
-        self.ok = a.hidden_dim % 16 == 0
+        self.ok = a.hidden_dim % 16 == 0 or all(lay.moe is not None for lay in self.layers)
 
     @staticmethod
     def _key(model: DecoderModel) -> tuple[int]:
@@ -163,34 +166,42 @@ class DecodePlan:
         return (Linear.swaps,)
 
     def _layer(self, index: int, layer: Layer) -> _Layer | None:
-        if not isinstance(layer, Layer) or not isinstance(layer.ffn, DenseFFN):
+        if not isinstance(layer, Layer) or not isinstance(layer.ffn, (DenseFFN, MoEFFN)):
             return None  # another kind of block or FFN: the graph runs it op by op
-        ffn = layer.ffn
         qkv_groups = layer.qkv.products()
         h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
         qkv = _bind_all(qkv_groups, h_in)
         o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
         wo = _bind(layer.wo.product(), [layer.wo], o_in)
+        if qkv is None or wo is None or len(h_in.vdts) > 2:
+            return None  # residual_norm_quant fills two activation types
+        q, k, v = layer.split_qkv(_views(qkv))
+        spec = self.model.attention_spec(index)
+        one, scale = np.float32(1.0), np.float32(spec.scale)
+        q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
+        o_vdt = o_in.vdts[0]
+        head = (tuple(p.run for p in qkv), q, k, v, wo)
+        tail = (layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm),
+                _vec(layer.post_ffn_norm), h_in.slots())
+        if isinstance(layer.ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
+            f_in = _Inputs(self.dim, [layer.ffn.router.weight.qtype])
+            vdt = f_in.vdts[0]
+            return _Layer(*head, (), _EMPTY, _EMPTY, None, *tail, f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(vdt),
+                          f_in.bufs[vdt], layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale,
+                          layer.input_names(), layer.ffn)
+        ffn = layer.ffn
         gu_groups = ffn.gate_up.products()
         f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
         gate_up = _bind_all(gu_groups, f_in)
         d_in = _Inputs(ffn.w_down.n_in, [ffn.w_down.weight.qtype])
         down = _bind(ffn.w_down.product(), [ffn.w_down], d_in)
-        if qkv is None or wo is None or gate_up is None or down is None:
+        if gate_up is None or down is None or len(f_in.vdts) > 2:
             return None
-        if len(h_in.vdts) > 2 or len(f_in.vdts) > 2:
-            return None  # residual_norm_quant fills two activation types
-        q, k, v = layer.split_qkv(_views(qkv))
         gate, up = ffn.split(_views(gate_up))
-        spec = self.model.attention_spec(index)
-        one, scale = np.float32(1.0), np.float32(spec.scale)
-        q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
-        o_vdt, d_vdt = o_in.vdts[0], d_in.vdts[0]
-        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, tuple(p.run for p in gate_up), gate, up, down,
-                      layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm),
-                      _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
-                      h_in.slots(), f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt],
-                      layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names())
+        d_vdt = d_in.vdts[0]
+        return _Layer(*head, tuple(p.run for p in gate_up), gate, up, down, *tail, f_in.slots(), int(o_vdt),
+                      o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt], layer.biases, spec.window or 0, spec.rope_base,
+                      q_scale, kq_scale, layer.input_names())
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -227,15 +238,23 @@ class DecodePlan:
                     recorder.record_input(lay.names[1], o.copy())
                 lay.wo.run()
                 rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
-                if recorder is not None:
-                    recorder.record_input(lay.names[2], h.copy())
-                for run in lay.ffn_runs:
-                    run()
-                glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
-                if recorder is not None:
-                    recorder.record_input(lay.names[3], self.act.copy())
-                lay.down.run()
-                delta, post = lay.down.out[0], lay.post_ffn
+                if lay.moe is not None:  # the experts FFN as the graph runs it (it records its own inputs, routing)
+                    KERNEL_LOCK.release()  # its products take the lock themselves
+                    try:
+                        f = lay.moe(h.copy(), self.ops, recorder)
+                    finally:
+                        KERNEL_LOCK.acquire()
+                    delta, post = np.ascontiguousarray(f[0], np.float32), lay.post_ffn
+                else:
+                    if recorder is not None:
+                        recorder.record_input(lay.names[2], h.copy())
+                    for run in lay.ffn_runs:
+                        run()
+                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
+                    if recorder is not None:
+                        recorder.record_input(lay.names[3], self.act.copy())
+                    lay.down.run()
+                    delta, post = lay.down.out[0], lay.post_ffn
                 if recorder is not None:  # the residual after the block (the next call adds it to x)
                     hidden = x.copy()
                     rnq(hidden, delta, post, lay.attn_norm, eps, h, -1, lay.d_buf, -1, lay.d_buf)

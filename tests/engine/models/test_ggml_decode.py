@@ -161,3 +161,28 @@ def test_compiled_step_records_the_products_inputs_as_the_graph_does(tiny: dict[
             assert _same_bits(a, b)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "mixtral"])
+@pytest.mark.parametrize("quant", ["F16", "Q4_K_M"])
+def test_compiled_step_runs_experts_layers_as_the_graph(tmp_path_factory: pytest.TempPathFactory, name: str,
+                                                        quant: str) -> None:
+    """Mixture-of-Experts blocks in the compiled step (the experts module between its calls): the NumPy path's
+    logits, cache and routing, bit for bit."""
+    from tests.engine.models.arch_cases import model_file
+
+    model = load_model(model_file(tmp_path_factory.mktemp("moe-decode"), name, quant))
+    try:
+        ids = list(range(5, 21))
+        r_slow, r_fast = Recorder(), Recorder()
+        slow, c_slow = _steps(model, ids, fast=False, recorder=r_slow)
+        fast, c_fast = _steps(model, ids, fast=True, recorder=r_fast)
+        plan = model.net.ops.decode_plan
+        assert plan.ok and any(lay.moe is not None for lay in plan.layers)  # the compiled step ran the experts
+        assert _same_bits(slow, fast)
+        for layer in range(model.net.args.n_layers):
+            assert np.array_equal(c_slow.k[layer][:, : len(ids)], c_fast.k[layer][:, : len(ids)])
+            a, b = r_slow.routing_of(layer), r_fast.routing_of(layer)
+            assert np.array_equal(a[0], b[0]) and _same_bits(a[1], b[1])
+    finally:
+        model.close()
