@@ -328,7 +328,13 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
 def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: OverrideSpec | None,
                 cancel: threading.Event, emit: Emit) -> Iterator[object]:
     """Run A and B on the text; yields progress, the CompareRecord, then the HeadPair of opts.layer/head."""
-    from engine.quality.compare import Comparison, layer_divergence, log_softmax_rows, token_stats  # noqa: PLC0415
+    from engine.quality.compare import (  # noqa: PLC0415
+        Comparison,
+        compare_routing,
+        layer_divergence,
+        log_softmax_rows,
+        token_stats,
+    )
     from engine.quality.layer_damage import own_layer_divergence  # noqa: PLC0415
 
     t0 = time.perf_counter()
@@ -353,7 +359,8 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     if opts.a_cache == "F32":  # A's run is the file's reference run: the sweep and the mix search reuse it
         keep_reference(reference_from(a, ids, logp_a))
     stats = token_stats(logp_a, logp_b, ids, logp=True)
-    cmp = Comparison(per_layer=layer_divergence(ra.recorder.hidden, rb.recorder.hidden, len(ids)), **stats)
+    cmp = Comparison(per_layer=layer_divergence(ra.recorder.hidden, rb.recorder.hidden, len(ids)),
+                     routing=compare_routing(ra.recorder, rb.recorder, int(a.args.n_layers), len(ids)), **stats)
     yield TaskProgress("compare", "each layer's own share (B's layer on A's input)", 0.98)
     own = own_layer_divergence(a, b, ids, ra.recorder.hidden, cache_type=opts.b_cache, cancel=cancel)
     a_bytes, a_bpw = tensor_size(a)

@@ -81,3 +81,33 @@ def routing_report(layers: list[LayerRouting], token_texts: list[str]) -> dict:
                           "tokens_of_expert": {str(e): [token_texts[p] for p in lr.positions_of(e) if p < n]
                                                for e in range(lr.n_expert)}})
     return {"n_positions": n, "moe_layers": [lr.layer for lr in layers], "tokens": tokens, "layers": per_layer}
+
+
+@dataclass(frozen=True)
+class RoutingChange:
+    """One MoE layer of two runs on the same tokens (A, B): where B's router chose other experts than A's."""
+
+    layer: int
+    changed_pct: float  # share of positions whose chosen set of experts differs, in percent
+    swapped_mean: float  # experts per position in B's set and not in A's (0..k), averaged over positions
+
+
+def routing_changes(a: list[LayerRouting], b: list[LayerRouting], n: int) -> tuple[RoutingChange, ...]:
+    """Per MoE layer of both runs, over the first n positions: how many token-layer pairs choose another set of
+    experts (the order within the set is ignored: the same experts with other weights are the same set). A
+    quantization's damage to routing, which the KLD of the output alone does not show."""
+    by_layer = {lr.layer: lr for lr in b}
+    out = []
+    for la in a:
+        lb = by_layer.get(la.layer)
+        if lb is None or lb.experts.shape[1] != la.experts.shape[1]:
+            continue
+        m = min(n, la.experts.shape[0], lb.experts.shape[0])
+        if m == 0:
+            continue
+        ea, eb = np.sort(la.experts[:m], axis=1), np.sort(lb.experts[:m], axis=1)
+        differs = (ea != eb).any(axis=1)
+        k = ea.shape[1]
+        same = np.array([len(np.intersect1d(x, y, assume_unique=True)) for x, y in zip(ea, eb)], np.int64)
+        out.append(RoutingChange(la.layer, float(100.0 * differs.mean()), float((k - same).mean())))
+    return tuple(out)

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from engine.errors import LensError, SettingError
 from engine.generate import log_softmax, prefill
 from engine.observe.recorder import Recorder
+from engine.observe.routing import RoutingChange, routing_changes, routing_layers
 
 if TYPE_CHECKING:
     from engine.model import Model
@@ -48,12 +49,19 @@ class Comparison:
     delta_p_rms: float
     per_token_kld: tuple[float, ...]
     per_layer: tuple[LayerDivergence, ...]
+    routing: tuple[RoutingChange, ...] = ()  # Mixture-of-Experts layers: where B's routers chose other experts
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["per_token_kld"] = list(self.per_token_kld)
         d["per_layer"] = [asdict(x) for x in self.per_layer]
+        d["routing"] = [asdict(x) for x in self.routing]
         return d
+
+    @property
+    def routing_changed_pct(self) -> float | None:
+        """The share of token-layer pairs (over the MoE layers) whose chosen experts differ; None for dense models."""
+        return float(np.mean([r.changed_pct for r in self.routing])) if self.routing else None
 
 
 def kld_rows(logp_base: F64, logp_other: F64) -> F64:
@@ -184,4 +192,10 @@ def compare_models(base: Model, other: Model, ids: Sequence[int], *, cancel: thr
     la, ra = run_recorded(base, ids, cancel, progress=lambda d, t: say("running A", 0.5 * d / max(t, 1)))
     lb, rb = run_recorded(other, ids, cancel, progress=lambda d, t: say("running B", 0.5 + 0.5 * d / max(t, 1)))
     stats = token_stats(la, lb, ids)
-    return Comparison(per_layer=layer_divergence(ra.hidden, rb.hidden, len(ids)), **stats)
+    return Comparison(per_layer=layer_divergence(ra.hidden, rb.hidden, len(ids)),
+                      routing=compare_routing(ra, rb, base.args.n_layers, len(ids)), **stats)
+
+
+def compare_routing(ra: Recorder, rb: Recorder, n_layers: int, n: int) -> tuple[RoutingChange, ...]:
+    """Where the two runs' routers chose other experts (empty unless both models are Mixture-of-Experts)."""
+    return routing_changes(routing_layers(ra, n_layers), routing_layers(rb, n_layers), n)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -289,8 +290,8 @@ class CompareView(QWidget):
         s = rec.stats
         self.status.setText(f"<b>A</b> {html.escape(rec.a_label)} ({rec.a_cache} cache) vs <b>B</b> {html.escape(rec.b_label)} "
                             f"({rec.b_cache} cache) · {s.n_tokens} tokens · KLD mean {s.kld_mean:.5f} · "
-                            f"same top token {s.same_top_pct:.1f} % · PPL {s.ppl_base:.3f} → {s.ppl_other:.3f} "
-                            f"· {rec.elapsed_s:.1f} s")
+                            f"same top token {s.same_top_pct:.1f} % · PPL {s.ppl_base:.3f} → {s.ppl_other:.3f} · "
+                            f"{routing_text(s)}{rec.elapsed_s:.1f} s")
         self.select_token(int(rec.kld[:-1].argmax()) if rec.n_tokens > 1 else 0)
 
     def set_heads(self, pair: HeadPair) -> None:
@@ -364,3 +365,13 @@ class CompareView(QWidget):
         short = text if len(text) <= ITEM_CHARS else text[: ITEM_CHARS - 1] + "…"
         self.source.setItemText(i, short)
         self.source.setItemData(i, text, Qt.ItemDataRole.ToolTipRole)
+
+
+def routing_text(s: Any) -> str:
+    """'routing changed in 12.5 % of token-layer pairs (most in layer 3: 25.0 %) · ' for MoE models, else ''
+    (s: the record's engine Comparison)."""
+    if not s.routing:
+        return ""
+    worst = max(s.routing, key=lambda r: r.changed_pct)
+    return (f"routing changed in {s.routing_changed_pct:.1f} % of token-layer pairs "
+            f"(most in layer {worst.layer}: {worst.changed_pct:.1f} %) · ")

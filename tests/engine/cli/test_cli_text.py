@@ -172,3 +172,29 @@ def test_routing_writes_each_tokens_experts_as_json(tmp_path: Path) -> None:
     assert sum(layer["load"]) == 2 * report["n_positions"] and len(layer["tokens_of_expert"]) == 8
     dense = cli("routing", str(_tiny_path(tmp_path)), "--text", "hi")
     assert dense.returncode != 0 and "dense model: it has no experts" in dense.stderr
+
+
+def test_compare_reports_where_quantization_changes_routing(tmp_path: Path) -> None:
+    """compare on a Mixture-of-Experts file: per MoE layer the share of positions whose chosen experts differ (0
+    against itself, some at Q2_K), in the JSON and the text; a dense model's report has none."""
+    from tools.make_arch_models import write_arch  # noqa: PLC0415
+
+    path = write_arch(tmp_path / "moe.gguf", "qwen3moe")
+    text = tmp_path / "text.txt"
+    text.write_text("The experts of a mixture are chosen per token, layer by layer, by a small router. " * 3)
+    r = cli("compare", str(path), "--text-file", str(text), "--against", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    same = json.loads(r.stdout)
+    assert [x["layer"] for x in same["routing"]] == [0, 1]
+    assert all(x["changed_pct"] == 0 and x["swapped_mean"] == 0 for x in same["routing"])
+    r = cli("compare", str(path), "--text-file", str(text), "--type", "Q2_K", "--json")
+    assert r.returncode == 0, r.stderr
+    moved = json.loads(r.stdout)
+    assert any(x["changed_pct"] > 0 for x in moved["routing"])
+    for x in moved["routing"]:  # a share of positions, and at most k = 2 experts swapped per position
+        assert 0 <= x["changed_pct"] <= 100 and 0 <= x["swapped_mean"] <= 2
+        assert (x["changed_pct"] == 0) == (x["swapped_mean"] == 0)
+    r = cli("compare", str(path), "--text-file", str(text), "--type", "Q2_K")
+    assert r.returncode == 0 and "of token-layer pairs choose other experts" in r.stdout
+    dense = cli("compare", str(_tiny_path(tmp_path)), "--text-file", str(text), "--type", "Q8_0", "--json")
+    assert dense.returncode == 0 and json.loads(dense.stdout)["routing"] == []
