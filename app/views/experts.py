@@ -204,6 +204,9 @@ class ExpertsLens(QWidget):
         self.colorbar.getAxis("left").setLabel(self.colour_box.currentText())
         load = lr.load()
         self.bars.setOpts(x0=np.zeros(lr.n_expert), y=np.arange(lr.n_expert) + 0.5, width=load, height=0.8)
+        top = int(load.max()) if load.size else 0  # the narrow column has no room for a row of ticks: 0, and the
+        self.load.getAxis("bottom").setTicks([[(0, "0")], []])  # busiest expert's count in the axis label
+        self.load.setLabel("bottom", f"tokens, max {top}")
         ent = lr.entropy()
         self.entropy_curve.setData(np.arange(len(ent) + 1), ent)
         self.entropy.setYRange(0, np.log2(lr.n_expert))
