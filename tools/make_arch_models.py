@@ -7,7 +7,8 @@ model (2 layers, 256 wide, a 1,024-token vocabulary) from a fixed seed with the 
 
     /tmp/llvenv/bin/python tools/make_arch_models.py [--work DIR] [NAME ...]
 
-quantizes copies with llama.cpp's own llama_model_quantize (F16, Q8_0, Q4_K_M, IQ4_XS), runs llama.cpp (F16 KV cache; a
+quantizes copies with llama.cpp's own llama_model_quantize (F16, Q8_0, Q4_K_M, IQ4_XS; MXFP4_MOE for the
+Mixture-of-Experts models), runs llama.cpp (F16 KV cache; a
 128-token prompt, then one token per step) on N_TOKENS fixed token ids, and stores per quantization the top-K log-probabilities at every
 position in tests/fixtures/arch/NAME.npz, with each quantized file's sha256 and the mean top-1 probability in
 tests/fixtures/arch/NAME.json. The suite rebuilds the files itself (our writer, then `gguf-lens quantize`'s
@@ -48,6 +49,7 @@ N_CTX = 1024  # the context both engines run with (Phi-3 picks its long factors 
 TOP_K = 64
 PREFILL = 128  # the first PREFILL tokens run as one batch, the rest one at a time (a prompt, then decode steps)
 QUANTS = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "IQ4_XS": 30}  # llama_ftype ids (enum llama_ftype in llama.h)
+MOE_QUANTS = {"MXFP4_MOE": 38}  # and for the Mixture-of-Experts models: the experts in MXFP4, the rest Q8_0
 VOCAB = 1024
 U32 = np.uint32
 
@@ -301,7 +303,8 @@ def main() -> int:
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
         summary: dict[str, Any] = {"name": name, "arch": SPECS[name].arch, "seed": SEED, "top_k": TOP_K,
                                    "n_ctx": N_CTX, "llama_cpp_python": llama_cpp.__version__, "quants": {}}
-        for quant, ftype in QUANTS.items():
+        quants = {**QUANTS, **(MOE_QUANTS if SPECS[name].n_expert else {})}
+        for quant, ftype in quants.items():
             path = args.work / f"{name}.{quant}.gguf"
             quantize_llama_cpp(base, path, ftype)
             logp = log_softmax(llama_cpp_logits(path, ids, args.threads))

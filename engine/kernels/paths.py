@@ -102,12 +102,17 @@ def tinyblas_takes(n_rows: int, n: int, n_out: int, qtype: GGMLType = _T.F32) ->
 
 def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable] | None:
     """(path, gemv, gemm) with the numbers of llama.cpp's repacked kernels where its CPU_REPACK buffer takes the
-    weight (computed on the GGUF blocks): IQ4_NL rows in eights (iq4_nl_8x8, engine.kernels.iquant.dot), Q2_K
+    weight (computed on the GGUF blocks): IQ4_NL and MXFP4 rows in eights (iq4_nl_8x8, mxfp4_8x8,
+    engine.kernels.iquant.dot), Q2_K
     rows in eights with AVX-512 (q2_K_8x8, engine.kernels.iquant.tiled); else None."""
     if qtype == _T.IQ4_NL and n_rows % 8 == 0:
         from engine.kernels.iquant import dot as iquant_dot  # noqa: PLC0415 - compiled kernels only
 
         return "iq4_nl_x8", iquant_dot.gemv_iq4_nl_x8, iquant_dot.gemm_iq4_nl_x8
+    if qtype == _T.MXFP4 and n_rows % 8 == 0:  # mxfp4_8x8: the same template as iq4_nl_8x8's
+        from engine.kernels.iquant import dot as iquant_dot  # noqa: PLC0415 - compiled kernels only
+
+        return "mxfp4_x8", iquant_dot.gemv_mxfp4_x8, iquant_dot.gemm_mxfp4_x8
     if takes_q2_k_x8(qtype, n_rows):
         from engine.kernels.iquant.tiled import gemm_q2_k_x8, gemv_q2_k_x8  # noqa: PLC0415 - compiled kernels only
 

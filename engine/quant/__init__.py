@@ -47,7 +47,7 @@ DEQUANTIZERS: dict[GGMLType, BlockKernel] = {
     _T.Q4_K: kquants.dequantize_q4_k,
     _T.Q5_K: kquants.dequantize_q5_k,
     _T.Q6_K: kquants.dequantize_q6_k,
-    _T.MXFP4: mxfp4.dequantize_mxfp4,  # read and shown (the Quantization lens); no product kernel runs it yet
+    _T.MXFP4: mxfp4.dequantize_mxfp4,
     **{t: getattr(iquants, f"dequantize_{t.name.lower()}") for t in (
         _T.IQ4_NL, _T.IQ4_XS, _T.IQ3_XXS, _T.IQ3_S, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ1_S, _T.IQ1_M)},
 }
@@ -70,6 +70,7 @@ QUANTIZERS: dict[GGMLType, QuantKernel] = {
     # quantize_iq4_nl / quantize_iq4_xs with quant_weights NULL (weights x^2); blocks are independent rows
     _T.IQ4_NL: lambda blocks: quantize_weighted(blocks, GGMLType.IQ4_NL, None),
     _T.IQ4_XS: lambda blocks: quantize_weighted(blocks, GGMLType.IQ4_XS, None),
+    _T.MXFP4: mxfp4.quantize_mxfp4,  # quantize_mxfp4 ignores an importance matrix
 }
 
 # weights per dequantization chunk: big enough to amortise NumPy's per-call cost, small

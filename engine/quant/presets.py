@@ -54,6 +54,7 @@ PRESETS: dict[str, Preset] = {
         Preset("Q2_K", 10, _T.Q2_K),
         Preset("IQ4_NL", 25, _T.IQ4_NL),
         Preset("IQ4_XS", 30, _T.IQ4_XS),
+        Preset("MXFP4_MOE", 38, _T.MXFP4),
     )
 }
 # llama-quantize accepts these short names for the _M mixes
@@ -211,10 +212,16 @@ class _MixState:
             return int(m.group(1))
         return counter
 
-    def choose(self, preset: str, base: GGMLType, name: str, cat: Category, n_cols: int) -> tuple[GGMLType, str]:
-        """The mix's type for one tensor (before the row-size fallback), and the reason."""
+    def choose(self, preset: str, base: GGMLType, name: str, cat: Category, n_cols: int, n_mats: int = 1,
+               ) -> tuple[GGMLType, str]:
+        """The mix's type for one tensor (before the row-size fallback), and the reason; `n_mats` is the tensor's
+        third dimension (the experts of a Mixture-of-Experts weight)."""
         s = self.shape
         falcon = s.arch == "falcon"
+        if preset == "MXFP4_MOE":  # the experts' 3-D tensors in MXFP4, every other matrix Q8_0
+            if n_mats > 1 and cat not in (Category.OUTPUT, Category.TOKEN_EMBD):
+                return _T.MXFP4, f"{preset}: an experts tensor gets MXFP4"
+            return _T.Q8_0, f"{preset}: a tensor outside the experts gets Q8_0"
         if cat == Category.OUTPUT or (self.tied and cat == Category.TOKEN_EMBD):
             what = "output" if cat == Category.OUTPUT else "tied embeddings/output"
             if falcon or n_cols % TYPES[base].block_size:
@@ -353,7 +360,8 @@ def choose_types(
         if rule is not None:
             wanted, reason = rule.qtype, f"rule {rule}"
         elif preset is not None:
-            wanted, reason = mix.choose(preset.name, preset.base, name, category(name), n_cols)
+            n_mats = int(dims[2]) if len(dims) > 2 else 1
+            wanted, reason = mix.choose(preset.name, preset.base, name, category(name), n_cols, n_mats)
         else:
             out[name] = TypeChoice(name, old, old, "kept")
             continue

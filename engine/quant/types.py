@@ -98,7 +98,7 @@ _TABLE: dict[GGMLType, tuple[int, int, bool]] = {
     _T.IQ1_M: (256, 32 + 16 + 8, True),
     _T.TQ1_0: (256, 2 + 4 * 13, False),
     _T.TQ2_0: (256, 2 + 64, False),
-    _T.MXFP4: (32, 1 + 16, False),
+    _T.MXFP4: (32, 1 + 16, True),
 }
 
 TYPES: dict[GGMLType, TypeInfo] = {

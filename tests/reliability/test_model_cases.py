@@ -398,8 +398,6 @@ CASE19: list[tuple[str, Builder, str]] = [
     ("norm-type-i32", edit(replace={"blk.0.attn_norm.weight": ("blk.0.attn_norm.weight", GGMLType.I32, (64,),
                                                                 np.ones(64, np.int32))}),
      r"tensor 'blk\.0\.attn_norm\.weight': type I32 is not supported by GGUF Lens"),
-    ("norm-type-mxfp4", edit(replace={"blk.0.ffn_norm.weight": ("blk.0.ffn_norm.weight", GGMLType.MXFP4, (64,), bytes(34))}),
-     r"tensor 'blk\.0\.ffn_norm\.weight': type MXFP4 is not supported"),
 ]
 
 
@@ -420,9 +418,9 @@ def test_case19_extra_tensors_ignored_with_warning(server: LoaderServer, tmp_pat
     assert out["steps"][-1][1] == "length"
 
 
-@pytest.mark.parametrize("qtype", [GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0])
+@pytest.mark.parametrize("qtype", [GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.MXFP4])
 def test_case19_other_dtypes_for_norms_accepted(server: LoaderServer, tmp_path: Path, qtype: GGMLType) -> None:
-    """Case 19: a norm stored as F16/BF16/Q8_0/Q4_0 (not F32) is dequantized like any weight and runs."""
+    """Case 19: a norm stored as F16/BF16/Q8_0/Q4_0/MXFP4 (not F32) is dequantized like any weight and runs."""
     names = ("blk.0.attn_norm.weight", "blk.1.ffn_norm.weight", "output_norm.weight")
     path = edit(replace={n: norm(n, 64, qtype) for n in names})(tmp_path / "m.gguf")
     out = expect_loaded(server, path, generate=3, scan=True)

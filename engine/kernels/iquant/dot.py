@@ -36,8 +36,11 @@ from engine.kernels.iquant.simd import (
     dot_iq4_nl,
     dot_iq4_nl_x8,
     dot_iq4_xs,
+    dot_mxfp4,
+    dot_mxfp4_x8,
     tile_iq4_nl_x8,
     tile_iq4_xs,
+    tile_mxfp4_x8,
 )
 from engine.kernels.iquant.tiles import gemm_decoded
 from engine.quant.types import GGMLType
@@ -47,7 +50,7 @@ u64 = np.uint64
 _KERNEL = {"parallel": True, "cache": True, "error_model": "numpy"}
 _CHECK = {"cache": True, "error_model": "numpy"}
 # bytes of one weight block, weights per block, bytes of the activation block that covers them
-TYPE_SIZES = {"iq2_xxs": (66, 256, 292), "iq2_xs": (74, 256, 292), "iq2_s": (82, 256, 292), "iq3_xxs": (98, 256, 292), "iq3_s": (110, 256, 292), "iq1_s": (50, 256, 292), "iq1_m": (56, 256, 292), "iq4_xs": (136, 256, 292), "iq4_nl": (18, 32, 34)}
+TYPE_SIZES = {"iq2_xxs": (66, 256, 292), "iq2_xs": (74, 256, 292), "iq2_s": (82, 256, 292), "iq3_xxs": (98, 256, 292), "iq3_s": (110, 256, 292), "iq1_s": (50, 256, 292), "iq1_m": (56, 256, 292), "iq4_xs": (136, 256, 292), "iq4_nl": (18, 32, 34), "mxfp4": (17, 32, 34)}
 
 
 @njit(**_CHECK)
@@ -263,8 +266,61 @@ def gemm_iq4_nl_x8(blocks, xq, out):
     return out
 
 
+# ---- MXFP4 (gpt-oss's experts) against Q8_0 activations: ggml_vec_dot_mxfp4_q8_0 (IQ4_NL's code with an E8M0
+# exponent and kvalues_mxfp4), and rows in eights as llama.cpp's mxfp4_8x8 repack multiplies them (the same
+# template as iq4_nl_8x8's, gemv_q4_b32_8x8_q8_0_lut_avx / gemm_...): per block acc = fma(float(sumi), d_w * d_x, acc)
+
+
+@njit(**_KERNEL)
+def gemv_mxfp4(blocks, xq, out):
+    """out[r] = ggml_vec_dot_mxfp4_q8_0(row r, xq): blocks (n_rows, row_bytes), xq (nb * 34,)."""
+    nb = _check(blocks, xq, out, 17, 34)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = dot_mxfp4(blocks, u64(r) * rs, nb, xq, u64(0))
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_mxfp4(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot_mxfp4_q8_0(row r, xq[a]) (no tinyBLAS kernel takes MXFP4)."""
+    nb = _check(blocks, xq, out, 17, 34)
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = dot_mxfp4(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_mxfp4_x8(blocks, xq, out):
+    """out[r] = ggml_gemv_mxfp4_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
+    nb = _check(blocks, xq, out, 17, 34)
+    rs = u64(blocks.strides[0])
+    for r in prange(blocks.shape[0]):
+        out[r] = dot_mxfp4_x8(blocks, u64(r) * rs, nb, xq, u64(0))
+    return out
+
+
+@njit(**_KERNEL)
+def gemm_mxfp4_x8(blocks, xq, out):
+    """out[a, r] = ggml_gemm_mxfp4_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
+    up to 16 activation rows."""
+    nb = _check(blocks, xq, out, 17, 34)
+    rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    n, m = blocks.shape[0], xq.shape[0]
+    for task in prange((n + 15) // 16):
+        for a0 in range(0, m, 16):
+            for r in range(task * 16, min(n, (task + 1) * 16)):
+                tile_mxfp4_x8(blocks, u64(r) * rs, nb, xq, u64(a0) * xs, xs, min(16, m - a0), out,
+                              u64(a0) * os + u64(4 * r), os)
+    return out
+
+
 _T = GGMLType
 GEMV = {_T.IQ4_NL: gemv_iq4_nl, _T.IQ4_XS: gemv_iq4_xs, _T.IQ3_XXS: gemv_iq3_xxs, _T.IQ3_S: gemv_iq3_s,
-        _T.IQ2_XXS: gemv_iq2_xxs, _T.IQ2_XS: gemv_iq2_xs, _T.IQ2_S: gemv_iq2_s, _T.IQ1_S: gemv_iq1_s, _T.IQ1_M: gemv_iq1_m}
+        _T.IQ2_XXS: gemv_iq2_xxs, _T.IQ2_XS: gemv_iq2_xs, _T.IQ2_S: gemv_iq2_s, _T.IQ1_S: gemv_iq1_s, _T.IQ1_M: gemv_iq1_m,
+        _T.MXFP4: gemv_mxfp4}
 GEMM = {_T.IQ4_NL: gemm_iq4_nl, _T.IQ4_XS: gemm_iq4_xs, _T.IQ3_XXS: gemm_iq3_xxs, _T.IQ3_S: gemm_iq3_s,
-        _T.IQ2_XXS: gemm_iq2_xxs, _T.IQ2_XS: gemm_iq2_xs, _T.IQ2_S: gemm_iq2_s, _T.IQ1_S: gemm_iq1_s, _T.IQ1_M: gemm_iq1_m}
+        _T.IQ2_XXS: gemm_iq2_xxs, _T.IQ2_XS: gemm_iq2_xs, _T.IQ2_S: gemm_iq2_s, _T.IQ1_S: gemm_iq1_s, _T.IQ1_M: gemm_iq1_m,
+        _T.MXFP4: gemm_mxfp4}

@@ -12,6 +12,8 @@ as a scalar fma; IQ4_NL rows repacked by llama.cpp (iq4_nl_8x8) one scalar fma p
   tile_iq4_xs(w, wo, nb, x, xo, xs, m, out, oo, os)   the same for m <= 16 Q8_K rows, each block decoded once
   dot_iq4_nl(w, wo, nb, x, xo)        ggml_vec_dot_iq4_nl_q8_0 of nb blocks with Q8_0 blocks
   dot_iq4_nl_x8(w, wo, nb, x, xo)     the iq4_nl_8x8 gemv's value for the same row
+  dot_mxfp4 / dot_mxfp4_x8 / tile_mxfp4_x8   the same three for MXFP4 (17-byte blocks: an E8M0 exponent read as
+                                      GGML_E8M0_TO_FP32_HALF, 16 bytes of codes looked up in kvalues_mxfp4)
   dot_iq2_xxs / iq2_xs / iq2_s / iq3_xxs / iq3_s(w, wo, nb, x, xo)   vec_dot before its last constant (0.125 for
                                       IQ2_*, 0.25 for IQ3_XXS), which the caller multiplies in as ggml does
 
@@ -50,9 +52,10 @@ V16, V32 = vec(I8, 16), vec(I8, 32)
 _KV = [int(v) for v in kvalues_iq4nl().astype("int8")]
 
 
-def _lut16(ops: Ops, b, idx):
-    """<16 x i8> kvalues_iq4nl[idx] for idx in 0..15: pshufb where the CPU has SSSE3, lane by lane otherwise."""
-    table = ir.Constant(V16, [ir.Constant(I8, v) for v in _KV])
+def _lut16(ops: Ops, b, idx, values: list[int] = _KV):
+    """<16 x i8> values[idx] (kvalues_iq4nl, or kvalues_mxfp4) for idx in 0..15: pshufb where the CPU has SSSE3,
+    lane by lane otherwise."""
+    table = ir.Constant(V16, [ir.Constant(I8, v) for v in values])
     if ops.avx2:
         return call_intrinsic(b, "llvm.x86.ssse3.pshuf.b.128", V16, [table, idx])
     out = ir.Constant(V16, None)
@@ -62,12 +65,13 @@ def _lut16(ops: Ops, b, idx):
     return out
 
 
-def _weights32(ops: Ops, b, pq):
-    """The 32 signed weights of 16 nibble bytes at pq: low nibbles first, then high (dequantize_row_iq4_*)."""
+def _weights32(ops: Ops, b, pq, values: list[int] = _KV):
+    """The 32 signed weights of 16 nibble bytes at pq: low nibbles first, then high (dequantize_row_iq4_*,
+    dequantize_row_mxfp4)."""
     q = load(b, pq, V16)
     mask = ir.Constant(V16, [ir.Constant(I8, 15)] * 16)
-    lo = _lut16(ops, b, b.and_(q, mask))
-    hi = _lut16(ops, b, b.and_(b.lshr(q, ir.Constant(V16, [ir.Constant(I8, 4)] * 16)), mask))
+    lo = _lut16(ops, b, b.and_(q, mask), values)
+    hi = _lut16(ops, b, b.and_(b.lshr(q, ir.Constant(V16, [ir.Constant(I8, 4)] * 16)), mask), values)
     return b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 32), [ir.Constant(I32, k) for k in range(32)]))
 
 
@@ -234,28 +238,49 @@ GRID_TYPES = {"iq2_xxs": kquant_dot._Type(66, 0, None, decode_iq2_xxs, ""),
               "iq3_s": kquant_dot._Type(110, 0, None, decode_iq3_s, "")}
 
 
-def _block_lanes_nl(ops: Ops, b, pw, px):
-    """<8 x i32> lanes of one IQ4_NL block (18 bytes at pw) with one Q8_0 block (34 bytes at px)."""
-    plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 2)])))
+class _Nibbles:
+    """A 32-weight block of 4-bit codes looked up in a table, with one scale: IQ4_NL (fp16 d, kvalues_iq4nl) or
+    MXFP4 (an E8M0 exponent byte read as GGML_E8M0_TO_FP32_HALF, kvalues_mxfp4)."""
+
+    def __init__(self, size: int, qs: int, values: list[int], e8m0: bool):
+        self.size, self.qs, self.values, self.e8m0 = size, qs, values, e8m0
+
+    def scale_w(self, context, b, pw):
+        if not self.e8m0:
+            return half_to_float(context, b, load(b, pw, I16))
+        e = b.zext(load(b, pw, I8), I32)  # 2^(e - 128): subnormal patterns below e = 2, else exponent bits e - 1
+        small = b.shl(ir.Constant(I32, 0x00200000), e)
+        normal = b.shl(b.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+        return b.bitcast(b.select(b.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal), F32)
+
+
+IQ4_NL = _Nibbles(18, 2, _KV, False)
+MXFP4 = _Nibbles(17, 1, [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], True)
+
+
+def _block_lanes_nl(ops: Ops, b, pw, px, fmt: _Nibbles = IQ4_NL):
+    """<8 x i32> lanes of one 4-bit block (fmt.size bytes at pw) with one Q8_0 block (34 bytes at px)."""
+    plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values))
     x = load(b, px, V32, 2)
     p = b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x))
     return ops.madd(p, ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16))
 
 
-def _scale(context, b, pw, px):
-    """fp16(d_x) * fp16(d_w), rounded once."""
-    return b.fmul(half_to_float(context, b, load(b, px, I16)), half_to_float(context, b, load(b, pw, I16)))
+def _scale(context, b, pw, px, fmt: _Nibbles = IQ4_NL):
+    """d_x * d_w (fp16 d_x; d_w as the format stores it), rounded once."""
+    return b.fmul(half_to_float(context, b, load(b, px, I16)), fmt.scale_w(context, b, pw))
 
 
-def _row_nl(context, b, pw0, nb, px0, x8: bool):
+def _row_nl(context, b, pw0, nb, px0, x8: bool, fmt: _Nibbles = IQ4_NL):
     ops = Ops(context, b)
-    if x8:  # iq4_nl_8x8: acc = fma(float(sumi), d_w * d_x, acc) per block
+    size = ir.Constant(I64, fmt.size)
+    if x8:  # iq4_nl_8x8 / mxfp4_8x8: acc = fma(float(sumi), d_w * d_x, acc) per block
         acc = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
         with cgutils.for_range(b, nb) as loop:
-            pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, 18))])
+            pw = b.gep(pw0, [b.mul(loop.index, size)])
             px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
-            sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_block_lanes_nl(ops, b, pw, px)])
-            b.store(b.fma(b.sitofp(sumi, F32), _scale(context, b, pw, px), b.load(acc)), acc)
+            sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_block_lanes_nl(ops, b, pw, px, fmt)])
+            b.store(b.fma(b.sitofp(sumi, F32), _scale(context, b, pw, px, fmt), b.load(acc)), acc)
         return b.load(acc)
     acc1 = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None))
     acc2 = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 8), None))
@@ -264,17 +289,18 @@ def _row_nl(context, b, pw0, nb, px0, x8: bool):
         ib = b.mul(loop.index, ir.Constant(I64, 2))
         for k, acc in ((0, acc1), (1, acc2)):
             j = b.add(ib, ir.Constant(I64, k))
-            pw = b.gep(pw0, [b.mul(j, ir.Constant(I64, 18))])
+            pw = b.gep(pw0, [b.mul(j, size)])
             px = b.gep(px0, [b.mul(j, ir.Constant(I64, 34))])
-            b.store(kquant_dot._fma(b, _scale(context, b, pw, px), _block_lanes_nl(ops, b, pw, px), b.load(acc)), acc)
+            b.store(kquant_dot._fma(b, _scale(context, b, pw, px, fmt), _block_lanes_nl(ops, b, pw, px, fmt),
+                                    b.load(acc)), acc)
     total = cgutils.alloca_once_value(b, kquant_dot._hsum8(b, b.fadd(b.load(acc1), b.load(acc2))))
     odd = b.icmp_unsigned("!=", b.urem(nb, ir.Constant(I64, 2)), ir.Constant(I64, 0))
     with b.if_then(odd):  # the scalar tail: sumf += d * (sumi1 + sumi2), contracted to an fma
         last = b.sub(nb, ir.Constant(I64, 1))
-        pw = b.gep(pw0, [b.mul(last, ir.Constant(I64, 18))])
+        pw = b.gep(pw0, [b.mul(last, size)])
         px = b.gep(px0, [b.mul(last, ir.Constant(I64, 34))])
-        sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_block_lanes_nl(ops, b, pw, px)])
-        b.store(b.fma(_scale(context, b, pw, px), b.sitofp(sumi, F32), b.load(total)), total)
+        sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_block_lanes_nl(ops, b, pw, px, fmt)])
+        b.store(b.fma(_scale(context, b, pw, px, fmt), b.sitofp(sumi, F32), b.load(total)), total)
     return b.load(total)
 
 
@@ -301,6 +327,8 @@ def _row_intrinsic(name: str, row):
 dot_iq4_xs = _row_intrinsic("dot_iq4_xs", lambda c, b, pw, nb, px: kquant_dot._row_dot(IQ4_XS, c, b, pw, nb, px))
 dot_iq4_nl = _row_intrinsic("dot_iq4_nl", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, False))
 dot_iq4_nl_x8 = _row_intrinsic("dot_iq4_nl_x8", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, True))
+dot_mxfp4 = _row_intrinsic("dot_mxfp4", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, False, MXFP4))
+dot_mxfp4_x8 = _row_intrinsic("dot_mxfp4_x8", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, True, MXFP4))
 
 
 def _grid_row(name: str):
@@ -313,17 +341,17 @@ dot_iq2_xxs, dot_iq2_xs, dot_iq2_s = _grid_row("iq2_xxs"), _grid_row("iq2_xs"), 
 dot_iq3_xxs, dot_iq3_s = _grid_row("iq3_xxs"), _grid_row("iq3_s")
 
 
-def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os):
-    """One IQ4_NL row against m <= 16 Q8_0 rows (px0 + a * xs) as the iq4_nl_8x8 kernels sum it, each block's
+def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os, fmt: _Nibbles = IQ4_NL):
+    """One IQ4_NL (or MXFP4) row against m <= 16 Q8_0 rows (px0 + a * xs) as the 8x8 kernels sum it, each block's
     weights decoded once for the m rows; result a at po + a * os."""
     ops = Ops(context, b)
     acc = cgutils.alloca_once(b, F32, size=16)
     with cgutils.for_range(b, m) as act:
         b.store(ir.Constant(F32, 0.0), b.gep(acc, [act.index]))
     with cgutils.for_range(b, nb) as loop:
-        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, 18))])
-        plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 2)])))
-        dw = half_to_float(context, b, load(b, pw, I16))
+        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, fmt.size))])
+        plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values))
+        dw = fmt.scale_w(context, b, pw)
         px_i = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
         ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
         with cgutils.for_range(b, m) as act:
@@ -365,3 +393,4 @@ def _tile_intrinsic(name: str, tile):
 # IQ4_XS in vec_dot's order (kquant_dot's tile loop), IQ4_NL rows as the iq4_nl_8x8 kernels sum them
 tile_iq4_xs = _tile_intrinsic("tile_iq4_xs", lambda c, b, *a: kquant_dot._row_tile(IQ4_XS, c, b, *a))
 tile_iq4_nl_x8 = _tile_intrinsic("tile_iq4_nl_x8", _tile_nl_x8)
+tile_mxfp4_x8 = _tile_intrinsic("tile_mxfp4_x8", lambda c, b, *a: _tile_nl_x8(c, b, *a, fmt=MXFP4))

@@ -2,7 +2,7 @@
 
 For each test model (llama as Llama 3 uses it, with linear and YaRN scaling; qwen2; qwen3; gemma2; phi3; the
 Mixture-of-Experts qwen3moe, qwen2moe and a Mixtral-style llama) in F16,
-Q8_0, Q4_K_M and IQ4_XS: our quantizer writes llama.cpp's file byte for byte, and our logits at every position of 200
+Q8_0, Q4_K_M and IQ4_XS (and MXFP4_MOE for the Mixture-of-Experts ones): our quantizer writes llama.cpp's file byte for byte, and our logits at every position of 200
 tokens (a 128-token prompt, then decode steps) are llama.cpp's within the issue's bounds in both numerics.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tests.engine.models.arch_cases import (
 )
 from tools.make_arch_models import SPECS
 
-CASES = [(name, quant) for name in SPECS for quant in QUANTS]
+# MXFP4_MOE (gpt-oss's file type: the experts in MXFP4, every other matrix Q8_0) on the Mixture-of-Experts models
+CASES = [(name, quant) for name in SPECS for quant in QUANTS + (("MXFP4_MOE",) if SPECS[name].n_expert else ())]
 
 
 @pytest.fixture(scope="module")

@@ -118,7 +118,9 @@ def test_metadata_as_llama_quantize_writes_it(files, key: str) -> None:
 
 def test_every_preset_is_in_the_fixture_with_its_ftype() -> None:
     assert GOLDEN["ftypes"] == {name: PRESETS[name].ftype for name in GOLDEN["ftypes"]}
-    missing = set(PRESETS) - set(GOLDEN["ftypes"]) - {"F32"}  # an F32 copy of a model is not worth a fixture
+    # an F32 copy of a model is not worth a fixture; MXFP4_MOE matters for Mixture-of-Experts files only and is held
+    # to llama-quantize's own files (sha256) on the MoE test models in tests/engine/models/test_arch_logits.py
+    missing = set(PRESETS) - set(GOLDEN["ftypes"]) - {"F32", "MXFP4_MOE"}
     assert missing == set()
 
 

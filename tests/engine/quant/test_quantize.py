@@ -109,9 +109,9 @@ def test_bad_shapes_and_types_are_rejected() -> None:
         quantize(np.zeros(256, dtype=np.float32), GGMLType.Q4_K)
     with pytest.raises(SettingError, match="IQ2_XXS is not supported"):
         quantize(np.zeros((1, 256), dtype=np.float32), GGMLType.IQ2_XXS)
-    # the reference quantizers of this file's fixtures, and IQ4_NL / IQ4_XS (held to ggml_quantize_chunk in
-    # tests/engine/quant/test_weighted.py)
-    assert set(QUANTIZERS) == {GGMLType[n] for n in ["F32", *QUANT_TYPES, "IQ4_NL", "IQ4_XS"]}
+    # the reference quantizers of this file's fixtures, IQ4_NL / IQ4_XS (held to ggml_quantize_chunk in
+    # tests/engine/quant/test_weighted.py) and MXFP4 (tests/engine/quant/test_mxfp4.py)
+    assert set(QUANTIZERS) == {GGMLType[n] for n in ["F32", *QUANT_TYPES, "IQ4_NL", "IQ4_XS", "MXFP4"]}
 
 
 def test_quantize_accepts_float64_and_int_type_ids() -> None:
