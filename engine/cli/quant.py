@@ -128,8 +128,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"{report['base']}  vs  {label}   ({cmp.n_tokens} tokens)")
     print(f"  KLD        mean {cmp.kld_mean:.6f}  median {cmp.kld_median:.6f}  p99 {cmp.kld_p99:.6f}  max {cmp.kld_max:.6f}")
     print(f"  same top token  {cmp.same_top_pct:.2f} %")
-    if cmp.routing:
-        worst = max(cmp.routing, key=lambda r: r.changed_pct)
+    if (worst := cmp.routing_most_changed) is not None:
         print(f"  routing         {cmp.routing_changed_pct:.1f} % of token-layer pairs choose other experts "
               f"(most in layer {worst.layer}: {worst.changed_pct:.1f} %)")
     print(f"  PPL        base {cmp.ppl_base:.4f}  other {cmp.ppl_other:.4f}  ratio {cmp.ppl_ratio:.4f}")

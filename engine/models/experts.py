@@ -70,12 +70,6 @@ class ExpertLinear:
             p = self._products[e] = BlockProduct(self.weight.qtype, self.expert(e).blocks, self.n_in)
         return p
 
-    def rows(self, e: int, x: F32) -> F32:
-        """x (R, n_in) through expert e: (R, n_out)."""
-        out = np.empty((x.shape[0], self.n_out), np.float32)
-        self._into(Activation(x), np.zeros(x.shape[0], np.int64) + e, None, out)
-        return out
-
     def __call__(self, x: F32 | Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None = None) -> F32:
         """Row r of the output: activation row src[r] (row r without src) through expert ids[r], the rows grouped by
         expert, experts in ascending order (MUL_MAT_ID). An Activation is quantized once for every expert (and for

@@ -63,6 +63,11 @@ class Comparison:
         """The share of token-layer pairs (over the MoE layers) whose chosen experts differ; None for dense models."""
         return float(np.mean([r.changed_pct for r in self.routing])) if self.routing else None
 
+    @property
+    def routing_most_changed(self) -> RoutingChange | None:
+        """The MoE layer whose routing changed most; None for dense models."""
+        return max(self.routing, key=lambda r: r.changed_pct) if self.routing else None
+
 
 def kld_rows(logp_base: F64, logp_other: F64) -> F64:
     """KL(base || other) for each row of two log-probability matrices."""

@@ -370,8 +370,8 @@ class CompareView(QWidget):
 def routing_text(s: Any) -> str:
     """'routing changed in 12.5 % of token-layer pairs (most in layer 3: 25.0 %) · ' for MoE models, else ''
     (s: the record's engine Comparison)."""
-    if not s.routing:
+    worst = s.routing_most_changed
+    if worst is None:
         return ""
-    worst = max(s.routing, key=lambda r: r.changed_pct)
     return (f"routing changed in {s.routing_changed_pct:.1f} % of token-layer pairs "
             f"(most in layer {worst.layer}: {worst.changed_pct:.1f} %) · ")

@@ -215,6 +215,18 @@ def _blocks(weight):
     return weight.shape[1] // GROUP_BYTES
 
 
+@njit(**_INLINE)
+def _mat_shape(weight, xq, out):
+    """(blocks per row, activation rows) of a batch product's arguments, checked."""
+    nb = _blocks(weight)
+    if xq.ndim != 2 or (xq.size and xq.strides[1] != 1) or xq.shape[1] != nb * Q8K_BLOCK_BYTES:
+        raise ValueError("xq must be (m, bytes) Q8_K rows as long as the weight rows")
+    m = xq.shape[0]
+    if out.ndim != 2 or out.shape[0] != m or out.shape[1] != weight.shape[0] * GROUP or (out.size and out.strides[1] != 4):
+        raise ValueError("out must be (m, n_rows) float32 with contiguous rows")
+    return nb, m
+
+
 @njit(**_KERNEL)
 def gemv_q4_k_8x8(weight, xq, out):
     """out[r] = ggml_gemv_q4_K_8x8_q8_K of weight row r with one Q8_K row xq (nb * 292,) (quantize_q8_k)."""
@@ -234,12 +246,7 @@ def gemv_rows_q4_k_8x8(weight, xq, out):
     """out[a] = gemv_q4_k_8x8 of each Q8_K row xq[a] (m, nb * 292) from quantize_q8_k: what forward_mul_mat_id
     computes for the rows routed to one expert (a gemv per row, the same bits), each weight group read once for
     all m rows."""
-    nb = _blocks(weight)
-    if xq.ndim != 2 or (xq.size and xq.strides[1] != 1) or xq.shape[1] != nb * Q8K_BLOCK_BYTES:
-        raise ValueError("xq must be (m, bytes) Q8_K rows as long as the weight rows")
-    m = xq.shape[0]
-    if out.ndim != 2 or out.shape[0] != m or out.shape[1] != weight.shape[0] * GROUP or (out.size and out.strides[1] != 4):
-        raise ValueError("out must be (m, n_rows) float32 with contiguous rows")
+    nb, m = _mat_shape(weight, xq, out)
     gs, xs, os = u64(weight.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     for g in prange(weight.shape[0]):
         for a0 in range(0, m, TILE):  # a tile holds at most TILE activation rows
@@ -252,12 +259,7 @@ def gemv_rows_q4_k_8x8(weight, xq, out):
 def gemm_q4_k_8x8(weight, xq, out):
     """out[a, r] for Q8_K rows xq (m, nb * 292) from quantize_q8_k_mat: rows a < m - m % 4 as
     ggml_gemm_q4_K_8x8_q8_K, the others as ggml_gemv_q4_K_8x8_q8_K (forward_mul_mat's split)."""
-    nb = _blocks(weight)
-    if xq.ndim != 2 or (xq.size and xq.strides[1] != 1) or xq.shape[1] != nb * Q8K_BLOCK_BYTES:
-        raise ValueError("xq must be (m, bytes) Q8_K rows as long as the weight rows")
-    m = xq.shape[0]
-    if out.ndim != 2 or out.shape[0] != m or out.shape[1] != weight.shape[0] * GROUP or (out.size and out.strides[1] != 4):
-        raise ValueError("out must be (m, n_rows) float32 with contiguous rows")
+    nb, m = _mat_shape(weight, xq, out)
     k = m - m % MAT_ROWS
     gs, xs, os = u64(weight.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     for g in prange(weight.shape[0]):
