@@ -76,6 +76,7 @@ class ArchSpec:
     n_used: int = 0  # leaves expert_feed_forward_length out, so the architecture's default applies)
     expert_hidden: int = 0
     router_std: float = 1.2  # moe: the router's logits spread (peaked routing with clear but not total winners)
+    expert_std: float = 1.0  # moe: the experts' gate/up weights times this (gpt-oss: past the clamp at 7 now and then)
 
 
 SPECS: dict[str, ArchSpec] = {
@@ -95,6 +96,12 @@ SPECS: dict[str, ArchSpec] = {
     "qwen2moe": ArchSpec("qwen2moe", n_kv_heads=2, rope_base=1_000_000.0, hidden=256, tied=False,
                          extras=("biases", "moe", "shexp"), n_expert=6, n_used=3, expert_hidden=256),
     "mixtral": ArchSpec("llama", n_kv_heads=2, tied=False, hidden=256, extras=("moe",), n_expert=4, n_used=2),
+    # gpt-oss: sinks, biases on q/k/v/o, router and experts, the clamped SwiGLU, a window on layer 0, YaRN
+    "gpt_oss": ArchSpec("gpt-oss", n_heads=8, n_kv_heads=2, head_dim=64, rope_base=150000.0, tied=False, hidden=256,
+                        extras=("biases", "moe", "oai"), n_expert=8, n_used=4, expert_hidden=256, expert_std=2.5,
+                        logit_std=3.5, successor=2.6, router_std=4.0, metadata={
+                            "attention.sliding_window": U32(32), "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                            "rope.scaling.original_context_length": U32(64)}),
     "phi3": ArchSpec("phi3", n_kv_heads=4, rope_dim=32, tied=False, extras=("fused", "phi_factors"), metadata={
         "rope.scaling.original_context_length": U32(128), "rope.scaling.attn_factor": 1.1902380714238083}),
 }
@@ -197,10 +204,13 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
             ts.append((b + "attn_q_norm.weight", f32, (s.head_dim,), norm(s.head_dim)))
             ts.append((b + "attn_k_norm.weight", f32, (s.head_dim,), norm(s.head_dim)))
         ts.append((b + "attn_output.weight", f32, (qd, s.dim), mat(qd, s.dim, OUT_SCALE / math.sqrt(qd))))
+        if "oai" in s.extras:  # gpt-oss: one sink logit per head (a large share of each row), the output's bias
+            ts.append((b + "attn_sinks.weight", f32, (s.n_heads,), (1.0 + 1.5 * rng.standard_normal(s.n_heads)).astype(np.float32)))
+            ts.append((b + "attn_output.bias", f32, (s.dim,), (0.1 * rng.standard_normal(s.dim)).astype(np.float32)))
         if "post_norms" in s.extras:
             ts.append((b + "post_attention_norm.weight", f32, (s.dim,), norm(s.dim)))
             ts.append((b + "post_ffw_norm.weight", f32, (s.dim,), norm(s.dim)))
-        ts.append((b + "ffn_norm.weight", f32, (s.dim,), norm(s.dim)))
+        ts.append((b + ("post_attention_norm" if "oai" in s.extras else "ffn_norm") + ".weight", f32, (s.dim,), norm(s.dim)))
         if "moe" in s.extras:
             ts += experts(b, s)
         elif "fused" in s.extras:
@@ -223,10 +233,17 @@ def experts(b: str, s: ArchSpec) -> list[tuple[str, GGMLType, tuple[int, ...], n
     width = s.hidden if s.arch == "llama" else s.expert_hidden or s.hidden // s.n_used  # llama: n_ff wide
     gen = lambda *shape, std: (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))  # noqa: E731
     scale = np.geomspace(0.5, 2.0, n).astype(np.float32)[:, None, None]
+    wide = s.expert_std / math.sqrt(d)
     ts = [(b + "ffn_gate_inp.weight", f32, (d, n), gen(n, d, std=s.router_std / math.sqrt(d))),
-          (b + "ffn_gate_exps.weight", f32, (d, width, n), gen(n, width, d, std=1 / math.sqrt(d))),
-          (b + "ffn_up_exps.weight", f32, (d, width, n), gen(n, width, d, std=1 / math.sqrt(d))),
-          (b + "ffn_down_exps.weight", f32, (width, d, n), gen(n, d, width, std=OUT_SCALE / math.sqrt(width)) * scale)]
+          (b + "ffn_gate_exps.weight", f32, (d, width, n), gen(n, width, d, std=wide)),
+          (b + "ffn_up_exps.weight", f32, (d, width, n), gen(n, width, d, std=wide)),
+          (b + "ffn_down_exps.weight", f32, (width, d, n),
+           gen(n, d, width, std=OUT_SCALE / math.sqrt(width) / s.expert_std) * scale)]
+    if "oai" in s.extras:  # gpt-oss: the router's bias and each expert's biases (ggml shapes width x n, dim x n)
+        ts += [(b + "ffn_gate_inp.bias", f32, (n,), gen(n, std=0.5)),
+               (b + "ffn_gate_exps.bias", f32, (width, n), gen(n, width, std=1.0)),
+               (b + "ffn_up_exps.bias", f32, (width, n), gen(n, width, std=1.0)),
+               (b + "ffn_down_exps.bias", f32, (d, n), gen(n, d, std=0.05))]
     if "shexp" in s.extras:
         h = s.hidden
         ts += [(b + "ffn_gate_inp_shexp.weight", f32, (d,), gen(d, std=2 / math.sqrt(d))),

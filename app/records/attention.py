@@ -45,6 +45,7 @@ class AttentionRecord:
     token_texts: tuple[str, ...]
     elapsed_s: float
     hidden_keys: tuple[int, ...] = (0,)  # the keys the nosink maps leave out
+    learned_sink: F32 | None = None  # (L, H) mean share of attention to the learned sink (gpt-oss), else None
 
 
 def make_attention_record(
@@ -78,6 +79,7 @@ def make_attention_record(
         token_texts=tuple(token_texts[:n]),
         elapsed_s=time.perf_counter() - t0,
         hidden_keys=tuple(int(k) for k in hidden_keys),
+        learned_sink=g.learned_sink,
     )
 
 
@@ -99,6 +101,7 @@ class HeadRecord:
     group_heads: tuple[int, ...]  # query heads sharing that KV head
     token_texts: tuple[str, ...]  # all N token texts (labels are picked by the view)
     elapsed_s: float
+    sink_share: float | None = None  # gpt-oss: the mean share of these rows' attention that went to the learned sink
 
     @property
     def n_rows(self) -> int:
@@ -131,6 +134,9 @@ def make_head_record(
     windows = {recorder.specs[i].window for i in layers}
     window = windows.pop() if len(windows) == 1 else None
     allowed = amaps.allowed_mask(np.arange(start, stop), stop, window if len(layers) == 1 else None)
+    share = None  # with learned sinks the rows sum to less than 1: the rest went to "nothing"
+    if stop > start and any(recorder.specs[i].sinks is not None for i in layers):
+        share = float(np.clip(1.0 - w.sum(axis=-1, dtype=np.float64).mean(), 0.0, 1.0))
     w, allowed, row_step, col_step = amaps.fit_side(w, allowed, max_rows, max_cols)
     group = recorder.specs[layers[0]].group if layers else 1
     kv = int(head) // group if not isinstance(head, str) else None
@@ -149,6 +155,7 @@ def make_head_record(
         group_heads=tuple(range(kv * group, (kv + 1) * group)) if kv is not None else (),
         token_texts=tuple(token_texts[:n]),
         elapsed_s=time.perf_counter() - t0,
+        sink_share=share,
     )
 
 

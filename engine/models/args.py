@@ -25,6 +25,7 @@ class LayerAttentionSpec:
     group: int
     rope_base: float
     softcap: float | None = None  # Gemma 2: raw scores -> cap * tanh(score / cap) before the scale and softmax
+    sinks: tuple[float, ...] | None = None  # gpt-oss: one learned logit per query head in every softmax row
 
 
 @dataclass

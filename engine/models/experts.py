@@ -13,6 +13,10 @@ Beside `DenseFFN` (engine.models.ffn) with the same seam: `__call__(h, ops, reco
 5. Qwen2-MoE: plus a shared expert (a dense FFN) times sigmoid(ffn_gate_inp_shexp x h), computed as ggml computes
    it, silu(x) / x.
 
+gpt-oss changes three steps: the router has a bias (added to its logits) and gates by SOFTMAX_WEIGHT (the top k
+taken on the logits themselves, their weights a softmax over those k only); each expert's up, gate and down rows get
+that expert's bias (ggml_add_id) after the product; the GLU is the clamped swiglu_oai.
+
 Expert weights stay in the memory map: an expert's product is built the first time a token is routed to it.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy.typing as npt
 from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
 from engine.kernels.activations import KERNEL_LOCK
 from engine.models.ffn import DenseFFN, GatedActivation
+from engine.models.weights import check_finite_mxfp4
 from engine.tensor import Linear, QTensor
 
 if TYPE_CHECKING:
@@ -58,11 +63,17 @@ class ExpertLinear:
     n_expert: int
     numerics: str = "ggml"
     _products: dict[int, BlockProduct] = field(default_factory=dict, repr=False)
+    _checked: set[int] = field(default_factory=set, repr=False)
 
     def expert(self, e: int) -> QTensor:
-        """Expert e's rows as a 2-D weight (a view of the memory map)."""
+        """Expert e's rows as a 2-D weight (a view of the memory map); MXFP4 blocks that make infinities are refused
+        here, the first time the expert is used (a scan at load would read every expert of the file)."""
         blocks = self.weight.blocks[e * self.n_out : (e + 1) * self.n_out]
-        return QTensor(f"{self.weight.name}[{e}]", self.weight.qtype, (self.n_in, self.n_out), blocks)
+        t = QTensor(f"{self.weight.name}[{e}]", self.weight.qtype, (self.n_in, self.n_out), blocks)
+        if e not in self._checked:
+            check_finite_mxfp4(t)
+            self._checked.add(e)
+        return t
 
     def product(self, e: int) -> BlockProduct:
         p = self._products.get(e)
@@ -123,11 +134,17 @@ class Routing:
     probs: F32  # (T, n_expert)
 
 
-def route(logits: F32, k: int, ops: RoutingOps, normalize: bool) -> Routing:
-    """softmax, the top k (ties to the lower index), their probabilities, renormalised when asked."""
-    probs = ops.softmax(np.ascontiguousarray(logits, np.float32))
-    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.int32)
-    weights = np.take_along_axis(probs, order, axis=-1)
+def route(logits: F32, k: int, ops: RoutingOps, normalize: bool, gating: str = "softmax") -> Routing:
+    """softmax, the top k (ties to the lower index), their probabilities, renormalised when asked. gating
+    'softmax_weight' (gpt-oss): the top k of the logits, weighted by a softmax over those k; `probs` is then the
+    softmax over all experts, for display (the graph never computes it)."""
+    logits = np.ascontiguousarray(logits, np.float32)
+    probs = ops.softmax(logits)
+    score = logits if gating == "softmax_weight" else probs
+    order = np.argsort(-score, axis=-1, kind="stable")[:, :k].astype(np.int32)
+    weights = np.take_along_axis(score, order, axis=-1)
+    if gating == "softmax_weight":  # ggml_soft_max over the k chosen logits of each token
+        weights = ops.softmax(np.ascontiguousarray(weights))
     if normalize:  # ggml_sum_rows (a double sum, rounded once), ggml_clamp, ggml_div
         total = weights.astype(np.float64).sum(axis=-1).astype(np.float32)
         weights = weights / np.maximum(total, WEIGHT_SUM_MIN)[:, None]
@@ -148,6 +165,11 @@ class MoEFFN:
     layer: int = 0
     shared: DenseFFN | None = None
     shared_gate: Linear | None = None  # ffn_gate_inp_shexp: n_embd -> 1
+    gating: str = "softmax"  # 'softmax' or 'softmax_weight' (gpt-oss), see `route`
+    router_bias: F32 | None = None  # gpt-oss: ffn_gate_inp.bias (n_expert,)
+    up_bias: F32 | None = None  # gpt-oss: each expert's bias rows (n_expert, width), added by ggml_add_id
+    gate_bias: F32 | None = None
+    down_bias: F32 | None = None
 
     def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The dense matrices each recorded input feeds (the router's); the experts' inputs, which depend on the
@@ -159,15 +181,22 @@ class MoEFFN:
         t, k = h.shape[0], self.n_used
         if recorder is not None:
             recorder.record_input(self.input_names()[0], h)
-        r = route(self.router(h), k, ops, self.normalize)
+        logits = self.router(h)
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        r = route(logits, k, ops, self.normalize, self.gating)
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
         ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
         src = np.repeat(np.arange(t), k)  # each token's row once per chosen expert
         act = Activation(h)  # quantized once, for up and gate and every expert
-        up = self.up(act, ids, src)
-        g = ops.glu(self.glu, self.gate(act, ids, src), up) if self.gate is not None else ops.silu(up)
-        y = self.down(g, ids).reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
+        up = _biased(self.up(act, ids, src), self.up_bias, ids)
+        if self.gate is not None:
+            g = ops.glu(self.glu, _biased(self.gate(act, ids, src), self.gate_bias, ids), up)
+        else:
+            g = ops.silu(up)
+        down = _biased(self.down(g, ids), self.down_bias, ids)
+        y = down.reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
         out = y[:, 0].copy()
         for s in range(1, k):  # ggml_add of the slots' views, one after another
             out = out + y[:, s]
@@ -194,6 +223,11 @@ class MoEFFN:
         return [self.up, *([self.gate] if self.gate is not None else []), self.down]
 
 
+def _biased(rows: F32, bias: F32 | None, ids: npt.NDArray[np.int64]) -> F32:
+    """ggml_add_id: row r plus the bias row of its expert ids[r]."""
+    return rows if bias is None else rows + bias[ids]
+
+
 def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
     """Block i's experts FFN under llama.cpp's names (ffn_gate_inp, ffn_{gate,up,down}_exps; Qwen2-MoE's *_shexp)."""
     b = f"blk.{i}."
@@ -208,4 +242,11 @@ def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
         parts = [w.linear(b + "ffn_gate_shexp.weight", a.dim, sw), w.linear(b + "ffn_up_shexp.weight", a.dim, sw)]
         shared = DenseFFN(parts, w.linear(b + "ffn_down_shexp.weight", sw, a.dim), "swiglu")
         shared_gate = w.linear(b + "ffn_gate_inp_shexp.weight", a.dim, 1)
-    return MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate)
+    ffn = MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate,
+                 model.moe_gating)
+    if model.expert_biases:  # gpt-oss: the router's and every expert's biases, all required
+        ffn.router_bias = w.vector(b + "ffn_gate_inp.bias", n)
+        ffn.up_bias = w.qtensor(b + "ffn_up_exps.bias", (width, n)).dequantize().reshape(n, width)
+        ffn.gate_bias = w.qtensor(b + "ffn_gate_exps.bias", (width, n)).dequantize().reshape(n, width)
+        ffn.down_bias = w.qtensor(b + "ffn_down_exps.bias", (a.dim, n)).dequantize().reshape(n, a.dim)
+    return ffn

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -130,6 +130,8 @@ class Layer:
     k_norm: F32 | None = None
     post_attn_norm: F32 | None = None  # Gemma 2 and 3
     post_ffn_norm: F32 | None = None
+    sinks: F32 | None = None  # gpt-oss: attn_sinks, one softmax logit per query head (attention to nothing)
+    wo_bias: F32 | None = None  # gpt-oss: attn_output.bias
     qkv: FusedLinear = field(init=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +174,9 @@ class Transformer(DecoderModel):
     moe: ClassVar[str] = ""  # Mixture-of-Experts layers: '' none, 'optional' (llama), 'required' (qwen2moe, qwen3moe)
     moe_normalize: ClassVar[bool] = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
     shared_expert: ClassVar[bool] = False  # Qwen2-MoE's shared expert and its sigmoid gate
+    moe_gating: ClassVar[str] = "softmax"  # build_moe_ffn's gating: 'softmax', or 'softmax_weight' (gpt-oss)
+    expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases
+    ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
@@ -189,7 +194,8 @@ class Transformer(DecoderModel):
         self.refuse_ignored(w)
         self.attn_softcap = a.attn_softcap
         self.rope_scaling = a.scaling(self.load_rope_factors(w, a))
-        self.specs = a.layer_specs()
+        self.specs = [spec if layer.sinks is None else replace(spec, sinks=tuple(float(v) for v in layer.sinks))
+                      for spec, layer in zip(a.layer_specs(), self.layers)]
         self.spec = self.specs[0]
         self.freqs_by_base = {s.rope_base: rope_freqs(a.rope_dim, s.rope_base, self.rope_scaling) for s in self.specs}
         self.freqs = self.freqs_by_base.get(a.rope_base, self.freqs_by_base[self.spec.rope_base])  # the GPU plan's
@@ -238,7 +244,7 @@ class Transformer(DecoderModel):
             extra["post_attn_norm"] = w.vector(b + "post_attention_norm.weight", a.dim)
             extra["post_ffn_norm"] = w.vector(b + "post_ffw_norm.weight", a.dim)
         wo = w.linear(b + "attn_output.weight", q_dim, a.dim)
-        ffn_norm = w.vector(b + "ffn_norm.weight", a.dim)
+        ffn_norm = w.vector(b + self.ffn_norm_name + ".weight", a.dim)
         ffn = load_moe(self, w, i, a) if a.n_expert else self.load_ffn(w, b, a)
         return Layer(attn_norm, qkv, wo, ffn_norm, ffn, q_dim, kv_dim, biases, **extra)
 
@@ -288,7 +294,7 @@ class Transformer(DecoderModel):
             q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
         # Gemma 2/3 and Phi-3 scale the query after RoPE (ggml_scale) and attend with kq_scale 1
         q_scale, kq_scale = (spec.scale, 1.0) if self.query_scaled else (1.0, spec.scale)
-        fast = None if t > 1 or self.attn_softcap is not None else ops.decode_attention(
+        fast = None if t > 1 or self.attn_softcap is not None or layer.sinks is not None else ops.decode_attention(
             cache, i, q[0], k[0], v[0], start, cos[0], sin[0], self.rope_mode == "neox", q_scale, kq_scale, spec.window)
         if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
             q, o = fast
@@ -297,13 +303,14 @@ class Transformer(DecoderModel):
             k = ops.rotate(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
             cache.put(i, start, k, v.transpose(1, 0, 2))
             qs = q * np.float32(q_scale) if q_scale != 1.0 else q
-            o = ops.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap)
+            o = ops.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap, layer.sinks)
         if recorder is not None:
             recorder.record_q(i, start, q, spec)
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
         if recorder is not None:
             recorder.record_input(layer.input_names()[1], o)
-        return layer.wo(o)
+        out = layer.wo(o)
+        return out if layer.wo_bias is None else out + layer.wo_bias  # build_attn's ggml_add of wo_b
 
     def head(self, x: F32, all_logits: bool) -> F32:
         x = self.norm(x if all_logits else x[-1:], self.out_norm)

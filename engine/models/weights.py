@@ -41,7 +41,9 @@ class Weights:
         return QTensor(name, GGMLType(info.qtype), tuple(shape), self.gguf.rows(name))
 
     def linear(self, name: str, n_in: int, n_out: int) -> Linear:
-        return Linear(self.qtensor(name, (n_in, n_out)), self.budget, numerics=self.numerics)
+        t = self.qtensor(name, (n_in, n_out))
+        check_finite_mxfp4(t)
+        return Linear(t, self.budget, numerics=self.numerics)
 
     def experts(self, name: str, n_in: int, n_out: int, n_expert: int) -> ExpertLinear:
         """A 3-D expert weight (ggml shape n_in x n_out x n_expert), kept as the memory map's blocks."""
@@ -56,3 +58,16 @@ class Weights:
 
     def unused(self) -> list[str]:
         return [n for n in self.gguf.tensors if n not in self.used]
+
+
+def check_finite_mxfp4(t: QTensor) -> None:
+    """An MXFP4 weight whose exponent bytes make infinities is refused by name (llama.cpp would compute with them:
+    every logit downstream becomes NaN). Other types pass unchecked."""
+    if t.qtype != GGMLType.MXFP4:
+        return
+    from engine.quant.mxfp4 import first_infinite_block  # noqa: PLC0415
+
+    bad = first_infinite_block(t.blocks)
+    if bad is not None:
+        raise ModelFormatError(t.name, f"MXFP4 block {bad[0]} has exponent byte {bad[1]}, which makes its weights "
+                               "infinite; the file is damaged")

@@ -49,15 +49,32 @@ def attention_rows(
     scores *= np.float32(spec.scale)
     allowed = causal_mask(pos, n, spec.window)  # (R, N)
     np.putmask(scores, np.broadcast_to(~allowed, scores.shape), np.float32(-np.inf))
-    return _softmax_inplace(scores)
+    sinks = None if spec.sinks is None else np.asarray(spec.sinks, np.float32)[heads][:, None, None]
+    return _softmax_inplace(scores, sinks)
 
 
-def _softmax_inplace(s: F32) -> F32:
-    """Softmax over the last axis, in place; every row has at least one finite score (its own key)."""
+def sink_share(recorder: Recorder, cache: KVCache, layer: int, rows: npt.ArrayLike,
+               heads: Sequence[int] | None = None) -> F32 | None:
+    """(H, R): the share of each query row's attention that goes to the layer's learned sink (gpt-oss: "attention to
+    nothing", one logit per head in every softmax row that carries no value); None where the layer has no sinks."""
+    if recorder.specs[layer].sinks is None:
+        return None
+    w = attention_rows(recorder, cache, layer, rows, heads)
+    return np.clip(np.float32(1.0) - w.sum(axis=-1, dtype=np.float64), 0.0, 1.0).astype(np.float32)
+
+
+def _softmax_inplace(s: F32, sinks: F32 | None = None) -> F32:
+    """Softmax over the last axis, in place; every row has at least one finite score (its own key). `sinks`
+    (H, 1, 1): one more logit per head in each row's sum, with no column of its own (the row sums to less than 1)."""
     m = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, sinks)
     np.subtract(s, m, out=s)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    total = s.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += np.exp(sinks - m)
+    s /= total
     return s
 
 
@@ -116,6 +133,7 @@ class AttentionGrid:
     sink: F32
     prev: F32
     self_: F32
+    learned_sink: F32 | None = None  # (L, H) mean share taken by the learned sink (gpt-oss); None without sinks
 
 
 def attention_grid(
@@ -142,6 +160,8 @@ def attention_grid(
     shape = (len(layers), hq, t, t)
     mx, mean, nosink, nosink_mean = (np.full(shape, np.nan, np.float32) for _ in range(4))
     sink, prev, self_ = (np.zeros(shape[:2], np.float32) for _ in range(3))
+    has_sinks = any(recorder.specs[i].sinks is not None for i in layers)
+    learned = np.zeros(shape[:2], np.float32) if has_sinks else None
     if n == 0 or not layers:
         return AttentionGrid(mx, mean, nosink, nosink_mean, rows, sink, prev, self_)
     drop = np.array(sorted({int(k) for k in hidden if 0 <= int(k) < n}), np.int64)
@@ -162,6 +182,8 @@ def attention_grid(
             cmax[:, sl] = np.maximum.reduceat(w, col_starts, axis=2)
             csum[:, sl] = np.add.reduceat(w, col_starts, axis=2)
             sink[li] += w[:, :, 0].sum(axis=1)
+            if learned is not None:  # what the row's weights leave to 1 went to the learned sink
+                learned[li] += (1.0 - w.sum(axis=2, dtype=np.float64)).sum(axis=1).astype(np.float32)
             rr = rows[sl]
             self_[li] += w[:, r_idx[: len(rr)], rr].sum(axis=1)
             has_prev = rr >= 1
@@ -182,7 +204,8 @@ def attention_grid(
         nosink_mean[li] = np.where(gone, np.nan, pool_rows(cns_sum, row_bins, t, "sum") / np.maximum(bin_allowed, 1))
     k = max(1, len(rows))
     n_prev = max(1, int((rows >= 1).sum()))
-    return AttentionGrid(mx, mean, nosink, nosink_mean, rows, sink / k, prev / n_prev, self_ / k)
+    return AttentionGrid(mx, mean, nosink, nosink_mean, rows, sink / k, prev / n_prev, self_ / k,
+                         None if learned is None else np.clip(learned / k, 0.0, 1.0))
 
 
 def aggregate_attention(

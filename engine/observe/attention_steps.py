@@ -40,9 +40,11 @@ class AttentionCell:
     scaled: F32  # (N,): dots * scale
     visible: npt.NDArray[np.bool_]  # (N,): causal (and sliding-window) mask
     masked: F32  # (N,): scaled, -inf where not visible
-    weights: F32  # (N,): softmax(masked), sums to 1
+    weights: F32  # (N,): softmax(masked), sums to 1 (less the sink's share)
     output: F32  # (d_k,): weights @ values
     window: int | None
+    sink: float | None = None  # gpt-oss: the head's learned sink logit, in the softmax's sum with no value
+    sink_share: float = 0.0  # the share of the row the sink takes
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of each step, for display."""
@@ -83,10 +85,16 @@ def attention_cell(recorder: Recorder, cache: KVCache, layer: int, head: int, qu
     if spec.window is not None:
         visible &= (query_index - j) < spec.window
     masked = np.where(visible, scaled, np.float32(-np.inf)).astype(np.float32)
-    w = softmax_1d(masked.astype(np.float64)).astype(np.float32)
+    sink = None if spec.sinks is None else float(spec.sinks[head])
+    if sink is None:
+        w = softmax_1d(masked.astype(np.float64)).astype(np.float32)
+        share = 0.0
+    else:  # the sink joins the row as one more logit and takes its share; its "value" is zero
+        both = softmax_1d(np.append(masked.astype(np.float64), sink))
+        w, share = both[:-1].astype(np.float32), float(both[-1])
     return AttentionCell(layer, head, kv, spec.group, query_index, q.shape[0], q, keys, values, dots.astype(np.float32),
                          float(spec.scale), 1.0 / math.sqrt(q.shape[0]), scaled.astype(np.float32), visible, masked, w,
-                         (w @ values).astype(np.float32), spec.window)
+                         (w @ values).astype(np.float32), spec.window, sink, share)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from engine.cache import KVCache
 from engine.models.args import LayerAttentionSpec
-from engine.ops.reference import causal_mask, soft_cap, softmax
+from engine.ops.reference import causal_mask, soft_cap, softmax, softmax_with_sinks
 
 
 @dataclass
@@ -88,7 +88,10 @@ class Recorder:
         raw = q @ k.T
         scores = (raw if spec.softcap is None else soft_cap(raw, spec.softcap)) * np.float32(spec.scale)  # Gemma 2 caps
         mask = causal_mask(pos.astype(np.int64), n, spec.window)
-        return softmax(np.where(mask, scores, np.float32(-np.inf))).astype(np.float32)
+        masked = np.where(mask, scores, np.float32(-np.inf))
+        if spec.sinks is not None:  # gpt-oss: the head's sink takes its share; the row sums to less than 1
+            return softmax_with_sinks(masked, np.float32(spec.sinks[head])).astype(np.float32)
+        return softmax(masked).astype(np.float32)
 
     def queries(self, layer: int, head: int) -> np.ndarray:
         """Post-RoPE queries of one head, (N, d)."""

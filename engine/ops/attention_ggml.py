@@ -200,10 +200,11 @@ def kqv(weights: F32, values: np.ndarray) -> F32:
 
 def attention(
     q: F32, keys: np.ndarray, values: np.ndarray, mask: npt.NDArray[np.bool_] | None, scale: float,
-    n_kv: int | None = None, softcap: float | None = None,
+    n_kv: int | None = None, softcap: float | None = None, sinks: F32 | None = None,
 ) -> tuple[F32, F32]:
     """kq -> soft_max_ext(scale, mask) -> kqv. mask (T, S) True where visible (None: all S keys visible).
-    softcap (Gemma 2): kq -> cap * tanh(kq / cap) before the softmax, as build_attn_mha does.
+    softcap (Gemma 2): kq -> cap * tanh(kq / cap) before the softmax, as build_attn_mha does. sinks (Hq,)
+    (gpt-oss): ggml_soft_max_add_sinks, one logit per head in each row's maximum and sum.
 
     Returns (out (Hq, T, d), weights (Hq, T, S)), the weights without the padding.
     """
@@ -214,5 +215,5 @@ def attention(
         scores = soft_cap(scores, softcap)
     full = np.zeros((q.shape[1], n_kv), bool)
     full[:, :s] = True if mask is None else mask
-    w = soft_max(scores, scale, full)
+    w = soft_max(scores, scale, full, None if sinks is None else np.asarray(sinks, np.float32)[:, None, None])
     return kqv(w, values), w[..., :s]

@@ -17,6 +17,7 @@ from engine.kernels.activations import HAVE_NUMBA
 
 F32 = npt.NDArray[np.float32]
 LANES = 16
+_NO_SINKS = np.zeros(0, np.float32)
 
 
 def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
@@ -31,7 +32,7 @@ if HAVE_NUMBA:
     from engine.ops.ggml_kernels import reduce16, reduce16_columns, v_expf1
 
     @njit(cache=True, parallel=True)
-    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, n_kv, out):
+    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, sinks, n_kv, out):
         hq, t, d = q.shape
         group = hq // kc.shape[0]
         n_eff = min(n_kv, n_keys + 63 - (n_keys + 63) % 64)  # past the cached keys the padding adds exact zeros
@@ -55,6 +56,8 @@ if HAVE_NUMBA:
                 e[j] = s
                 if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s
+            if sinks.shape[0] and not top > sinks[h]:  # gpt-oss: MAX(max, sink)
+                top = sinks[h]
             total = 0.0
             for c in range(0, n_kv, LANES):
                 if c >= n_keys:
@@ -63,6 +66,8 @@ if HAVE_NUMBA:
                     j = c + lane
                     e[j] = v_expf1(e[j] - top) if j < n_keys else np.float32(0.0)
                 total += np.float64(reduce16(e, c))
+            if sinks.shape[0]:  # the sink's term, libm's expf (numba's float32 exp is the same call)
+                total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
             for j in range(n_keys):  # the fp16 work buffer of V*w
                 e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
@@ -74,14 +79,16 @@ if HAVE_NUMBA:
 
 
 def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask: npt.NDArray[np.bool_],
-               scale: float, n_kv: int, softcap: float | None = None) -> F32:
+               scale: float, n_kv: int, softcap: float | None = None, sinks: F32 | None = None) -> F32:
     """Attention output (Hq, T, d) of queries q (Hq, T, d) over the first n_keys cached keys and values, given
     as fp16 bits (Hkv, >= n_keys, d) uint16; mask (T, >= n_keys) True where visible; n_kv llama.cpp's padded
-    key count (the softmax row length); softcap (Gemma 2) caps the raw scores first. Only where `takes` holds;
+    key count (the softmax row length); softcap (Gemma 2) caps the raw scores first; sinks (Hq,) (gpt-oss) join
+    each row's maximum and sum. Only where `takes` holds;
     the caller holds KERNEL_LOCK."""
     out = np.empty(q.shape, np.float32)
     if k_bits.strides[2] != 2 or v_bits.strides[2] != 2:  # the kernel reads each row's d values as one run
         k_bits, v_bits = np.ascontiguousarray(k_bits), np.ascontiguousarray(v_bits)
     _attend_f16(np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
-                np.float32(scale), np.float32(softcap or 0.0), n_kv, out)
+                np.float32(scale), np.float32(softcap or 0.0), _NO_SINKS if sinks is None else
+                np.ascontiguousarray(sinks, np.float32), n_kv, out)
     return out

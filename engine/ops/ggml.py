@@ -27,7 +27,8 @@ from engine.ops.ggml_math import expf as libm_expf
 F32 = npt.NDArray[np.float32]
 CHUNK = 16  # floats per AVX-512 register: ggml_vec_swiglu_f32 / ggml_vec_soft_max_f32 step
 
-__all__ = ["add", "geglu", "gelu_table", "rms_norm", "rope", "rope_cache", "scale", "silu", "soft_max", "swiglu"]
+__all__ = ["add", "geglu", "gelu_table", "rms_norm", "rope", "rope_cache", "scale", "silu", "soft_max", "swiglu",
+           "swiglu_oai"]
 
 
 def _f32(x: npt.ArrayLike) -> F32:
@@ -165,6 +166,21 @@ def gelu_table() -> npt.NDArray[np.float32]:
     return table
 
 
+OAI_ALPHA = np.float32(1.702)  # build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE constants (gpt-oss)
+OAI_LIMIT = np.float32(7.0)
+
+
+def swiglu_oai(gate: npt.ArrayLike, up: npt.ArrayLike, alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT) -> F32:
+    """ggml_swiglu_oai (ggml_compute_forward_swiglu_oai_f32, a scalar loop): x = min(gate, limit),
+    y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1), with libm's expf."""
+    a, lim = np.float32(alpha), np.float32(limit)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.minimum(_f32(gate), lim)
+        y = np.clip(_f32(up), -lim, lim)
+        glu = x / (np.float32(1.0) + libm_expf(a * -x))
+        return (glu * (y + np.float32(1.0))).astype(np.float32, copy=False)
+
+
 def geglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     """ggml_geglu_split (ggml_vec_geglu_f32 with GGML_GELU_FP16, which ggml-cpu always defines).
 
@@ -195,8 +211,12 @@ def _reduce16(v: F32) -> F32:
     return (q[..., 0] + q[..., 2]) + (q[..., 1] + q[..., 3])
 
 
-def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | None = None) -> F32:
-    """ggml_soft_max_ext (ggml_compute_forward_soft_max_f32, no ALiBi, no sinks) over the last axis.
+def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | None = None,
+             sinks: npt.ArrayLike | None = None) -> F32:
+    """ggml_soft_max_ext (ggml_compute_forward_soft_max_f32, no ALiBi) over the last axis, with
+    ggml_soft_max_add_sinks' correction when `sinks` (one logit per head, shaped to broadcast against the row
+    maxima: (H, 1, 1) for (H, T, n) scores) is given: the row maximum takes the sink, and expf(sink - max) (libm)
+    joins the double sum after the row's own terms; the sink carries no value, so the weights sum to less than 1.
 
     w = scores * scale (+ mask, additive 0 / -inf, or a bool array where True means visible); then
     ggml_vec_soft_max_f32: e = v_expf(w - max) per 16-float chunk, each chunk reduced in float and
@@ -214,6 +234,9 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
     body = n - n % CHUNK
     with np.errstate(invalid="ignore", over="ignore"):
         mx = np.max(w, axis=-1, keepdims=True)
+        if sinks is not None:
+            sk = np.broadcast_to(_f32(sinks), mx.shape)
+            mx = np.where(mx > sk, mx, sk)  # MAX(max, sk[h])
         d = w - mx
         e = np.empty(w.shape, np.float32)
         if _compiled() and body:
@@ -235,6 +258,8 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             e[..., body:] = libm_expf(d[..., body:])
             tail = np.concatenate([total[..., None], e[..., body:].astype(np.float64)], axis=-1)
             total = np.cumsum(tail, axis=-1)[..., -1]
+        if sinks is not None:
+            total = total + libm_expf((sk - mx)[..., 0]).astype(np.float64)
         inv = (1.0 / total).astype(np.float32)
         return e * inv[..., None]
 

@@ -42,6 +42,22 @@ def softmax(x: F32, axis: int = -1) -> F32:
     return e / np.where(s > 0, s, 1.0)
 
 
+def softmax_with_sinks(x: F32, sinks: F32) -> F32:
+    """Softmax over the last axis as if one more logit per row, `sinks` (broadcast against x[..., :1]), were in the
+    row: it takes its share of the sum and gives no output (gpt-oss's learned attention sinks)."""
+    m = np.maximum(np.max(x, axis=-1, keepdims=True), sinks)
+    e = np.exp(x - m)
+    return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sinks - m))
+
+
+def swiglu_oai(gate: F32, up: F32, alpha: float = 1.702, limit: float = 7.0) -> F32:
+    """gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha g) * (u + 1)."""
+    g = np.minimum(gate, np.float32(limit))
+    u = np.clip(up, -np.float32(limit), np.float32(limit))
+    with np.errstate(over="ignore"):
+        return (g / (np.float32(1.0) + np.exp(np.float32(-alpha) * g)) * (u + np.float32(1.0))).astype(np.float32)
+
+
 def soft_cap(x: F32, cap: float) -> F32:
     """cap * tanh(x / cap) as llama.cpp builds it: ggml_scale by 1/cap, ggml_tanh (tanhf), ggml_scale by cap."""
     y = np.ascontiguousarray(np.asarray(x, np.float32) * (np.float32(1.0) / np.float32(cap)))
@@ -67,13 +83,14 @@ def causal_mask(q_pos: npt.NDArray[np.int64], k_len: int, window: int | None = N
 
 def attention(
     q: F32, k: F32, v: F32, mask: npt.NDArray[np.bool_] | None, scale: float,
-    round_weights: Callable[[F32], F32] | None = None, softcap: float | None = None,
+    round_weights: Callable[[F32], F32] | None = None, softcap: float | None = None, sinks: F32 | None = None,
 ) -> tuple[F32, F32]:
     """Grouped-query attention. q (Hq, T, d), k/v (Hkv, S, d), mask (T, S) or None when every key is visible.
 
     `round_weights` rounds the softmax weights before they multiply V, as ggml converts them to the V cache's
     type (F16) for that product. `softcap` (Gemma 2) caps the raw scores as cap * tanh(kq / cap) before the scale
-    (build_attn_mha's attn_soft_cap). Returns (out (Hq, T, d), weights (Hq, T, S)).
+    (build_attn_mha's attn_soft_cap). `sinks` (Hq,) (gpt-oss): one learned logit per head joins each softmax row
+    and carries no value. Returns (out (Hq, T, d), weights (Hq, T, S)).
     """
     hq, t, d = q.shape
     hkv = k.shape[0]
@@ -85,7 +102,7 @@ def attention(
         scores = soft_cap((qg @ k.transpose(0, 2, 1)).reshape(hq, t, -1), softcap) * np.float32(scale)
     if mask is not None:
         scores = np.where(mask[None], scores, np.float32(-np.inf))
-    w = softmax(scores)
+    w = softmax(scores) if sinks is None else softmax_with_sinks(scores, np.asarray(sinks, np.float32)[:, None, None])
     wv = w if round_weights is None else round_weights(w)
     out = (wv.reshape(hkv, g * t, -1) @ v).reshape(hq, t, d)  # (Hq, T, d)
     return out, w

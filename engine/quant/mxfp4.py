@@ -49,6 +49,23 @@ def dequantize_mxfp4(blocks: U8) -> F32:
         return np.concatenate([lo * d, hi * d], axis=1)
 
 
+INF_EXPONENT = 253  # the smallest exponent byte with a code whose value overflows float32 (8 * 2^125 = 2^128)
+
+
+def first_infinite_block(data: U8) -> tuple[int, int] | None:
+    """(block index, exponent byte) of the first MXFP4 block in `data` (rows of whole blocks) whose dequantized
+    weights include an infinity, or None. Only blocks with an exponent byte of 253 or more can overflow, so the
+    rest are never dequantized."""
+    blocks = np.ascontiguousarray(data).reshape(-1, BLOCK_BYTES)
+    big = np.flatnonzero(blocks[:, 0] >= INF_EXPONENT)
+    if big.size:
+        bad = ~np.isfinite(dequantize_mxfp4(blocks[big])).all(axis=1)
+        if bad.any():
+            i = int(big[np.argmax(bad)])
+            return i, int(blocks[i, 0])
+    return None
+
+
 @functools.cache
 def _libm_log2f():  # noqa: ANN202 - a ctypes function or None
     """The C library's log2f (what ggml's compiled code calls), or None where there is none to load."""

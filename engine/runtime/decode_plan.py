@@ -16,7 +16,7 @@ rebuilt when a weight is swapped (requantizing in the Quantization lens).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -124,6 +124,8 @@ class _Layer:
     kq_scale: np.float32
     names: tuple[tuple[str, ...], ...]  # the matrices each recorded input goes to: q/k/v, output, gate/up, down
     moe: MoEFFN | None = None  # an experts FFN: run by its own module between the compiled calls
+    sinks: F32 = field(default_factory=lambda: _EMPTY)  # gpt-oss: one softmax logit per head (empty: none)
+    wo_bias: F32 | None = None  # gpt-oss: added to the output product's row (ggml_add)
 
 
 class DecodePlan:
@@ -183,12 +185,13 @@ class DecodePlan:
         head = (tuple(p.run for p in qkv), q, k, v, wo)
         tail = (layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm),
                 _vec(layer.post_ffn_norm), h_in.slots())
+        extra = {"sinks": _vec(layer.sinks), "wo_bias": layer.wo_bias}
         if isinstance(layer.ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
             f_in = _Inputs(self.dim, [layer.ffn.router.weight.qtype])
             vdt = f_in.vdts[0]
             return _Layer(*head, (), _EMPTY, _EMPTY, None, *tail, f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(vdt),
                           f_in.bufs[vdt], layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale,
-                          layer.input_names(), layer.ffn)
+                          layer.input_names(), layer.ffn, **extra)
         ffn = layer.ffn
         gu_groups = ffn.gate_up.products()
         f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
@@ -201,7 +204,7 @@ class DecodePlan:
         d_vdt = d_in.vdts[0]
         return _Layer(*head, tuple(p.run for p in gate_up), gate, up, down, *tail, f_in.slots(), int(o_vdt),
                       o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt], layer.biases, spec.window or 0, spec.rope_base,
-                      q_scale, kq_scale, layer.input_names())
+                      q_scale, kq_scale, layer.input_names(), **extra)
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -232,11 +235,13 @@ class DecodePlan:
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, q_rot, o, lay.o_vdt, lay.o_buf)
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf)
                 if recorder is not None:
                     recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                     recorder.record_input(lay.names[1], o.copy())
                 lay.wo.run()
+                if lay.wo_bias is not None:  # build_attn's ggml_add of wo_b
+                    lay.wo.out[0] += lay.wo_bias
                 rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
                 if lay.moe is not None:  # the experts FFN as the graph runs it (it records its own inputs, routing)
                     KERNEL_LOCK.release()  # its products take the lock themselves

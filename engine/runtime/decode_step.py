@@ -120,14 +120,15 @@ if HAVE_NUMBA:
 
     @njit(cache=True)
     def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
-               q_rot, o, vdt, xq):
+               sinks, q_rot, o, vdt, xq):
         """Attention of the token at `pos` for one layer.
 
         q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
         kc / vc the layer's cache rows (Hkv, capacity, d) as fp16 bits, written at `pos`; n_kv llama.cpp's padded
         key count; window 0 or the sliding window; cos / sin (n_rot / 2,) of this position. q is scaled by q_scale
         after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
-        cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale). q_rot (Hq, d)
+        cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale); sinks (Hq,) or
+        empty: gpt-oss's one logit per head in each softmax row's maximum and sum (no value). q_rot (Hq, d)
         gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt.
         """
         inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
@@ -174,12 +175,16 @@ if HAVE_NUMBA:
                 scores[j] = s
                 if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
                     top = s
+            if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
+                top = sinks[h]
             total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
             for c in range(lo - lo % 16, min(body, n_used + 15 - (n_used + 15) % 16), 16):
                 for i in range(16):
                     j = c + i
                     scores[j] = v_expf1(scores[j] - top) if lo <= j < n_used else _ZERO
                 total += np.float64(reduce16(scores, c))
+            if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
+                total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
             for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
                 w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))

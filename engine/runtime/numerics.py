@@ -85,6 +85,8 @@ class Float32Numerics:
         return reference.rms_norm(x, weight, eps)
 
     def glu(self, kind: str, gate: F32, up: F32) -> F32:
+        if kind == "swiglu_oai":
+            return reference.swiglu_oai(gate, up)
         act = reference.gelu_tanh if kind == "geglu" else reference.silu
         return act(gate) * up
 
@@ -122,7 +124,7 @@ class Float32Numerics:
 
     def attend(
         self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
-        masks: dict, softcap: float | None,
+        masks: dict, softcap: float | None, sinks: F32 | None = None,
     ) -> F32:
         """Attention of one layer's queries q (Hq, T, d) over the cache's keys [0, end) (written already): the plain
         path for short contexts and single tokens, tiled for long prefills, with the rounding set by `begin`."""
@@ -131,16 +133,16 @@ class Float32Numerics:
         round_q, round_w = self.rounding
         if round_q is not None:
             q = round_q(q)
-        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys and softcap is None:
+        if q.shape[1] > 1 and n_keys >= self.tiled_min_keys and softcap is None and sinks is None:
             self.attention_path = "tiled"
             return attention_tiled(q, keys, values, pos, scale, window)
         self.attention_path = "plain"
         if q.shape[1] == 1 and (window is None or n_keys <= window):
-            out, _ = reference.attention(q, keys, values, None, scale, round_w, softcap)  # one new token sees every key
+            out, _ = reference.attention(q, keys, values, None, scale, round_w, softcap, sinks)  # one token sees every key
             return out
         if window not in masks:
             masks[window] = reference.causal_mask(pos, n_keys, window)
-        out, _ = reference.attention(q, keys, values, masks[window], scale, round_w, softcap)
+        out, _ = reference.attention(q, keys, values, masks[window], scale, round_w, softcap, sinks)
         return out
 
     def warm(self, model: DecoderModel, progress: Progress | None) -> None:
@@ -188,6 +190,8 @@ class GgmlNumerics(Float32Numerics):
         return ggml_ops.rms_norm(x, weight, eps)
 
     def glu(self, kind: str, gate: F32, up: F32) -> F32:
+        if kind == "swiglu_oai":
+            return ggml_ops.swiglu_oai(gate, up)
         return ggml_ops.geglu(gate, up) if kind == "geglu" else ggml_ops.swiglu(gate, up)
 
     def softmax(self, x: F32) -> F32:
@@ -241,14 +245,14 @@ class GgmlNumerics(Float32Numerics):
 
     def attend(
         self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
-        masks: dict, softcap: float | None,
+        masks: dict, softcap: float | None, sinks: F32 | None = None,
     ) -> F32:
         """With an F32/F16 cache: llama.cpp's own products, softmax and padding (engine.ops.attention_ggml, bit for
         bit; a prompt in one compiled call where it can). Quantized cache rows: the reference path with ggml's
         rounding."""
         stored = cache.stored(layer, end)
         if stored is None:
-            return super().attend(q, cache, layer, end, pos, scale, window, masks, softcap)
+            return super().attend(q, cache, layer, end, pos, scale, window, masks, softcap, sinks)
         self.attention_path = "plain"
         if window not in masks:
             masks[window] = reference.causal_mask(pos, end, window)
@@ -256,8 +260,9 @@ class GgmlNumerics(Float32Numerics):
         rows = cache.rows(layer)
         if stored[0].dtype == np.float16 and attention_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
             with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
-                return attention_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv, softcap)
-        out, _ = attention_ggml.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap)
+                return attention_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv, softcap, sinks)
+        out, _ = attention_ggml.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap,
+                                          sinks=sinks)
         return out
 
     def warm(self, model: DecoderModel, progress: Progress | None) -> None:

@@ -161,4 +161,5 @@ def describe_selection(rec: HeadRecord, model: ModelRecord | None) -> str:
     else:
         head = f"{rec.head} of heads"
     window = f", sliding window {rec.window}" if rec.window else ""
-    return f"{layer}, {head}{window}"
+    sink = f", {rec.sink_share:.0%} to the learned sink (nothing)" if rec.sink_share is not None else ""
+    return f"{layer}, {head}{window}{sink}"

@@ -251,6 +251,8 @@ class GridView(pg.GraphicsLayoutWidget):
         if self.model is not None and layer < len(self.model.layers) and self.model.layers[layer].window:
             parts.append(f"sliding window {self.model.layers[layer].window}")
         parts.append(f"sink {rec.sink[layer, head]:.2f} · previous token {rec.prev[layer, head]:.2f} · self {rec.self_[layer, head]:.2f}")
+        if rec.learned_sink is not None:  # gpt-oss: the share no key got
+            parts.append(f"attention to nothing (learned sink) {rec.learned_sink[layer, head]:.2f}")
         framed = self.frame_score(layer, head)
         if framed is not None:
             parts.append(f"frame: {self.role} {framed:.2f}")

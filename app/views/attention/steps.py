@@ -224,6 +224,8 @@ class StepThroughView(QWidget):
         lo, hi = min(0.0, float(seen.min())), max(0.0, float(seen.max()))
         same = bool(np.isclose(c.scale, c.textbook_scale, rtol=1e-5))
         total = f"Σ = {float(c.weights.sum(dtype=np.float64)):.6f}"
+        if c.sink is not None:  # gpt-oss: the learned sink logit took the rest of the row and gives nothing back
+            total += f" (+ sink {c.sink:.2f} → {c.sink_share:.3f})"
         titles = {  # each title longest first: a plot shows the longest drawn whole in its width
             "dots": (f"② q·kⱼ: K {c.keys.shape} · q {c.q.shape} → {c.dots.shape}", f"② q·kⱼ → {c.dots.shape}",
                      "② q·kⱼ"),
