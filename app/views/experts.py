@@ -37,6 +37,7 @@ PICK_TEXT = ("<p style='color:#666'>Click a cell of the map: that token's expert
              "the expert was chosen for in this layer.</p>")
 MAX_EXPERT_TICKS = 64  # up to this many experts, every row is labelled
 COLOUR_BY = (("weight the token gave it", "weight"), ("router probability", "probs"))
+PARTS = (("whole chat", ""), ("last reasoning", "reasoning"), ("last answer", "answer"))  # which tokens count
 
 
 class ExpertsLens(QWidget):
@@ -65,6 +66,14 @@ class ExpertsLens(QWidget):
         bar.addSpacing(12)
         bar.addWidget(QLabel("Colour"))
         bar.addWidget(self.colour_box)
+        bar.addSpacing(12)
+        self.part_box = QComboBox()
+        for label, key in PARTS:
+            self.part_box.addItem(label, key)
+        self.part_box.setToolTip("The tokens the load and status count and the map shows: the whole chat, or the last "
+                                 "reply's reasoning or answer (reasoning models)")
+        bar.addWidget(QLabel("Tokens"))
+        bar.addWidget(self.part_box)
         bar.addStretch(1)
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setBackground("w")
@@ -122,6 +131,7 @@ class ExpertsLens(QWidget):
         root.addWidget(self.status)
         self.layer_box.currentIndexChanged.connect(lambda _i: self.redraw())
         self.colour_box.currentIndexChanged.connect(lambda _i: self.redraw())
+        self.part_box.currentIndexChanged.connect(lambda _i: self.redraw())
         self.image.hoverEvent = self._hover
         self.image.mouseClickEvent = self._click
 
@@ -193,10 +203,23 @@ class ExpertsLens(QWidget):
         out[lr.experts.reshape(-1), cols] = lr.weights.reshape(-1)
         return out
 
+    def span(self) -> tuple[int, int] | None:
+        """The token positions [start, stop) the Tokens picker selects, or None (the whole chat, or a part the chat
+        does not have)."""
+        from engine.chat.reasoning import token_spans  # noqa: PLC0415 - plain Python, no Qt
+
+        part = self.part_box.currentData()
+        if not part or self.record is None:
+            return None
+        spans = [s for s in token_spans(list(self.record.token_texts)) if s.kind == part]
+        return (spans[-1].start, spans[-1].stop) if spans else None
+
     def redraw(self) -> None:
-        lr = self.current()
-        if lr is None:
+        whole = self.current()
+        if whole is None:
             return
+        span = self.span()
+        lr = whole if span is None else whole.part(*span)
         m = self.matrix()
         self.image.setImage(m, autoLevels=False, levels=(0.0, max(1e-6, float(m.max()))))
         self.image.setRect(0, 0, m.shape[1], m.shape[0])
@@ -207,15 +230,20 @@ class ExpertsLens(QWidget):
         top = int(load.max()) if load.size else 0  # the narrow column has no room for a row of ticks: 0, and the
         self.load.getAxis("bottom").setTicks([[(0, "0")], []])  # busiest expert's count in the axis label
         self.load.setLabel("bottom", f"tokens, max {top}")
-        ent = lr.entropy()
+        ent = whole.entropy()
         self.entropy_curve.setData(np.arange(len(ent) + 1), ent)
         self.entropy.setYRange(0, np.log2(lr.n_expert))
         left = self.map.getAxis("left")
         left.setTicks([[(e + 0.5, str(e)) for e in range(lr.n_expert)]] if lr.n_expert <= MAX_EXPERT_TICKS else None)
         self.map.setLimits(xMin=0, xMax=max(1, m.shape[1]), yMin=0, yMax=lr.n_expert)
-        self.map.setRange(xRange=(0, max(1, m.shape[1])), yRange=(0, lr.n_expert), padding=0)
+        x_range = (0, max(1, m.shape[1])) if span is None else span
+        self.map.setRange(xRange=x_range, yRange=(0, lr.n_expert), padding=0)
         busiest = int(np.argmax(load))
-        self.status.setText(f"layer {lr.layer}: {lr.n_expert} experts, {lr.experts.shape[1]} per token, "
+        part = self.part_box.currentData()
+        which = "" if not part else (f"tokens {span[0]}–{span[1] - 1} (the last {part}): " if span is not None
+                                      else f"no {part} in this chat, the whole chat: ")
+        ent = lr.entropy() if lr.experts.shape[0] else ent
+        self.status.setText(f"{which}layer {lr.layer}: {lr.n_expert} experts, {lr.experts.shape[1]} per token, "
                             f"{int((load > 0).sum())} used by the chat; busiest expert {busiest} "
                             f"({int(load[busiest])} of {lr.experts.shape[0]} tokens); mean entropy "
                             f"{float(ent.mean()):.2f} of {np.log2(lr.n_expert):.2f} bits")

@@ -10,6 +10,7 @@ A reasoning model writes its thinking before its answer, in one of two forms:
   reasoning.
 
 `split_reasoning` is safe on partial text (a reply still streaming): `thinking` says the answer has not begun.
+`token_spans` finds the same parts in a chat's tokens, for the lenses to select a reply's reasoning or its answer.
 `template_switches` reads a template's source for the variables it switches reasoning with: Qwen3's
 `enable_thinking` (true unless set false) and gpt-oss's `reasoning_effort` (low, medium, high).
 """
@@ -73,6 +74,59 @@ def _harmony(text: str) -> Reasoning:
         else:
             thoughts.append(part.strip("\n"))
     return Reasoning("\n\n".join(t for t in thoughts if t), "".join(answer), not final and open_last, "harmony")
+
+
+END_OF_TURN = ("<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>",
+               "</s>", "<|start|>")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens [start, stop) of a chat that are one reply's reasoning or its answer."""
+
+    kind: str  # 'reasoning' or 'answer'
+    start: int
+    stop: int
+
+
+def token_spans(token_texts: list[str] | tuple[str, ...]) -> list[Span]:
+    """The reasoning and answer parts of every reply in a chat's tokens (their texts, special tokens as written), in
+    order: the tokens inside `<think>`...`</think>` and from there to the end of the turn; or each harmony message's
+    body by its channel (final: the answer, any other: reasoning). The markers themselves belong to neither.
+    A chat without reasoning has no spans (all of a reply is its answer: nothing to choose between)."""
+    starts, at = [], 0
+    for t in token_texts:
+        starts.append(at)
+        at += len(t)
+    text = "".join(token_texts)
+    bounds = starts + [len(text)]
+
+    def span(kind: str, a: int, b: int) -> Span | None:  # characters [a, b) -> the tokens that start inside
+        first, last = _first_at(bounds, a), _first_at(bounds, b)
+        return Span(kind, first, last) if last > first else None
+
+    found: list[Span | None] = []
+    for m in _CHANNEL.finditer(text):
+        end = min([j for j in (text.find(e, m.end()) for e in _HARMONY_END) if j >= 0] or [len(text)])
+        found.append(span("answer" if m.group(1) == "final" else "reasoning", m.end(), end))
+    i = text.find(THINK_OPEN)
+    while i >= 0:
+        close = text.find(THINK_CLOSE, i)
+        body_end = close if close >= 0 else len(text)
+        found.append(span("reasoning", i + len(THINK_OPEN), body_end))
+        if close >= 0:
+            after = close + len(THINK_CLOSE)
+            turn = min([j for j in (text.find(e, after) for e in END_OF_TURN) if j >= 0] or [len(text)])
+            found.append(span("answer", after, turn))
+        i = text.find(THINK_OPEN, body_end)
+    return sorted((s for s in found if s is not None), key=lambda s: s.start)
+
+
+def _first_at(bounds: list[int], char: int) -> int:
+    """The index of the first token starting at or after character `char` (bounds: each token's start, then the end)."""
+    import bisect  # noqa: PLC0415
+
+    return min(bisect.bisect_left(bounds, char), len(bounds) - 1)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,11 @@ class LayerRouting:
         s = total.sum()
         return total / s if s > 0 else total
 
+    def part(self, start: int, stop: int) -> LayerRouting:
+        """The positions [start, stop) alone (a reply's reasoning or its answer)."""
+        sl = slice(max(0, start), max(0, stop))
+        return LayerRouting(self.layer, self.experts[sl], self.weights[sl], self.probs[sl])
+
     def positions_of(self, expert: int) -> list[int]:
         """The positions that chose `expert`."""
         return np.nonzero((self.experts == expert).any(axis=1))[0].tolist()

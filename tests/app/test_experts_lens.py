@@ -75,3 +75,36 @@ def test_a_dense_model_says_there_is_nothing_to_route(qtbot, tmp_path: Path, dat
     qtbot.wait(200)
     assert lens.record is None and lens.empty.text() == DENSE_TEXT
     w.close()
+
+
+def test_the_tokens_picker_counts_the_last_replys_reasoning_or_answer(qtbot) -> None:
+    """A reasoning model's chat (think tags in the tokens): 'last reasoning' counts the expert load over the tokens
+    inside the last <think> block and shows them; 'last answer' over those after it; a chat without them says so."""
+    import dataclasses as dc
+
+    from app.records.routing import RoutingRecord
+    from engine.observe.routing import LayerRouting
+    from tests.app.test_lenses_common import synthetic_model_record
+
+    texts = ("<|im_start|>", "user", "\n", "Hi", "<|im_end|>", "<|im_start|>", "assistant", "\n", "<think>", "A", "B",
+             "C", "</think>", "D", "E", "<|im_end|>")
+    n = len(texts)
+    experts = np.array([[t % 4, 4 + t % 2] for t in range(n)], np.int32)  # tokens 9-11 go to experts 1, 2, 3 and 5/4
+    probs = np.full((n, 8), 1 / 8, np.float32)
+    lr = LayerRouting(0, experts, np.full((n, 2), 0.5, np.float32), probs)
+    lens = ExpertsLens()
+    qtbot.addWidget(lens)
+    lens.resize(1280, 760)
+    lens.set_model(dc.replace(synthetic_model_record(1, 4, 2), n_expert=8))
+    lens.set_routing(RoutingRecord(n, texts, (lr,), 8, 2))
+    assert lens.span() is None and lens.bars.opts["width"].sum() == 2 * n
+    lens.part_box.setCurrentIndex(lens.part_box.findData("reasoning"))
+    assert lens.span() == (9, 12)
+    assert lens.bars.opts["width"].tolist() == np.bincount(experts[9:12].reshape(-1), minlength=8).tolist()
+    assert "tokens 9–11 (the last reasoning)" in lens.status.text()
+    assert lens.map.viewRange()[0] == pytest.approx([9, 12], abs=0.5)
+    lens.part_box.setCurrentIndex(lens.part_box.findData("answer"))
+    assert lens.span() == (13, 15) and "(the last answer)" in lens.status.text()
+    plain = tuple(t.replace("think>", "thought>") for t in texts)
+    lens.set_routing(RoutingRecord(n, plain, (lr,), 8, 2))
+    assert lens.span() is None and "no answer in this chat" in lens.status.text()

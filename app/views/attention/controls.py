@@ -9,7 +9,8 @@ from app.records.attention import HeadRecord
 from app.records.model import ModelRecord
 from app.views.common.colours import COLORMAPS
 
-ROW_WINDOWS = (("auto", 0), ("64 rows", 64), ("256 rows", 256), ("1024 rows", 1024), ("all rows", -1))
+ROW_WINDOWS = (("auto", 0), ("64 rows", 64), ("256 rows", 256), ("1024 rows", 1024), ("all rows", -1),
+               ("last reasoning", "reasoning"), ("last answer", "answer"))  # a reasoning model's reply, by part
 EMPTY_TEXT = "Send a message to see attention."
 
 
@@ -24,6 +25,8 @@ class OverviewBar(QWidget):
         self.rows_box = QComboBox()
         for label, size in ROW_WINDOWS:
             self.rows_box.addItem(label, size)
+        self.rows_box.setToolTip("Query rows to show: the newest ones, all, or the last reply's reasoning or answer "
+                                 "(reasoning models: <think> blocks, gpt-oss's analysis channel)")
         self.end_spin = QSpinBox()
         self.end_spin.setPrefix("to row ")
         self.end_spin.setRange(0, 0)
@@ -163,3 +166,14 @@ def describe_selection(rec: HeadRecord, model: ModelRecord | None) -> str:
     window = f", sliding window {rec.window}" if rec.window else ""
     sink = f", {rec.sink_share:.0%} to the learned sink (nothing)" if rec.sink_share is not None else ""
     return f"{layer}, {head}{window}{sink}"
+
+
+def part_rows(texts: list[str], part: str) -> tuple[slice | None, str]:
+    """The query rows of the last reply's `part` ('reasoning' or 'answer') in a chat's token texts, and '' ; or
+    (None: all rows, a note for the info line) when the chat has no such part."""
+    from engine.chat.reasoning import token_spans  # noqa: PLC0415 - plain Python, no Qt
+
+    spans = [s for s in token_spans(texts) if s.kind == part]
+    if not spans:
+        return None, f"no {part} in this chat (a reasoning model's reply has one): all rows"
+    return slice(spans[-1].start, spans[-1].stop), ""

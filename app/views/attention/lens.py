@@ -16,7 +16,14 @@ from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
 from app.records.model import ModelRecord
-from app.views.attention.controls import EMPTY_TEXT, ElidedLabel, OverviewBar, describe_selection, empty_state
+from app.views.attention.controls import (
+    EMPTY_TEXT,
+    ElidedLabel,
+    OverviewBar,
+    describe_selection,
+    empty_state,
+    part_rows,
+)
 from app.views.attention.grid import GridView
 from app.views.attention.head import HeadView
 from app.views.attention.logit_view import LogitLensView
@@ -52,6 +59,7 @@ class AttentionLens(QWidget):
         self._lens_pick: tuple[object, object] | None = None  # the layer/head last handed to the step-through view
         self._end_pinned = False  # the user set "to row" below the newest token: the window stays there
         self.hidden_keys: tuple[int, ...] = (0,)  # what "hide sinks" hides
+        self._part_note = ""  # rows set to a reply's part that the chat does not have: said in the info line
         self._build()
         self._live_grid = qthrottled(self._redraw_grid, timeout=LIVE_GRID_MS)
         self._live_head = qthrottled(self.request_head, timeout=LIVE_HEAD_MS)
@@ -240,7 +248,8 @@ class AttentionLens(QWidget):
         what = describe_selection(rec, self.model)
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
-        self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms")
+        note = self._part_note if isinstance(self.rows_box.currentData(), str) else ""
+        self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms" + (f" · {note}" if note else ""))
         if self.views.currentWidget() is self.overview:  # the old hover text described another selection
             self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid
@@ -303,10 +312,19 @@ class AttentionLens(QWidget):
     def request_head(self) -> None:
         """Ask for the head view the pickers describe."""
         n = self.attention.n_tokens if self.attention is not None else (self.head.n_tokens if self.head else 0)
+        part = self.rows_box.currentData()
+        if isinstance(part, str):  # the last reply's reasoning or answer
+            self.head_requested.emit(self._layer(), self._head(), self._part_rows(part))
+            return
         end = min(self.end_spin.value(), max(0, n - 1)) + 1 if n else None
         size = self._window_size(n)
         rows = None if not size or end is None else slice(max(0, end - size), end)
         self.head_requested.emit(self._layer(), self._head(), rows)
+
+    def _part_rows(self, part: str) -> slice | None:
+        rec = self.attention if self.attention is not None else self.head
+        rows, self._part_note = part_rows(list(rec.token_texts) if rec is not None else [], part)
+        return rows
 
     # ---- internals
 
@@ -321,6 +339,8 @@ class AttentionLens(QWidget):
     def _window_size(self, n: int) -> int:
         """Rows per window for a context of n tokens: 0 means all of them."""
         size = self.rows_box.currentData() or 0
+        if isinstance(size, str):  # a reply's part: a token clicked outside it gets the auto window
+            size = 0
         if size == 0:  # auto
             return 0 if n <= AUTO_ALL_ROWS else 256
         return 0 if size < 0 else int(size)

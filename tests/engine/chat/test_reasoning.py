@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat.reasoning import opens_thinking, split_reasoning, template_switches
+from engine.chat.reasoning import opens_thinking, split_reasoning, template_switches, token_spans
 from engine.chat.template import ChatTemplate
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
@@ -74,3 +74,33 @@ def test_templates_without_switches_get_none_and_render_as_before() -> None:
     assert template_switches(source) == []
     t = template(name)
     assert t.render(MESSAGES).text == t.render(MESSAGES, variables={}).text
+
+
+# ---- the same parts found in a chat's tokens (the lenses select them)
+
+THINK_CHAT = ["<|im_start|>", "user", "\n", "Hi", "<|im_end|>", "<|im_start|>", "assistant", "\n", "<think>", "\n",
+              "Let", " me", " think", "</think>", "\n\n", "Hello", "!", "<|im_end|>", "<|im_start|>", "user", "\n", "Again",
+              "<|im_end|>", "<|im_start|>", "assistant", "\n", "<th", "ink>", "Hm", "</think>", "Yes"]
+HARMONY_CHAT = ["<|start|>", "user", "<|message|>", "Hi", "<|end|>", "<|start|>", "assistant", "<|channel|>", "analysis",
+                "<|message|>", "User", " greets", ".", "<|end|>", "<|start|>", "assistant", "<|channel|>", "final",
+                "<|message|>", "Hello", "!", "<|return|>"]
+
+
+def test_token_spans_of_think_blocks() -> None:
+    """Each reply's <think> body and what follows it to the end of the turn (or of the text, while it streams); a
+    marker split over two tokens still counts, and the markers belong to neither part."""
+    spans = token_spans(THINK_CHAT)
+    assert [(s.kind, s.start, s.stop) for s in spans] == [
+        ("reasoning", 9, 13), ("answer", 14, 17), ("reasoning", 28, 29), ("answer", 30, 31)]
+    assert "".join(THINK_CHAT[9:13]) == "\nLet me think" and "".join(THINK_CHAT[14:17]) == "\n\nHello!"
+
+
+def test_token_spans_of_harmony_channels() -> None:
+    spans = token_spans(HARMONY_CHAT)
+    assert [(s.kind, s.start, s.stop) for s in spans] == [("reasoning", 10, 13), ("answer", 19, 21)]
+    streaming = token_spans(HARMONY_CHAT[:12])  # still reasoning: the open message runs to the end
+    assert [(s.kind, s.start, s.stop) for s in streaming] == [("reasoning", 10, 12)]
+
+
+def test_a_chat_without_reasoning_has_no_spans() -> None:
+    assert token_spans(["<|im_start|>", "assistant", "\n", "Hello", "<|im_end|>"]) == [] and token_spans([]) == []

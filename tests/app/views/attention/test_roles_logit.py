@@ -224,3 +224,23 @@ def test_a_failed_computation_says_why(qtbot) -> None:
     assert lens.roles.asked is None and "no model is loaded" in lens.roles.empty.text()
     lens.lens_failed("logit", "the logit lens run was cancelled")
     assert "cancelled" in lens.logit.panel.empty.text()
+
+
+def test_rows_can_be_the_last_replys_reasoning_or_answer(qtbot) -> None:
+    """A reasoning model's chat: 'last reasoning' asks for the tokens inside the last <think> block, 'last answer'
+    for those after it up to the end of the turn; a chat without reasoning says so and shows every row."""
+    run = fake_run(40)
+    texts = ["<|im_start|>", "user", "\n", "Hi", "<|im_end|>", "<|im_start|>", "assistant", "\n", "<think>", "\n", "Let",
+             " me", " think", "</think>", "\n\n", "Hello", "!", "<|im_end|>"]
+    run.texts[: len(texts)] = texts
+    lens, asked = _lens(qtbot, run)
+    lens.set_attention(_attention(run))
+    for label, want in (("last reasoning", slice(9, 13)), ("last answer", slice(14, 17))):
+        lens.rows_box.setCurrentIndex(lens.rows_box.findText(label))
+        lens.request_head()
+        assert asked[-1][2] == want
+        assert lens.head.row_start == want.start and lens.head.row_stop == want.stop
+    run.texts[: len(texts)] = [t.replace("think>", "thought>") for t in texts]  # no reasoning in this chat
+    lens.set_attention(_attention(run))
+    lens.request_head()
+    assert asked[-1][2] is None and "no answer in this chat" in lens.info.text()
