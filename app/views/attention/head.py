@@ -119,6 +119,10 @@ class HeadView(pg.GraphicsLayoutWidget):
                                                                          else ""), "weight")
         self.colorbar.setToolTip("attention weight" + saturated)
         self._fit_bar_title()
+        if rec.sink_share is not None:  # gpt-oss: what the learned sink took never reaches a key of the map
+            self.plot.setTitle(f"sink (attention to nothing): {rec.sink_share:.0%}", size="9pt", color="#444")
+        else:
+            self.plot.setTitle(None)
         x0 = self.first_col * rec.col_step
         rect = QRectF(x0, rec.row_start, w.shape[1] * rec.col_step, w.shape[0] * rec.row_step)
         shown = _display(w)

@@ -206,7 +206,9 @@ class StepThroughView(QWidget):
         self.header.setText(
             f"Layer {c.layer}, head {c.head}{group}{window} · query token {c.query_index} "
             f"“{token_label(rec.token(c.query_index), 24)}” of {rec.n_tokens} · d_k = {c.d_k}\n"
-            f"Scale {describe_scale(c)} · K, V read from the {rec.cache_type} KV cache · {rec.elapsed_s * 1000:.0f} ms")
+            f"Scale {describe_scale(c)} · K, V read from the {rec.cache_type} KV cache · {rec.elapsed_s * 1000:.0f} ms"
+            + (f"\nLearned sink: logit {c.sink:.2f} joins the softmax and takes {c.sink_share:.1%} of this row; it "
+               "carries no value (attention to nothing)" if c.sink is not None else ""))
         self._draw_keys(rec)
         self._draw_vectors(rec)
         self._draw_numbers(rec)
