@@ -11,7 +11,7 @@ from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from engine.cli.options import add_numerics, read_text_file
+from engine.cli.options import add_interventions, add_numerics, read_text_file
 from engine.errors import LensError, SettingError
 
 log = logging.getLogger("gguf_lens")
@@ -39,8 +39,19 @@ def _load(args: argparse.Namespace, warm: bool = True):
             sys.stderr.write(f"\r{what} {frac * 100:5.1f}%\033[K")
             if frac >= 1.0:
                 sys.stderr.write("\r\033[K")
-    return load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
-                      numerics=getattr(args, "numerics", "ggml"))
+    model = load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
+                       numerics=getattr(args, "numerics", "ggml"))
+    if getattr(args, "ablate_head", None):
+        from engine.intervene.ablation import ablate_heads, parse_heads  # noqa: PLC0415
+
+        try:
+            ablation = parse_heads(args.ablate_head, model.args.n_layers, model.args.n_heads)
+            ablate_heads(model, ablation)
+        except LensError:
+            model.close()
+            raise
+        print(f"note: {ablation.describe()}", file=sys.stderr)
+    return model
 
 
 def _tokenizer_only(model: str):
@@ -311,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--chunk", type=int, default=256)
     add_numerics(p)
+    add_interventions(p)
     p.set_defaults(func=cmd_logits)
 
     p = sub.add_parser("generate", help="generate a continuation")
@@ -320,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_sampling(p, temp=0.0)
     add_numerics(p)
+    add_interventions(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="a terminal chat with streaming output")
@@ -327,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     _add_sampling(p, temp=0.7)
     add_numerics(p)
+    add_interventions(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")

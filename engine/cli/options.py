@@ -1,4 +1,4 @@
-"""Options several gguf-lens subcommands share: --numerics, and reading --text-file as the bytes it holds."""
+"""Options several gguf-lens subcommands share: --numerics, --ablate-head, and reading --text-file as the bytes it holds."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,12 @@ def add_numerics(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numerics", default="ggml", choices=["ggml", "float32"],
                    help="ggml: compute on the GGUF blocks with 8-bit activations and an F16 KV cache, as llama.cpp "
                         "does (default); float32: dequantized weights and float32 activations (the reference)")
+
+
+def add_interventions(p: argparse.ArgumentParser) -> None:
+    """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product."""
+    p.add_argument("--ablate-head", action="append", default=[], metavar="LAYER:HEAD",
+                   help="switch attention head HEAD of layer LAYER off (its output set to zero); repeatable")
 
 
 TEXT_FILE_CAP = 256 * 1024 * 1024  # bytes; a text beyond this is surely a mistake (and would not fit a context)

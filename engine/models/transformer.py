@@ -177,6 +177,7 @@ class Transformer(DecoderModel):
     moe_gating: ClassVar[str] = "softmax"  # build_moe_ffn's gating: 'softmax', or 'softmax_weight' (gpt-oss)
     expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases
     ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
+    ablated_heads: dict[int, np.ndarray] = {}  # layer -> query heads whose output is zeroed (engine.intervene)
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
@@ -306,6 +307,10 @@ class Transformer(DecoderModel):
             o = ops.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap, layer.sinks)
         if recorder is not None:
             recorder.record_q(i, start, q, spec)
+        off = self.ablated_heads.get(i)
+        if off is not None:  # an ablated head: its output zeroed before the output product mixes the heads
+            o = o.copy()
+            o[off] = 0.0
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
         if recorder is not None:
             recorder.record_input(layer.input_names()[1], o)

@@ -166,7 +166,7 @@ class GgmlNumerics(Float32Numerics):
 
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block) where the kernels and the cache allow it."""
-        if not compiled():
+        if not compiled() or getattr(model, "ablated_heads", None):  # ablated heads: op by op (engine.intervene)
             return None
         from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only
 
