@@ -2,8 +2,8 @@
 
     /tmp/llvenv/bin/python tools/make_moe_routing_fixtures.py [--work DIR]
 
-For each MoE model of tools/make_arch_models.py (qwen3moe, qwen2moe, mixtral), quantized by llama.cpp to F16 and
-Q4_K_M, llama.cpp runs the first PREFILL tokens as one batch (logits at every position, no flash attention, as the logits
+For each MoE model of tools/make_arch_models.py (qwen3moe, qwen2moe, mixtral, gpt_oss), quantized by llama.cpp to
+F16 and Q4_K_M (and gpt_oss to MXFP4_MOE), llama.cpp runs the first PREFILL tokens as one batch (logits at every position, no flash attention, as the logits
 fixtures ran) with a ggml_backend_sched_eval_callback that copies
 every `ffn_moe_topk-<layer>` tensor (build_moe_ffn's selected experts, int32 [k, n_tokens], a view into the
 argsort) as it is computed. They are stored per layer in tests/fixtures/arch/NAME_routing.npz. A development tool,
@@ -20,7 +20,16 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools.make_arch_models import FIXTURES, PREFILL, QUANTS, SPECS, quantize_llama_cpp, token_ids, write_arch  # noqa: E402
+from tools.make_arch_models import (  # noqa: E402
+    FIXTURES,
+    MOE_QUANTS,
+    PREFILL,
+    QUANTS,
+    SPECS,
+    quantize_llama_cpp,
+    token_ids,
+    write_arch,
+)
 
 MOE = [name for name, spec in SPECS.items() if spec.n_expert]
 ROUTED_QUANTS = ("F16", "Q4_K_M")
@@ -79,15 +88,16 @@ def llama_cpp_topk(path: Path, ids: list[int]) -> dict[int, np.ndarray]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path("/tmp/arch_models"))
+    ap.add_argument("names", nargs="*", default=MOE)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     ids = token_ids()[:PREFILL]
-    for name in MOE:
+    for name in args.names:
         base = write_arch(args.work / f"{name}.F32.gguf", name)
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
-        for quant in ROUTED_QUANTS:
+        for quant in ROUTED_QUANTS + (("MXFP4_MOE",) if SPECS[name].arch == "gpt-oss" else ()):
             path = args.work / f"{name}.{quant}.gguf"
-            quantize_llama_cpp(base, path, QUANTS[quant])
+            quantize_llama_cpp(base, path, {**QUANTS, **MOE_QUANTS}[quant])
             for layer, experts in sorted(llama_cpp_topk(path, ids).items()):
                 out[f"{quant}_layer{layer}"] = experts
         np.savez_compressed(FIXTURES / f"{name}_routing.npz", **out)
