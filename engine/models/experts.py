@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
-from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
 from engine.models.ffn import DenseFFN, GatedActivation
 from engine.models.weights import check_finite_mxfp4
 from engine.tensor import Linear, QTensor
@@ -39,6 +39,17 @@ if TYPE_CHECKING:
 
 F32 = npt.NDArray[np.float32]
 WEIGHT_SUM_MIN = np.float32(6.103515625e-5)  # build_moe_ffn's clamp of the weights' sum (norm_w)
+MAX_ONE_ROW = 64  # up to this many rows, check for the one-row-per-expert case (a decode step's) first
+
+
+def _expert_gemvs() -> dict:
+    """One-row kernels that have a twin running several experts' rows in one parallel region (the same bits)."""
+    from engine.kernels.kquant import dot, repack  # noqa: PLC0415 - compiled kernels only
+
+    return {repack.gemv_q4_k_8x8: repack.gemv_experts_q4_k_8x8, dot.gemv_q6_k: dot.gemv_experts_q6_k}
+
+
+EXPERT_GEMVS: dict = _expert_gemvs() if HAVE_NUMBA else {}
 
 
 class RoutingOps(GatedActivation, Protocol):
@@ -91,6 +102,8 @@ class ExpertLinear:
         return out
 
     def _into(self, act: Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None, out: F32) -> None:
+        if self.numerics == "ggml" and len(ids) <= MAX_ONE_ROW and self._one_row_each(act, ids, src, out):
+            return
         order = np.argsort(ids, kind="stable")
         starts = np.flatnonzero(np.diff(ids[order], prepend=-1))
         groups = np.split(order, starts[1:])
@@ -118,6 +131,30 @@ class ExpertLinear:
                     tile = np.empty((len(sel), self.n_out), np.float32)
                     p.gemv_rows(xq[rows], tile)
                     out[sel] = tile
+
+    def _one_row_each(self, act: Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None,
+                      out: F32) -> bool:
+        """A decode step's case: every expert gets one row (each row through the expert's one-row product, which is
+        what the grouped path runs for a group of one), without the grouping's array work. False where it does
+        not apply (an expert with several rows, no compiled kernels)."""
+        experts = ids.tolist()
+        if len(set(experts)) != len(experts) or not compiled():
+            return False
+        products = [self.product(e) for e in experts]
+        if any(p.gemv is None for p in products):
+            return False
+        xq = act.bytes_for(self.weight.qtype)
+        rows = list(range(len(experts))) if src is None else src.tolist()
+        many = EXPERT_GEMVS.get(products[0].gemv) if len(products) > 1 else None
+        same = many is not None and all(p.gemv is products[0].gemv and p.weight.shape == products[0].weight.shape
+                                        and p.weight.dtype == products[0].weight.dtype for p in products)
+        with KERNEL_LOCK:
+            if same and xq.ndim == 2 and out.flags.c_contiguous:  # every expert in one parallel region
+                many(tuple(p.weight for p in products), xq, np.asarray(rows, np.int64), out)
+                return True
+            for r, (p, row) in enumerate(zip(products, rows)):
+                p.gemv(p.weight, xq[row], out[r])
+        return True
 
     def resident_experts(self) -> list[int]:
         """The experts whose products were built (those some token was routed to)."""

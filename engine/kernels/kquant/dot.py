@@ -322,6 +322,29 @@ def gemv_q6_k(blocks, xq, out):
     return out
 
 
+@njit(**_KERNEL)
+def gemv_experts_q6_k(weights, xq, rows, out):
+    """out[i] = gemv_q6_k of weights[i] (a tuple of same-shaped Q6_K experts) with the Q8_K row xq[rows[i]]: a
+    decode step's routed experts in one parallel region instead of one each (the same bits)."""
+    k = len(weights)
+    nb = _blocks_per_row(weights[0], np.int64(210))
+    if xq.ndim != 2 or (xq.size and xq.strides[1] != 1) or xq.shape[1] != nb * 292:
+        raise ValueError("xq must be (m, bytes) Q8_K rows as long as the weight rows")
+    n = weights[0].shape[0]
+    if out.ndim != 2 or out.shape[0] != k or out.shape[1] != n or (out.size and out.strides[1] != 4):
+        raise ValueError("out must be (experts, n_rows) float32 with contiguous rows")
+    for i in range(k):
+        if weights[i].shape[0] != n or weights[i].shape[1] != weights[0].shape[1] or not 0 <= rows[i] < xq.shape[0]:
+            raise ValueError("every expert must have the first one's shape, every row index a row of xq")
+    xs = u64(xq.strides[0])
+    for task in prange(k * n):
+        e = task // n
+        r = task % n
+        w = weights[e]
+        out[e, r] = _dot_q6_k(w, u64(r) * u64(w.strides[0]), nb, xq, u64(rows[e]) * xs)
+    return out
+
+
 @njit(**_INLINE)
 def _gemm_tasks(n_rows):
     return (n_rows + _GEMM_ROWS - 1) // _GEMM_ROWS

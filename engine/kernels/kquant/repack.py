@@ -256,6 +256,30 @@ def gemv_rows_q4_k_8x8(weight, xq, out):
 
 
 @njit(**_KERNEL)
+def gemv_experts_q4_k_8x8(weights, xq, rows, out):
+    """out[i] = gemv_q4_k_8x8 of weights[i] (a tuple of same-shaped repacked experts) with the Q8_K row
+    xq[rows[i]]: a decode step's routed experts in one parallel region instead of one each (the same bits)."""
+    k = len(weights)
+    w0 = weights[0]
+    nb = _blocks(w0)
+    ng = w0.shape[0]
+    if xq.ndim != 2 or xq.shape[1] != nb * Q8K_BLOCK_BYTES or (xq.size and xq.strides[1] != 1):
+        raise ValueError("xq must be (m, bytes) Q8_K rows as long as the weight rows")
+    if out.ndim != 2 or out.shape[0] != k or out.shape[1] != ng * GROUP or (out.size and out.strides[1] != 4):
+        raise ValueError("out must be (experts, n_rows) float32 with contiguous rows")
+    for i in range(k):
+        if weights[i].shape[0] != ng or weights[i].shape[1] != w0.shape[1] or not 0 <= rows[i] < xq.shape[0]:
+            raise ValueError("every expert must have the first one's shape, every row index a row of xq")
+    gs, xs, os = u64(w0.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
+    for task in prange(k * ng):
+        e = task // ng
+        g = task % ng
+        _tile_gemv(weights[e], u64(g) * gs, Q4K_BYTES, GROUP_BYTES, nb, xq, u64(rows[e]) * xs, 0, 1, out,
+                   u64(e) * os + u64(32 * g), 0)
+    return out
+
+
+@njit(**_KERNEL)
 def gemm_q4_k_8x8(weight, xq, out):
     """out[a, r] for Q8_K rows xq (m, nb * 292) from quantize_q8_k_mat: rows a < m - m % 4 as
     ggml_gemm_q4_K_8x8_q8_K, the others as ggml_gemv_q4_K_8x8_q8_K (forward_mul_mat's split)."""

@@ -228,3 +228,28 @@ def test_chosen_experts_are_llama_cpps(folder: Path, name: str, quant: str, nume
         assert 0 < first["mean_entropy_bits"] <= np.log2(first["n_expert"])
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt_oss"])
+def test_a_decode_steps_experts_in_one_parallel_call_give_the_same_bits(folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         name: str) -> None:
+    """A decode step sends each routed expert one row: the Q4_K (repacked) and Q6_K experts then go through one
+    kernel call per matrix (gemv_experts_*) instead of one per expert; the logits are the per-expert path's."""
+    import engine.models.experts as experts
+
+    ref = reference(name, "Q4_K_M")
+    path = model_file(folder, name, "Q4_K_M")
+    calls: dict[str, int] = {}
+
+    def counted(kernel: Any) -> Any:
+        def run(*args: Any) -> Any:
+            calls[kernel.__name__] = calls.get(kernel.__name__, 0) + 1
+            return kernel(*args)
+        return run
+
+    monkeypatch.setattr(experts, "EXPERT_GEMVS", {k: counted(v) for k, v in experts.EXPERT_GEMVS.items()})
+    together = our_logits(path, ref.ids, "ggml")
+    monkeypatch.setattr(experts, "MAX_ONE_ROW", 0)  # every expert's row on its own, grouped as MUL_MAT_ID groups
+    apart = our_logits(path, ref.ids, "ggml")
+    print(name, calls)
+    assert calls.get("gemv_experts_q4_k_8x8", 0) > 0 and np.array_equal(together, apart)
