@@ -9,7 +9,8 @@ ratios (ours / llama.cpp), and each one's peak resident memory against the file 
 
 --synthetic-1b adds issue 12's 1.1B llama in Q4_K_M (Llama-3.2-1B shapes, random weights), written on the
 fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the first time, then reused);
---moe adds a Mixture-of-Experts model with Qwen3-30B-A3B's widths and a few layers (benchmarks/synthetic_moe.py).
+--moe adds a Mixture-of-Experts model with Qwen3-30B-A3B's widths and a few layers (benchmarks/synthetic_moe.py);
+--gpt-oss one with gpt-oss-20b's widths in MXFP4_MOE (benchmarks/synthetic_gpt_oss.py).
 """
 from __future__ import annotations
 
@@ -75,8 +76,10 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true",
                     help="also a qwen3moe with Qwen3-30B-A3B's widths, 128 experts, top 8 (written to /tmp on the first run)")
     ap.add_argument("--moe-layers", type=int, default=4)
+    ap.add_argument("--gpt-oss", action="store_true",
+                    help="also a gpt-oss with gpt-oss-20b's widths in MXFP4_MOE (written to /tmp on the first run)")
     args = ap.parse_args()
-    models = list(args.models) or ([] if args.synthetic_1b or args.moe else ["smollm2-135m-instruct"])
+    models = list(args.models) or ([] if args.synthetic_1b or args.moe or args.gpt_oss else ["smollm2-135m-instruct"])
     t = str(args.threads)
     # the same thread count everywhere: BLAS (prefill tiles), numba's kernels, llama.cpp's n_threads;
     # PYTHONPATH: `gguf-lens bench` runs this checkout's engine
@@ -102,6 +105,13 @@ def main() -> int:
         path = ensure_moe(None, shape_moe, threads=os.cpu_count() or 2, llama_python=args.llama_python,
                           log=lambda m: print(m, file=sys.stderr, flush=True))
         paths.append((f"synthetic-qwen3moe-30b-a3b-shape-L{shape_moe.n_layers}-q4_k_m", str(path)))
+    if args.gpt_oss:
+        from synthetic_gpt_oss import ShapeOss, ensure_oss  # noqa: PLC0415
+
+        shape_oss = ShapeOss(n_layers=args.moe_layers)
+        path = ensure_oss(None, shape_oss, threads=os.cpu_count() or 2, llama_python=args.llama_python,
+                          log=lambda m: print(m, file=sys.stderr, flush=True))
+        paths.append((f"synthetic-gpt-oss-20b-shape-L{shape_oss.n_layers}-mxfp4_moe", str(path)))
     for model, path in paths:
         file_mb = Path(path).stat().st_size / 2**20
         ours = run_json([*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json"], env)

@@ -44,9 +44,11 @@ MAX_ONE_ROW = 64  # up to this many rows, check for the one-row-per-expert case 
 
 def _expert_gemvs() -> dict:
     """One-row kernels that have a twin running several experts' rows in one parallel region (the same bits)."""
-    from engine.kernels.kquant import dot, repack  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.iquant import dot as idot  # noqa: PLC0415 - compiled kernels only
+    from engine.kernels.kquant import dot, repack  # noqa: PLC0415
 
-    return {repack.gemv_q4_k_8x8: repack.gemv_experts_q4_k_8x8, dot.gemv_q6_k: dot.gemv_experts_q6_k}
+    return {repack.gemv_q4_k_8x8: repack.gemv_experts_q4_k_8x8, dot.gemv_q6_k: dot.gemv_experts_q6_k,
+            idot.gemv_mxfp4_x8: idot.gemv_experts_mxfp4_x8}
 
 
 EXPERT_GEMVS: dict = _expert_gemvs() if HAVE_NUMBA else {}

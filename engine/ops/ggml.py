@@ -174,6 +174,13 @@ def swiglu_oai(gate: npt.ArrayLike, up: npt.ArrayLike, alpha: float = OAI_ALPHA,
     """ggml_swiglu_oai (ggml_compute_forward_swiglu_oai_f32, a scalar loop): x = min(gate, limit),
     y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1), with libm's expf."""
     a, lim = np.float32(alpha), np.float32(limit)
+    g, u = _f32(gate), _f32(up)
+    if _compiled() and g.shape == u.shape and np.isfinite(lim):  # the same loop compiled, the same bits
+        from engine.ops.ggml_kernels import swiglu_oai_flat  # noqa: PLC0415
+
+        out = np.empty(g.shape, np.float32)
+        swiglu_oai_flat(np.ascontiguousarray(g).reshape(-1), np.ascontiguousarray(u).reshape(-1), a, lim, out.reshape(-1))
+        return out
     with np.errstate(over="ignore", invalid="ignore"):
         x = np.minimum(_f32(gate), lim)
         y = np.clip(_f32(up), -lim, lim)

@@ -52,6 +52,18 @@ def tanhf_flat(x, out):
         out[i] = np.tanh(x[i])
 
 
+@njit(cache=True)
+def swiglu_oai_flat(g, u, alpha, limit, out):
+    """ggml_compute_forward_swiglu_oai_f32 on float32 (1-D): x = std::min(g, limit), y = std::clamp(u, -limit,
+    limit), x / (1 + expf(alpha * -x)) * (y + 1), with the C library's expf (numba's float32 exp calls it)."""
+    for i in range(g.shape[0]):
+        x = g[i]
+        x = limit if limit < x else x
+        y = u[i]
+        y = -limit if y < -limit else (limit if limit < y else y)
+        out[i] = (x / (_ONE + np.exp(alpha * -x))) * (y + _ONE)
+
+
 @njit(cache=True, forceinline=True)
 def reduce16(a, o):
     """_mm512_reduce_add_ps of a[o:o + 16] in GCC's order: halves added, 8 -> 4 -> 2 -> 1."""

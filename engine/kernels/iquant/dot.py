@@ -303,6 +303,27 @@ def gemv_mxfp4_x8(blocks, xq, out):
 
 
 @njit(**_KERNEL)
+def gemv_experts_mxfp4_x8(weights, xq, rows, out):
+    """out[i] = gemv_mxfp4_x8 of weights[i] (a tuple of same-shaped MXFP4 experts) with the Q8_0 row xq[rows[i]]:
+    a decode step's routed experts in one parallel region instead of one each (the same bits)."""
+    k = len(weights)
+    n = weights[0].shape[0]
+    nb = _check(weights[0], xq[0], out[0], 17, 34)
+    if out.ndim != 2 or out.shape[0] != k or (out.size and out.strides[1] != 4) or xq.ndim != 2:
+        raise ValueError("out must be (experts, n_rows) float32 with contiguous rows, xq (m, bytes)")
+    for i in range(k):
+        if weights[i].shape[0] != n or weights[i].shape[1] != weights[0].shape[1] or not 0 <= rows[i] < xq.shape[0]:
+            raise ValueError("every expert must have the first one's shape, every row index a row of xq")
+    xs = u64(xq.strides[0])
+    for task in prange(k * n):
+        e = task // n
+        r = task % n
+        w = weights[e]
+        out[e, r] = dot_mxfp4_x8(w, u64(r) * u64(w.strides[0]), nb, xq, u64(rows[e]) * xs)
+    return out
+
+
+@njit(**_KERNEL)
 def gemm_mxfp4_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_mxfp4_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
     up to 16 activation rows."""

@@ -230,15 +230,18 @@ def test_chosen_experts_are_llama_cpps(folder: Path, name: str, quant: str, nume
         model.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3moe", "gpt_oss"])
+@pytest.mark.parametrize(("name", "quant", "kernel"), [("qwen3moe", "Q4_K_M", "gemv_experts_q4_k_8x8"),
+                                                       ("qwen3moe", "Q4_K_M", "gemv_experts_q6_k"),
+                                                       ("gpt_oss", "MXFP4_MOE", "gemv_experts_mxfp4_x8")])
 def test_a_decode_steps_experts_in_one_parallel_call_give_the_same_bits(folder: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                         name: str) -> None:
-    """A decode step sends each routed expert one row: the Q4_K (repacked) and Q6_K experts then go through one
-    kernel call per matrix (gemv_experts_*) instead of one per expert; the logits are the per-expert path's."""
+                                                                         name: str, quant: str, kernel: str) -> None:
+    """A decode step sends each routed expert one row: the Q4_K (repacked), Q6_K and MXFP4 experts then go through
+    one kernel call per matrix (gemv_experts_*) instead of one per expert; the logits are the per-expert path's, and
+    llama.cpp's (test_arch_logits)."""
     import engine.models.experts as experts
 
-    ref = reference(name, "Q4_K_M")
-    path = model_file(folder, name, "Q4_K_M")
+    ref = reference(name, quant)
+    path = model_file(folder, name, quant)
     calls: dict[str, int] = {}
 
     def counted(kernel: Any) -> Any:
@@ -252,4 +255,5 @@ def test_a_decode_steps_experts_in_one_parallel_call_give_the_same_bits(folder: 
     monkeypatch.setattr(experts, "MAX_ONE_ROW", 0)  # every expert's row on its own, grouped as MUL_MAT_ID groups
     apart = our_logits(path, ref.ids, "ggml")
     print(name, calls)
-    assert calls.get("gemv_experts_q4_k_8x8", 0) > 0 and np.array_equal(together, apart)
+    assert calls.get(kernel, 0) > 0 and np.array_equal(together, apart)
+    assert stats(ref, together)["kld_max"] <= CORRECT_KLD_MAX
