@@ -44,6 +44,19 @@ def _compiled() -> bool:
     return compiled()
 
 
+def _expf(x: npt.ArrayLike) -> F32:
+    """libm's expf per element: compiled where the kernels are (the same bits), else engine.ops.ggml_math's twin."""
+    x = _f32(x)
+    if not _compiled():
+        return libm_expf(x)
+    from engine.ops.ggml_kernels import expf_flat  # noqa: PLC0415
+
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(flat.shape, np.float32)
+    expf_flat(flat, out)
+    return out.reshape(x.shape)
+
+
 def _rows(a: F32) -> F32:
     return np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
 
@@ -246,7 +259,9 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             mx = np.where(mx > sk, mx, sk)  # MAX(max, sk[h])
         d = w - mx
         e = np.empty(w.shape, np.float32)
-        if _compiled() and body:
+        if not body:  # a row shorter than one chunk (a router's top k): all of it is the scalar tail
+            total = np.zeros(w.shape[:-1])
+        elif _compiled():
             from engine.ops import ggml_kernels as gk  # noqa: PLC0415
 
             d2 = _rows(d)
@@ -262,11 +277,11 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             chunks = _reduce16(e[..., :body].reshape(*w.shape[:-1], body // CHUNK, CHUNK)).astype(np.float64)
             total = np.cumsum(chunks, axis=-1)[..., -1] if body else np.zeros(w.shape[:-1])
         if body < n:
-            e[..., body:] = libm_expf(d[..., body:])
+            e[..., body:] = _expf(d[..., body:])
             tail = np.concatenate([total[..., None], e[..., body:].astype(np.float64)], axis=-1)
             total = np.cumsum(tail, axis=-1)[..., -1]
         if sinks is not None:
-            total = total + libm_expf((sk - mx)[..., 0]).astype(np.float64)
+            total = total + _expf((sk - mx)[..., 0]).astype(np.float64)
         inv = (1.0 / total).astype(np.float32)
         return e * inv[..., None]
 

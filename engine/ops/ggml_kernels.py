@@ -53,6 +53,14 @@ def tanhf_flat(x, out):
 
 
 @njit(cache=True)
+def expf_flat(x, out):
+    """out = expf(x) elementwise on float32 (1-D): the C library's expf, which ggml's scalar code calls (numba's
+    float32 exp is that call; engine.ops.ggml_math.expf is its NumPy twin)."""
+    for i in range(x.shape[0]):
+        out[i] = np.exp(x[i])
+
+
+@njit(cache=True)
 def swiglu_oai_flat(g, u, alpha, limit, out):
     """ggml_compute_forward_swiglu_oai_f32 on float32 (1-D): x = std::min(g, limit), y = std::clamp(u, -limit,
     limit), x / (1 + expf(alpha * -x)) * (y + 1), with the C library's expf (numba's float32 exp calls it)."""
