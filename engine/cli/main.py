@@ -41,17 +41,28 @@ def _load(args: argparse.Namespace, warm: bool = True):
                 sys.stderr.write("\r\033[K")
     model = load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
                        numerics=getattr(args, "numerics", "ggml"))
+    try:
+        _intervene(args, model)
+    except LensError:
+        model.close()
+        raise
+    return model
+
+
+def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
+    """--ablate-head and --control-vector, each named on stderr once applied."""
     if getattr(args, "ablate_head", None):
         from engine.intervene.ablation import ablate_heads, parse_heads  # noqa: PLC0415
 
-        try:
-            ablation = parse_heads(args.ablate_head, model.args.n_layers, model.args.n_heads)
-            ablate_heads(model, ablation)
-        except LensError:
-            model.close()
-            raise
+        ablation = parse_heads(args.ablate_head, model.args.n_layers, model.args.n_heads)
+        ablate_heads(model, ablation)
         print(f"note: {ablation.describe()}", file=sys.stderr)
-    return model
+    if getattr(args, "control_vector", None):
+        from engine.intervene import control_vector as cv  # noqa: PLC0415
+
+        vec = cv.load([cv.parse_spec(t) for t in args.control_vector], model.args.dim, model.args.n_layers, model.arch)
+        cv.apply(model, vec)
+        print(f"note: {vec.describe()}", file=sys.stderr)
 
 
 def _tokenizer_only(model: str):

@@ -17,9 +17,13 @@ def add_numerics(p: argparse.ArgumentParser) -> None:
 
 
 def add_interventions(p: argparse.ArgumentParser) -> None:
-    """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product."""
+    """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product;
+    --control-vector FILE[:SCALE] (repeatable): llama.cpp's control vectors, summed."""
     p.add_argument("--ablate-head", action="append", default=[], metavar="LAYER:HEAD",
                    help="switch attention head HEAD of layer LAYER off (its output set to zero); repeatable")
+    p.add_argument("--control-vector", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="add a control vector (llama.cpp's format) to the layers' outputs, times SCALE (1); "
+                        "repeatable: the files are summed, as llama.cpp's --control-vector-scaled does")
 
 
 TEXT_FILE_CAP = 256 * 1024 * 1024  # bytes; a text beyond this is surely a mistake (and would not fit a context)

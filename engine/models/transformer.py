@@ -178,6 +178,7 @@ class Transformer(DecoderModel):
     expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases
     ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
     ablated_heads: dict[int, np.ndarray] = {}  # layer -> query heads whose output is zeroed (engine.intervene)
+    control: dict[int, np.ndarray] = {}  # layer -> a control vector's direction added to its output (build_cvec)
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
@@ -271,6 +272,9 @@ class Transformer(DecoderModel):
             h = self.norm(x, layer.ffn_norm)
             f = layer.ffn(h, self.ops, recorder)
             x = x + (self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f)
+            direction = self.control.get(i)
+            if direction is not None:  # build_cvec: ggml_add of the layer's direction to its output
+                x = x + direction
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         return x
