@@ -376,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.routing import add_command as add_routing  # noqa: PLC0415
 
     add_routing(sub, _add_model, _load)
+    from engine.cli.cvector import add_command as add_cvector  # noqa: PLC0415
+
+    add_cvector(sub, _add_model, _load)
     from engine.cli.quant import add_commands  # noqa: PLC0415 - quantize and compare
 
     add_commands(sub)
