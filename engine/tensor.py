@@ -87,6 +87,8 @@ class Linear:
     numerics: str = "float32"  # 'ggml': products on the blocks (engine.kernels); 'float32': dequantized weights
     _dense: np.ndarray | None = field(default=None, repr=False)
     _product: BlockProduct | None = field(default=None, repr=False)
+    # LoRA adapters on this weight (engine.intervene.lora): (lora_a, lora_b, scale), added in order after the product
+    loras: list[tuple[Linear, Linear, float]] = field(default_factory=list, repr=False)
     swaps: ClassVar[int] = 0  # weights replaced in any Linear so far: device copies (engine/gpu) look when it moves
 
     @property
@@ -136,10 +138,15 @@ class Linear:
     def __call__(self, x: npt.NDArray[np.float32] | Activation) -> npt.NDArray[np.float32]:
         # x: (T, n_in) -> (T, n_out)
         if self.numerics == "ggml":
-            return self.product()(x)
-        if isinstance(x, Activation):
-            x = x.x
-        return x @ self.dense().T
+            return self.with_loras(self.product()(x), x)
+        x = x.x if isinstance(x, Activation) else x
+        return self.with_loras(x @ self.dense().T, x)
+
+    def with_loras(self, y: npt.NDArray[np.float32], x: npt.NDArray[np.float32] | Activation) -> npt.NDArray[np.float32]:
+        """build_lora_mm's additions to the product y of x: per adapter lora_b (lora_a x), ggml_scale'd, ggml_add'ed."""
+        for a, b, scale in self.loras:
+            y = y + b(a(x)) * np.float32(scale)
+        return y
 
 
 class FusedLinear:
@@ -189,7 +196,7 @@ class FusedLinear:
             y = product(act)
             start = 0
             for m in members:
-                outs.append(y[:, start : start + m.n_out])
+                outs.append(m.with_loras(y[:, start : start + m.n_out], act) if m.loras else y[:, start : start + m.n_out])
                 start += m.n_out
         return outs
 
@@ -224,6 +231,6 @@ class FusedLinear:
         if not self._fresh():
             self._stacked = None
             if self._build() is None:
-                return [p(x) for p in self.parts]
+                return [p(x) for p in self.parts]  # each adds its own adapters
         y = x @ self._stacked.T  # (T, sum n_out)
-        return [y[:, a:b] for a, b in zip([0, *self.splits], [*self.splits, y.shape[-1]])]
+        return [p.with_loras(y[:, a:b], x) for p, a, b in zip(self.parts, [0, *self.splits], [*self.splits, y.shape[-1]])]

@@ -50,7 +50,7 @@ def _load(args: argparse.Namespace, warm: bool = True):
 
 
 def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
-    """--ablate-head and --control-vector, each named on stderr once applied."""
+    """--ablate-head, --control-vector and --lora, each named on stderr once applied."""
     if getattr(args, "ablate_head", None):
         from engine.intervene.ablation import ablate_heads, parse_heads  # noqa: PLC0415
 
@@ -63,6 +63,12 @@ def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
         vec = cv.load([cv.parse_spec(t) for t in args.control_vector], model.args.dim, model.args.n_layers, model.arch)
         cv.apply(model, vec)
         print(f"note: {vec.describe()}", file=sys.stderr)
+    if getattr(args, "lora", None):
+        from engine.intervene import lora  # noqa: PLC0415
+
+        adapters = [lora.load(model, *lora.parse_spec(t)) for t in args.lora]
+        lora.apply(model, adapters)
+        print(f"note: {lora.describe(adapters)}", file=sys.stderr)
 
 
 def _tokenizer_only(model: str):

@@ -24,6 +24,9 @@ def add_interventions(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE[:SCALE]",
                    help="add a control vector (llama.cpp's format) to the layers' outputs, times SCALE (1); "
                         "repeatable: the files are summed, as llama.cpp's --control-vector-scaled does")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                   help="apply a LoRA adapter (llama.cpp's GGUF format) at SCALE (1); repeatable, as llama.cpp's "
+                        "--lora / --lora-scaled")
 
 
 TEXT_FILE_CAP = 256 * 1024 * 1024  # bytes; a text beyond this is surely a mistake (and would not fit a context)

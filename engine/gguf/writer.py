@@ -154,8 +154,8 @@ def _tensor_bytes(name: str, qtype: GGMLType, shape: tuple[int, ...], data: byte
             f"tensor {name!r}: row size {shape[0]} is not a multiple of {info.name} block size {info.block_size}"
         )
     expected = math.prod(shape[1:]) * info.row_bytes(shape[0])
-    if isinstance(data, np.ndarray):
-        view = memoryview(np.ascontiguousarray(data)).cast("B")
+    if isinstance(data, np.ndarray):  # as bytes (a zero-size tensor too, which memoryview.cast refuses)
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     else:
         view = memoryview(data).cast("B")
     if view.nbytes != expected:
