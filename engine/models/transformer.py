@@ -179,6 +179,7 @@ class Transformer(DecoderModel):
     ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
     ablated_heads: dict[int, np.ndarray] = {}  # layer -> query heads whose output is zeroed (engine.intervene)
     control: dict[int, np.ndarray] = {}  # layer -> a control vector's direction added to its output (build_cvec)
+    hooks: dict[str, Any] = {}  # hook point name -> fn(value, name) -> None or a replacement (engine.intervene.hooks)
 
     @classmethod
     def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> TransformerArgs:
@@ -264,17 +265,24 @@ class Transformer(DecoderModel):
         pos = np.arange(start, start + t)
         tables = {base: self.ops.rope_tables(self, pos, base, f) for base, f in self.freqs_by_base.items()}
         masks: dict = {}
+        hook = self.hook if self.hooks else None
         for i in which:
             layer = self.layers[i]
+            if hook is not None:
+                x = hook(f"blocks.{i}.hook_resid_pre", x)
             h = self.norm(x, layer.attn_norm)
             o = self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder)
-            x = x + (self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o)
+            o = self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o
+            x = x + (o if hook is None else hook(f"blocks.{i}.hook_attn_out", o))
             h = self.norm(x, layer.ffn_norm)
             f = layer.ffn(h, self.ops, recorder)
-            x = x + (self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f)
+            f = self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f
+            x = x + (f if hook is None else hook(f"blocks.{i}.hook_mlp_out", f))
             direction = self.control.get(i)
             if direction is not None:  # build_cvec: ggml_add of the layer's direction to its output
                 x = x + direction
+            if hook is not None:
+                x = hook(f"blocks.{i}.hook_resid_post", x)
             if recorder is not None:
                 recorder.record_hidden(i, start, x)
         return x
@@ -315,11 +323,26 @@ class Transformer(DecoderModel):
         if off is not None:  # an ablated head: its output zeroed before the output product mixes the heads
             o = o.copy()
             o[off] = 0.0
+        if self.hooks:  # each head's output, (T, heads, d) as TransformerLens's hook_z
+            o = self.hook(f"blocks.{i}.attn.hook_z", o.transpose(1, 0, 2)).transpose(1, 0, 2)
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
         if recorder is not None:
             recorder.record_input(layer.input_names()[1], o)
         out = layer.wo(o)
         return out if layer.wo_bias is None else out + layer.wo_bias  # build_attn's ggml_add of wo_b
+
+    def hook(self, name: str, value: F32) -> F32:
+        """The value at hook point `name` after its hook (if any): the hook's replacement, checked, or the value."""
+        fn = self.hooks.get(name)
+        if fn is None:
+            return value
+        got = fn(value, name)
+        if got is None:
+            return value
+        got = np.asarray(got, np.float32)
+        if got.shape != value.shape:
+            raise ValueError(f"hook {name}: returned shape {got.shape}, expected {value.shape}")
+        return got
 
     def head(self, x: F32, all_logits: bool) -> F32:
         x = self.norm(x if all_logits else x[-1:], self.out_norm)
