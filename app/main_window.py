@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
 
 from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
+from app.controllers.patching import PatchingBridge
 from app.controllers.quant import QuantBridge
 from app.data.signature import reply_signature
 from app.data.store import Settings, Store, export_chat
@@ -24,6 +25,7 @@ from app.views.chat.view import ChatView
 from app.views.compare.view import CompareView
 from app.views.lenses import LensTabs
 from app.views.model_info import ModelLens
+from app.views.patching import PatchingView
 from app.views.quant.lens import QuantLens
 from app.views.status import StatusPanel
 from app.workers.engine import Engine
@@ -77,6 +79,8 @@ class MainWindow(QMainWindow):
         self.lens_slots = self.lens_tabs.slots
         self.compare_view = CompareView()
         self.lens_tabs.addTab(self.compare_view, "Compare")
+        self.patching_view = PatchingView()
+        self.lens_tabs.addTab(self.patching_view, "Patching")
         self.model_lens = ModelLens(self.state)
         self.lens_tabs.addTab(self.model_lens, "Model")
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -98,6 +102,7 @@ class MainWindow(QMainWindow):
         self.bridge.bind_conversation(self.conversation)  # the lenses follow the conversation on screen
         self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_tabs.lens(QuantLens), self.compare_view,
                                         self.bridge, self)
+        self.patching_bridge = PatchingBridge(self.engine, self.state, self.patching_view, self)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
         self.setStatusBar(self.status)

@@ -71,7 +71,15 @@ class Screenshot:
         return None
 
     def _tab_ready(self) -> bool:
-        """The Compare tab computes what it shows first (prepare_screenshot, then screenshot_ready until done)."""
+        """The Compare tab computes what it shows first (prepare_screenshot, then screenshot_ready until done); the
+        Patching tab runs its default prompts."""
+        patching = self.window.patching_view
+        if self.window.lens_tabs.currentWidget() is patching:
+            if not self.prepared:
+                self.prepared = True
+                patching.run_button.click()
+                self._make_room()
+            return patching.record is not None
         view = self.window.compare_view
         if self.window.lens_tabs.currentWidget() is not view:
             return True

@@ -39,6 +39,7 @@ from engine.quant.types import GGMLType
 log = logging.getLogger(__name__)
 
 QUANT_TASKS = ("apply", "reset", "save")
+OTHER_TASKS = ("patching",)  # answered by their own controllers (app.controllers.patching)
 
 
 class QuantBridge(QObject):
@@ -197,6 +198,8 @@ class QuantBridge(QObject):
     # ---- results
 
     def _event(self, kind: str, item: object) -> None:
+        if kind in OTHER_TASKS:
+            return
         if isinstance(item, TaskProgress):
             if item.task == "imatrix":
                 if self.imatrix_panel is not None:
@@ -224,6 +227,8 @@ class QuantBridge(QObject):
             self.compare.sweep_finished(item)
 
     def _done(self, kind: str, value: object) -> None:
+        if kind in OTHER_TASKS:
+            return
         if kind == "imatrix":
             record = value if isinstance(value, ImatrixRecord) else None
             if self.lens is not None:

@@ -1,0 +1,38 @@
+"""The Patching tab in the real window on SmolLM2: Run makes the standard figure on the worker (the window stays
+responsive), the map and summary show the answer pair; prompts of unequal length and a cancelled run say so."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.records.patching import PatchRecord
+from tests.app.test_end_to_end import open_window
+
+RUN_MS = 120_000
+
+
+def test_patching_from_the_tab(qtbot, smollm2_path: Path, data_dir: Path) -> None:
+    w = open_window(qtbot, str(smollm2_path))
+    view = w.lens_tabs.select("Patching")
+    assert view is w.patching_view
+    qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=RUN_MS)
+    view.run_button.click()
+    assert view.cancel_button.isEnabled() and not view.run_button.isEnabled()
+    qtbot.waitUntil(lambda: view.record is not None, timeout=RUN_MS)
+    rec: PatchRecord = view.record
+    assert rec.scores.shape == (30, 9) and np.isfinite(rec.scores).all() and rec.complete
+    assert rec.answer == " Paris" and rec.wrong == " Rome" and "Paris" in view.info.text()
+    assert view.run_button.isEnabled() and not view.cancel_button.isEnabled() and not view.progress.isVisible()
+    view.corrupt_edit.setText("The Colosseum in Rome is in the city of")
+    view.run_button.click()
+    qtbot.waitUntil(lambda: "same length" in view.info.text(), timeout=RUN_MS)
+    assert view.run_button.isEnabled()
+    view.corrupt_edit.setText("The Colosseum is in the city of")
+    view.kind_box.setCurrentIndex(view.kind_box.findData("mlp_out"))
+    view.run_button.click()
+    qtbot.waitUntil(lambda: view.progress.value() > 0, timeout=RUN_MS)
+    view.cancel_button.click()
+    qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=RUN_MS)
+    assert view.record.kind == "mlp_out" and not view.record.complete and "cancelled" in view.info.text()
+    w.close()
