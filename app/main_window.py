@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
 
 from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
-from app.controllers.patching import PatchingBridge
+from app.controllers.experiments import ExperimentsBridge
 from app.controllers.quant import QuantBridge
 from app.data.signature import reply_signature
 from app.data.store import Settings, Store, export_chat
@@ -25,7 +25,7 @@ from app.views.chat.view import ChatView
 from app.views.compare.view import CompareView
 from app.views.lenses import LensTabs
 from app.views.model_info import ModelLens
-from app.views.patching import PatchingView
+from app.views.experiments import ExperimentsView
 from app.views.quant.lens import QuantLens
 from app.views.status import StatusPanel
 from app.workers.engine import Engine
@@ -64,6 +64,8 @@ class MainWindow(QMainWindow):
         self.shown_once = False
         self.load_error_box: QMessageBox | None = None  # the last "could not be loaded" message, if one was shown
         self.model_label = ""  # "SmolLM2 135M · Q4_1": the model (and quantization) each reply is signed with
+        self._quant_spec: Any = None  # the overrides the model holds (app.data.overrides.OverrideSpec), for the signature
+        self._intervened = ""  # the Experiments tab's interventions on the model, for the signature and the banner
         self._build()
         self._wire()
         self._default_state = self.saveState()  # the docks as _build placed them: View > Reset layout goes back
@@ -79,8 +81,9 @@ class MainWindow(QMainWindow):
         self.lens_slots = self.lens_tabs.slots
         self.compare_view = CompareView()
         self.lens_tabs.addTab(self.compare_view, "Compare")
-        self.patching_view = PatchingView()
-        self.lens_tabs.addTab(self.patching_view, "Patching")
+        self.experiments_view = ExperimentsView()
+        self.patching_view = self.experiments_view.patching
+        self.lens_tabs.addTab(self.experiments_view, "Experiments")
         self.model_lens = ModelLens(self.state)
         self.lens_tabs.addTab(self.model_lens, "Model")
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -102,7 +105,7 @@ class MainWindow(QMainWindow):
         self.bridge.bind_conversation(self.conversation)  # the lenses follow the conversation on screen
         self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_tabs.lens(QuantLens), self.compare_view,
                                         self.bridge, self)
-        self.patching_bridge = PatchingBridge(self.engine, self.state, self.patching_view, self)
+        self.experiments_bridge = ExperimentsBridge(self.engine, self.state, self.experiments_view, self)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
         self.setStatusBar(self.status)
@@ -194,7 +197,8 @@ class MainWindow(QMainWindow):
         self.status.cancel_load.connect(self.engine.cancel_load)
         self.saver.failed.connect(lambda msg: view.show_banner("error", msg))
         self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too ('Q4_1 + 3 overrides')
-            lambda spec: setattr(self.conversation, "model_name", reply_signature(self.model_label, spec)))
+            lambda spec: self._sign(spec=spec))
+        self.experiments_bridge.interventions_changed.connect(self._interventions)
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
         st.model_changed.connect(
@@ -238,6 +242,24 @@ class MainWindow(QMainWindow):
         dialog.chosen.connect(self.open_model)
         dialog.open()
 
+    def _sign(self, spec: Any = None) -> None:
+        """The replies' signature: the model, the overrides it holds, the interventions on it."""
+        if spec is not None:
+            self._quant_spec = spec
+        base = reply_signature(self.model_label, self._quant_spec) if self._quant_spec is not None else self.model_label
+        self.conversation.model_name = base + (f" · {self._intervened}" if self._intervened else "")
+
+    def _interventions(self, description: str) -> None:
+        """What the Experiments tab set on the model: in a banner with one-click Clear, and in the signature."""
+        from app.records.interventions import InterventionSpec  # noqa: PLC0415
+
+        self._intervened = description
+        self._sign()
+        self.chat_view.clear_banners("intervention")
+        if description:
+            self.chat_view.show_banner("intervention", f"Experiment on: {description}. Replies are made with it.",
+                                       action=("Clear", lambda: self.experiments_bridge.apply(InterventionSpec())))
+
     def _loaded(self, result: Loaded) -> None:
         st = self.state
         st.model = result.info
@@ -250,7 +272,8 @@ class MainWindow(QMainWindow):
         self.chat_view.set_placeholder("Message the model…")
         kind = result.kind
         self.model_label = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
-        self.conversation.model_name = self.model_label
+        self._quant_spec, self._intervened = None, ""
+        self._sign()
         self._model_kind(kind)
         self.status.set_backend_note(result.backend_note)
         self.chat_view.clear_banners("warning")

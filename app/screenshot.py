@@ -74,7 +74,7 @@ class Screenshot:
         """The Compare tab computes what it shows first (prepare_screenshot, then screenshot_ready until done); the
         Patching tab runs its default prompts."""
         patching = self.window.patching_view
-        if self.window.lens_tabs.currentWidget() is patching:
+        if self.window.lens_tabs.currentWidget() is self.window.experiments_view:
             if not self.prepared:
                 self.prepared = True
                 patching.run_button.click()

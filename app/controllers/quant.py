@@ -39,7 +39,7 @@ from engine.quant.types import GGMLType
 log = logging.getLogger(__name__)
 
 QUANT_TASKS = ("apply", "reset", "save")
-OTHER_TASKS = ("patching",)  # answered by their own controllers (app.controllers.patching)
+OTHER_TASKS = ("patching", "interventions")  # answered by their own controller (app.controllers.experiments)
 
 
 class QuantBridge(QObject):

@@ -1,4 +1,4 @@
-"""The Patching tab in the real window on SmolLM2: Run makes the standard figure on the worker (the window stays
+"""The Experiments tab's patching in the real window on SmolLM2: Run makes the standard figure on the worker (the window stays
 responsive), the map and summary show the answer pair; prompts of unequal length and a cancelled run say so."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ RUN_MS = 120_000
 
 def test_patching_from_the_tab(qtbot, smollm2_path: Path, data_dir: Path) -> None:
     w = open_window(qtbot, str(smollm2_path))
-    view = w.lens_tabs.select("Patching")
-    assert view is w.patching_view
+    assert w.lens_tabs.select("Experiments") is w.experiments_view
+    view = w.patching_view
     qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=RUN_MS)
     view.run_button.click()
     assert view.cancel_button.isEnabled() and not view.run_button.isEnabled()

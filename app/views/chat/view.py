@@ -1,6 +1,8 @@
 """The chat panel: banners, system prompt, the messages (repainted in batches while streaming), the input box."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
@@ -40,7 +42,8 @@ class InputEdit(QPlainTextEdit):
 class Banner(QFrame):
     """A closable strip of plain text above the chat (template warnings, errors, notices)."""
 
-    def __init__(self, kind: str, text: str, parent: QWidget | None = None):
+    def __init__(self, kind: str, text: str, parent: QWidget | None = None,
+                 action: tuple[str, Callable[[], None]] | None = None):
         super().__init__(parent)
         self.kind = kind
         self.setObjectName("banner")
@@ -50,6 +53,10 @@ class Banner(QFrame):
         self.label = plain_label(text)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.label, 1)
+        if action is not None:  # one click that undoes what the banner reports
+            self.action = QPushButton(action[0])
+            self.action.clicked.connect(lambda: action[1]())
+            lay.addWidget(self.action, 0, Qt.AlignmentFlag.AlignTop)
         close = QToolButton()
         close.setText("✕")
         close.setAutoRaise(True)
@@ -338,12 +345,12 @@ class ChatView(QWidget):
         self.prompt_mode.setCurrentIndex(max(0, self.prompt_mode.findData(mode)))
 
     # -- banners
-    def show_banner(self, kind: str, text: str) -> Banner:
+    def show_banner(self, kind: str, text: str, action: tuple[str, Callable[[], None]] | None = None) -> Banner:
         for i in range(self.banners.count()):
             b = self.banners.itemAt(i).widget()
             if isinstance(b, Banner) and b.label.text() == text:
                 return b
-        banner = Banner(kind, text)
+        banner = Banner(kind, text, action=action)
         self.banners.addWidget(banner)
         return banner
 
