@@ -67,6 +67,7 @@ class PatchingView(QWidget):
                                         interactive=False)
         self.colorbar.setImageItem(self.image, insert_in=self.plot)
         self.image.hoverEvent = self._hover
+        self.plots.setVisible(False)  # shown with the first map
         self.status = QLabel("")
         form = QVBoxLayout(self)
         for label, edit in (("Clean", self.clean_edit), ("Corrupted", self.corrupt_edit)):
@@ -97,6 +98,7 @@ class PatchingView(QWidget):
         self.run_button.setEnabled(loaded and not self.cancel_button.isEnabled())
         self.record = None
         self.image.clear()
+        self.plots.setVisible(False)
         self.info.setText(HELP)
 
     def set_progress(self, what: str, fraction: float) -> None:
@@ -107,6 +109,7 @@ class PatchingView(QWidget):
     def set_record(self, rec: PatchRecord) -> None:
         self._idle()
         self.record = rec
+        self.plots.setVisible(True)
         scores = np.nan_to_num(rec.scores, nan=0.0).astype(np.float32)
         self.image.setImage(scores, autoLevels=False, levels=(-1.0, 1.0))
         self.image.setRect(0, 0, scores.shape[1], scores.shape[0])
