@@ -21,7 +21,8 @@ from app.views.common.tokens import TokenAxis, token_label
 
 CLEAN_DEFAULT = "The Eiffel Tower is in the city of"
 CORRUPT_DEFAULT = "The Colosseum is in the city of"
-KINDS = (("residual stream", "resid_pre"), ("attention output", "attn_out"), ("FFN output", "mlp_out"))
+KINDS = (("residual stream", "resid_pre"), ("attention output", "attn_out"), ("FFN output", "mlp_out"),
+         ("each head's output", "heads"))
 HELP = ("Two prompts of the same length in tokens. Run patches each layer x position of the corrupted run with the clean "
         "run's activation and shows how much of the clean answer's logit difference comes back (1 = all of it).")
 
@@ -113,15 +114,17 @@ class PatchingView(QWidget):
         scores = np.nan_to_num(rec.scores, nan=0.0).astype(np.float32)
         self.image.setImage(scores, autoLevels=False, levels=(-1.0, 1.0))
         self.image.setRect(0, 0, scores.shape[1], scores.shape[0])
-        self.tokens_axis.set_tokens(rec.clean_texts)
+        heads = rec.kind == "heads"
+        self.tokens_axis.set_tokens([f"h{h}" for h in range(scores.shape[1])] if heads else rec.clean_texts)
+        self.plot.setLabel("bottom", "head (its output, every position)" if heads else "position (clean prompt's tokens)")
         self.plot.setRange(xRange=(0, scores.shape[1]), yRange=(0, scores.shape[0]), padding=0)
         layer, pos, best = rec.best()
         done = "" if rec.complete else " · cancelled: the cells run so far"
+        where = f"head {pos}" if heads else f"at “{html.escape(token_label(rec.clean_texts[pos], 16))}”"
         self.info.setText(
             f"Answer <b>{html.escape(token_label(rec.answer, 16))}</b> vs <b>{html.escape(token_label(rec.wrong, 16))}"
             f"</b>: logit difference {rec.clean_diff:+.2f} clean, {rec.corrupt_diff:+.2f} corrupted. Most restored: "
-            f"layer {layer} at “{html.escape(token_label(rec.clean_texts[pos], 16))}” ({best:.2f}) · "
-            f"{rec.elapsed_s:.1f} s{done}")
+            f"layer {layer} {where} ({best:.2f}) · {rec.elapsed_s:.1f} s{done}")
 
     def failed(self, message: str) -> None:
         self._idle()
@@ -145,6 +148,8 @@ class PatchingView(QWidget):
         if rec is None or ev.isExit():
             return
         layer, pos = int(np.floor(ev.pos().y())), int(np.floor(ev.pos().x()))
-        if 0 <= layer < rec.scores.shape[0] and 0 <= pos < rec.scores.shape[1]:
+        if rec.kind == "heads" and 0 <= layer < rec.scores.shape[0] and 0 <= pos < rec.scores.shape[1]:
+            self.status.setText(f"layer {layer}, head {pos}: {rec.scores[layer, pos]:.3f} restored")
+        elif 0 <= layer < rec.scores.shape[0] and 0 <= pos < rec.scores.shape[1]:
             self.status.setText(f"layer {layer}, position {pos} “{token_label(rec.clean_texts[pos], 16)}” ← "
                                 f"“{token_label(rec.corrupt_texts[pos], 16)}”: {rec.scores[layer, pos]:.3f} restored")

@@ -6,7 +6,8 @@ answer - wrong. For every layer L and position p the corrupted prompt runs with 
 at position p taken from the clean run (`resid_pre`), and the cell holds how much of the clean difference that
 restores: (patched - corrupted) / (clean - corrupted), 1 = all of it. Each patched run reuses the corrupted run's
 cache below L (those blocks do not see the patch) and runs blocks L.. only. `kind="attn_out"` / `"mlp_out"` patch
-what a block's attention or FFN adds instead.
+what a block's attention or FFN adds instead; `kind="heads"` patches one head's output (hook_z) at every position,
+and the map is layers x heads.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from engine.intervene.hooks import hooked, run_with_cache
 if TYPE_CHECKING:
     from engine.model import Model
 
-KINDS = {"resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out"}
+KINDS = {"resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "heads": "attn.hook_z"}
 
 
 class PatchingCancelled(SettingError):
@@ -35,7 +36,7 @@ class PatchingCancelled(SettingError):
 
 @dataclass(frozen=True)
 class PatchResult:
-    scores: np.ndarray  # (n_layers, T): the share of the clean logit difference restored; NaN where not run
+    scores: np.ndarray  # (n_layers, T or n_heads): the share of the clean logit difference restored; NaN: not run
     clean_diff: float
     corrupt_diff: float
     answer: int
@@ -76,19 +77,21 @@ def patch(model: Model, clean_ids: Sequence[int], corrupt_ids: Sequence[int], *,
     span = d_clean - d_corrupt
     if abs(span) < 1e-6:
         raise SettingError("the clean and corrupted logit differences are equal: nothing to restore")
-    scores = np.full((n_layers, len(clean)), np.nan)
+    heads = kind == "heads"
+    scores = np.full((n_layers, model.args.n_heads if heads else len(clean)), np.nan)
     x0 = model.net.embed(np.asarray(corrupt, np.int64))
     net = model.net
     for layer in range(n_layers):
-        for p in range(len(clean)):
+        for p in range(scores.shape[1]):
             if cancel is not None and cancel():
                 raise PatchingCancelled(PatchResult(scores, d_clean, d_corrupt, answer, wrong, kind, tuple(clean),
                                                     tuple(corrupt)))
-            source = acts_clean[names[layer]][p]
+            cell = (slice(None), p) if heads else (p,)  # a head at every position, or every channel at a position
+            source = acts_clean[names[layer]][cell]
 
-            def put(value: np.ndarray, name: str, p: int = p, source: np.ndarray = source) -> np.ndarray:
+            def put(value: np.ndarray, name: str, cell: tuple = cell, source: np.ndarray = source) -> np.ndarray:
                 value = value.copy()
-                value[p] = source
+                value[cell] = source
                 return value
 
             with hooked(model, [(names[layer], put)]):

@@ -29,8 +29,9 @@ import numpy.typing as npt
 
 from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
 from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
+from engine.quant.mxfp4 import refuse_infinite
+from engine.quant.types import GGMLType
 from engine.models.ffn import DenseFFN, GatedActivation
-from engine.models.weights import check_finite_mxfp4
 from engine.tensor import Linear, QTensor
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class ExpertLinear:
         blocks = self.weight.blocks[e * self.n_out : (e + 1) * self.n_out]
         t = QTensor(f"{self.weight.name}[{e}]", self.weight.qtype, (self.n_in, self.n_out), blocks)
         if e not in self._checked:
-            check_finite_mxfp4(t)
+            if t.qtype == GGMLType.MXFP4:  # checked where first used: a scan at load would read every expert
+                refuse_infinite(t.name, t.blocks)
             self._checked.add(e)
         return t
 

@@ -61,13 +61,8 @@ class Weights:
 
 
 def check_finite_mxfp4(t: QTensor) -> None:
-    """An MXFP4 weight whose exponent bytes make infinities is refused by name (llama.cpp would compute with them:
-    every logit downstream becomes NaN). Other types pass unchecked."""
-    if t.qtype != GGMLType.MXFP4:
-        return
-    from engine.quant.mxfp4 import first_infinite_block  # noqa: PLC0415
+    """An MXFP4 weight whose exponent bytes make infinities is refused by name; other types pass unchecked."""
+    if t.qtype == GGMLType.MXFP4:
+        from engine.quant.mxfp4 import refuse_infinite  # noqa: PLC0415
 
-    bad = first_infinite_block(t.blocks)
-    if bad is not None:
-        raise ModelFormatError(t.name, f"MXFP4 block {bad[0]} has exponent byte {bad[1]}, which makes its weights "
-                               "infinite; the file is damaged")
+        refuse_infinite(t.name, t.blocks)

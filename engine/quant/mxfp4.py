@@ -66,6 +66,17 @@ def first_infinite_block(data: U8) -> tuple[int, int] | None:
     return None
 
 
+def refuse_infinite(name: str, data: U8) -> None:
+    """ModelFormatError naming tensor `name` when one of its MXFP4 blocks dequantizes to an infinity (llama.cpp would
+    compute with it: every logit downstream becomes NaN)."""
+    from engine.errors import ModelFormatError  # noqa: PLC0415
+
+    bad = first_infinite_block(data)
+    if bad is not None:
+        raise ModelFormatError(name, f"MXFP4 block {bad[0]} has exponent byte {bad[1]}, which makes its weights "
+                               "infinite; the file is damaged")
+
+
 @functools.cache
 def _libm_log2f():  # noqa: ANN202 - a ctypes function or None
     """The C library's log2f (what ggml's compiled code calls), or None where there is none to load."""

@@ -36,3 +36,15 @@ def test_patching_from_the_tab(qtbot, smollm2_path: Path, data_dir: Path) -> Non
     qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=RUN_MS)
     assert view.record.kind == "mlp_out" and not view.record.complete and "cancelled" in view.info.text()
     w.close()
+
+
+def test_a_heads_map_is_labelled_by_head(qtbot) -> None:
+    from app.views.patching import PatchingView
+
+    view = PatchingView()
+    qtbot.addWidget(view)
+    scores = np.zeros((4, 9))
+    scores[2, 7] = 0.8
+    view.set_record(PatchRecord(scores, ("a", "b"), ("c", "d"), " Paris", " Rome", 2.0, -1.0, "heads", 0.5))
+    assert view.tokens_axis.texts == tuple(f"h{h}" for h in range(9))
+    assert "layer 2 head 7 (0.80)" in view.info.text() and view.plots.isVisible() is not None

@@ -107,3 +107,22 @@ def test_bad_patching_requests_are_refused_and_cancel_keeps_the_cells_done(model
     assert np.isfinite(done).sum() == 12 and np.isnan(done[-1]).all()
     mlp = patch(model, clean, corrupt, kind="mlp_out")
     assert mlp.kind == "mlp_out" and np.isfinite(mlp.scores).all()
+
+
+def test_patching_each_heads_output(model, ids) -> None:  # noqa: ANN001
+    """kind='heads': one head's output (hook_z) at every position from the clean run, a map of layers x heads; one
+    cell equals a hand-built run."""
+    clean, corrupt = ids
+    result = patch(model, clean, corrupt, kind="heads")
+    assert result.scores.shape == (30, 9) and np.isfinite(result.scores).all()
+    layer, head = 20, 3
+    z = run_with_cache(model, clean, [f"blocks.{layer}.attn.hook_z"])[1][f"blocks.{layer}.attn.hook_z"]
+
+    def one_head(v: np.ndarray, name: str) -> np.ndarray:
+        v = v.copy()
+        v[:, head] = z[:, head]
+        return v
+
+    by_hand = run_with_hooks(model, corrupt, [(f"blocks.{layer}.attn.hook_z", one_head)])
+    got = float(by_hand[-1, result.answer].astype(np.float64) - by_hand[-1, result.wrong])
+    assert result.scores[layer, head] == (got - result.corrupt_diff) / (result.clean_diff - result.corrupt_diff)
