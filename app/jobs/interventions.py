@@ -85,6 +85,7 @@ def interventions_job(session: Session, spec: InterventionSpec, cancel: threadin
         model = session.model
         if model is None:
             raise SettingError("no model is loaded")
+        model.gguf.check_unchanged()  # its weights are read through the memory map
         parts = _prepare(model, spec)  # raises before anything changes
         tokens = list(session.cache.tokens)[-MAX_TOKENS:] if session.cache is not None else []
         _clear(model)

@@ -26,6 +26,9 @@ def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emi
     with session.lock:
         if session.model is None:
             raise LensError("no model is loaded")
+        gguf = getattr(session.model, "gguf", None)
+        if gguf is not None:  # a file truncated or replaced under the app would fault where the lens reads it
+            gguf.check_unchanged()
         record = compute(session.model, session.recorder, session.cache, session.token_texts())
     yield LensResult(kind, record)
 

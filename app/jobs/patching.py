@@ -28,6 +28,7 @@ def patching_job(session: Session, clean: str, corrupt: str, kind: str, cancel: 
         model = session.model
         if model is None:
             raise SettingError("no model is loaded")
+        model.gguf.check_unchanged()  # its weights are read through the memory map
         tok = model.tokenizer
         a = tok.encode(clean, add_special=True, parse_special=False)
         b = tok.encode(corrupt, add_special=True, parse_special=False)
