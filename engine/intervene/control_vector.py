@@ -42,18 +42,18 @@ class ControlVector:
         return "control vector " + " + ".join(f"{name} x{scale:g}" for name, scale in self.sources)
 
 
-def parse_spec(text: str) -> tuple[str, float]:
-    """'FILE[:SCALE]' (the CLI's --control-vector) -> (path, scale); the scale defaults to 1. A file whose own name
-    holds a ':' is taken as it is when it exists."""
+def parse_spec(text: str, flag: str = "--control-vector") -> tuple[str, float]:
+    """'FILE[:SCALE]' (the CLI's --control-vector, and --lora) -> (path, scale); the scale defaults to 1. A file
+    whose own name holds a ':' is taken as it is when it exists."""
     if ":" not in text or Path(text).exists():
         return text, 1.0
     path, scale = text.rsplit(":", 1)
     try:
         value = float(scale)
     except ValueError:
-        raise SettingError(f"--control-vector {text!r}: the scale after ':' must be a number") from None
+        raise SettingError(f"{flag} {text!r}: the scale after ':' must be a number") from None
     if not math.isfinite(value):
-        raise SettingError(f"--control-vector {text!r}: the scale must be finite")
+        raise SettingError(f"{flag} {text!r}: the scale must be finite")
     return path, value
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.errors import ModelFormatError, SettingError
 from engine.gguf import open_gguf
+from engine.intervene import control_vector
 from engine.tensor import DenseBudget, Linear, QTensor
 
 if TYPE_CHECKING:
@@ -49,17 +50,8 @@ class Adapter:
 
 
 def parse_spec(text: str) -> tuple[str, float]:
-    """'FILE[:SCALE]' (the CLI's --lora) -> (path, scale), the scale 1 by default."""
-    if ":" not in text or Path(text).exists():
-        return text, 1.0
-    path, scale = text.rsplit(":", 1)
-    try:
-        value = float(scale)
-    except ValueError:
-        raise SettingError(f"--lora {text!r}: the scale after ':' must be a number") from None
-    if not math.isfinite(value):
-        raise SettingError(f"--lora {text!r}: the scale must be finite")
-    return path, value
+    """'FILE[:SCALE]' (the CLI's --lora) -> (path, scale), the scale 1 by default (control vectors' syntax)."""
+    return control_vector.parse_spec(text, "--lora")
 
 
 def load(model: Model, path: str | Path, scale: float = 1.0) -> Adapter:
