@@ -199,6 +199,7 @@ class MainWindow(QMainWindow):
         self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too ('Q4_1 + 3 overrides')
             lambda spec: self._sign(spec=spec))
         self.experiments_bridge.interventions_changed.connect(self._interventions)
+        self.experiments_view.interventions.regenerate_requested.connect(self.conversation.regenerate)
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
         st.model_changed.connect(

@@ -1,6 +1,6 @@
 """ExperimentsBridge: the Experiments tab asks through signals; its jobs run on the engine's task lanes.
 
-'interventions' sets or clears ablated heads, a control vector and a LoRA adapter on the chat's model (and measures
+'interventions' sets or clears ablations, a control vector and a LoRA adapter on the chat's model (and measures
 what they do to the chat); 'patching' makes the activation patching map. `interventions_changed` tells the window
 what is on now (for its banner and the replies' signature).
 """
@@ -36,6 +36,8 @@ class ExperimentsBridge(QObject):
         engine.task_done.connect(self._done)
         engine.task_failed.connect(self._failed)
         state.model_changed.connect(self._model)  # a load (not a requantize, which keeps the interventions)
+        state.model_record_changed.connect(
+            lambda rec: view.interventions.set_experts(getattr(rec, "n_expert", 0) if rec is not None else 0))
 
     def run_patching(self, clean: str, corrupt: str, kind: str) -> None:
         session = self.engine.session

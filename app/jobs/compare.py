@@ -179,6 +179,7 @@ class CompareWorkspace:
         self.rq: Any = None
         self.other: tuple[str, Any] | None = None
         self.float32: Any = None  # the file with float32 numerics (B when comparing numerics)
+        self.adapted: tuple[str, float, Any] | None = None  # (adapter path, scale, the file with it applied)
         self.last: LastRun | None = None
 
     def load(self, path: str, warm: bool = True, **kw: Any) -> Any:
@@ -242,15 +243,34 @@ class CompareWorkspace:
             self.float32 = self.load(str(self.path), numerics="float32")
         return self.float32
 
+    def model_adapter(self, adapter: str, scale: float, say: Say) -> Any:
+        """The file with a LoRA adapter applied at `scale` (loaded once; the adapter swapped when another is asked
+        for). A bad adapter is refused before anything is applied (engine.intervene.lora)."""
+        from engine.intervene import lora  # noqa: PLC0415
+
+        if self.adapted is None:
+            say("loading the file for B (with the adapter)", 0.0)
+            self.adapted = ("", 0.0, self.load(str(self.path)))
+        old_path, old_scale, model = self.adapted
+        if (old_path, old_scale) != (adapter, scale):
+            say(f"applying {Path(adapter).name} x{scale:g}", 0.5)
+            new = lora.load(model, adapter, scale)
+            for ad in lora.current(model):
+                ad.file.close()
+            lora.apply(model, [new])
+            self.adapted = (adapter, scale, model)
+        return model
+
     def close(self) -> None:
         """Close every model this workspace loaded (and stop sharing the file's references)."""
         self.last = None
         if self.path is not None:
             forget_references(self.path)
-        for m in (self.a, self.b, self.other[1] if self.other else None, self.float32):
+        for m in (self.a, self.b, self.other[1] if self.other else None, self.float32,
+                  self.adapted[2] if self.adapted else None):
             if m is not None:
                 m.close()
-        self.a = self.b = self.rq = self.other = self.float32 = None
+        self.a = self.b = self.rq = self.other = self.float32 = self.adapted = None
 
 
 def encode(model: Any, text: str, max_tokens: int) -> list[int]:
@@ -318,6 +338,13 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
         b = ws.model_other(opts.b_path, say)
         _check_pair(ws.model_a(say), b)
         return b, Path(opts.b_path).name, *tensor_size(b)
+    if opts.b_source == "adapter":
+        if not opts.b_path:
+            raise SettingError("choose the LoRA adapter for B first")
+        b = ws.model_adapter(opts.b_path, opts.b_scale, say)
+        nbytes, _ = tensor_size(b)
+        total = nbytes + Path(opts.b_path).stat().st_size
+        return b, f"file + LoRA {Path(opts.b_path).name} x{opts.b_scale:g}", total, tensor_size(b)[1]
     if opts.b_source == "numerics":
         b = ws.model_float32(say)
         return b, "file, float32 numerics", *tensor_size(b)

@@ -22,24 +22,27 @@ MAX_TOKENS = 2048  # the effect is measured on the chat's last tokens at most
 
 def _clear(model: Any) -> None:
     from engine.intervene import control_vector, lora  # noqa: PLC0415
-    from engine.intervene.ablation import HeadAblation, ablate_heads  # noqa: PLC0415
+    from engine.intervene.ablation import Ablation, ablate  # noqa: PLC0415
 
-    ablate_heads(model, HeadAblation())
+    ablate(model, Ablation())
     control_vector.apply(model, None)
     for ad in lora.current(model):
         ad.file.close()
     lora.apply(model, [])
 
 
-def _prepare(model: Any, spec: InterventionSpec) -> list[tuple[str, Any]]:
+def _prepare(model: Any, spec: InterventionSpec, tokens: list[int]) -> list[tuple[str, Any]]:
     """Everything read and checked before anything is applied: (kind, what) pairs."""
+    from engine.intervene import ablation as ab  # noqa: PLC0415
     from engine.intervene import control_vector, lora  # noqa: PLC0415
-    from engine.intervene.ablation import parse_heads  # noqa: PLC0415
 
     out: list[tuple[str, Any]] = []
-    heads = [h for h in (p.strip() for p in spec.heads.split(",")) if h]
-    if heads:
-        out.append(("heads", parse_heads(heads, model.args.n_layers, model.args.n_heads)))
+    items = InterventionSpec.items
+    what = ab.parse(model, items(spec.heads), items(spec.attn_layers), items(spec.ffn_layers), items(spec.experts))
+    if spec.heads_mean and what.heads and not tokens:
+        raise SettingError("mean ablation averages each head over the chat: send a message first (or choose zero)")
+    if not what.empty:
+        out.append(("ablation", what))
     if spec.cvec_path:
         out.append(("cvec", control_vector.load([(spec.cvec_path, spec.cvec_scale)], model.args.dim,
                                                 model.args.n_layers, model.arch)))
@@ -48,14 +51,16 @@ def _prepare(model: Any, spec: InterventionSpec) -> list[tuple[str, Any]]:
     return out
 
 
-def _apply(model: Any, parts: list[tuple[str, Any]]) -> str:
+def _apply(model: Any, parts: list[tuple[str, Any]], mean_over: list[int] | None) -> str:
+    """Set the parts on the model; the ablated heads mean-ablated over `mean_over` (the chat's tokens) when given."""
+    from engine.intervene import ablation as ab  # noqa: PLC0415
     from engine.intervene import control_vector, lora  # noqa: PLC0415
-    from engine.intervene.ablation import ablate_heads  # noqa: PLC0415
 
     words = []
     for kind, what in parts:
-        if kind == "heads":
-            ablate_heads(model, what)
+        if kind == "ablation":
+            what = ab.head_means(model, mean_over, what) if mean_over else what
+            ab.ablate(model, what)
             words.append(what.describe())
         elif kind == "cvec":
             control_vector.apply(model, what)
@@ -86,12 +91,12 @@ def interventions_job(session: Session, spec: InterventionSpec, cancel: threadin
         if model is None:
             raise SettingError("no model is loaded")
         model.gguf.check_unchanged()  # its weights are read through the memory map
-        parts = _prepare(model, spec)  # raises before anything changes
         tokens = list(session.cache.tokens)[-MAX_TOKENS:] if session.cache is not None else []
+        parts = _prepare(model, spec, tokens)  # raises before anything changes
         _clear(model)
         before = model.net.forward(tokens, model.new_cache(len(tokens)), all_logits=True) if tokens else None
         emit(TaskProgress("interventions", "the chat with them", 0.5))
-        description = _apply(model, parts)
+        description = _apply(model, parts, tokens if spec.heads_mean else None)
         after = model.net.forward(tokens, model.new_cache(len(tokens)), all_logits=True) if tokens else None
         session.fresh_cache()
         tok = model.tokenizer

@@ -19,7 +19,7 @@ F32 = npt.NDArray[np.float32]
 TOP_K = 10
 CACHE_TYPES = ("F32", "F16", "Q8_0", "Q4_0")  # engine.cache.CACHE_TYPES, in the order the menus list them
 # B is: the Quantization lens's overrides, a preset, a searched mix, the file itself, another GGUF, float32 numerics
-B_SOURCES = ("overrides", "preset", "mix", "file", "gguf", "numerics")
+B_SOURCES = ("overrides", "preset", "mix", "file", "gguf", "adapter", "numerics")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class CompareOptions:
     """What the Compare view asks for; the bridge adds the model path and the overrides."""
 
     b_source: str = "overrides"
-    b_path: str | None = None  # the other GGUF when b_source == 'gguf'
+    b_path: str | None = None  # the other GGUF when b_source == 'gguf', the LoRA adapter when 'adapter'
+    b_scale: float = 1.0  # the adapter's scale
     b_preset: str = "Q4_K_M"  # the preset when b_source == 'preset'
     b_rules: tuple[str, ...] = ()  # the searched mix's rules when b_source == 'mix'
     b_name: str = ""  # what to call that mix

@@ -1,4 +1,4 @@
-"""What the Experiments tab sets on the chat's model (ablated heads, a control vector, a LoRA adapter) and the record
+"""What the Experiments tab sets on the chat's model (ablations, a control vector, a LoRA adapter) and the record
 of what that does to the chat: the next-token distribution before and after, the KLD at every position."""
 from __future__ import annotations
 
@@ -17,10 +17,20 @@ class InterventionSpec:
     cvec_scale: float = 1.0
     lora_path: str = ""
     lora_scale: float = 1.0
+    heads_mean: bool = False  # the heads output their mean over the chat instead of zero
+    attn_layers: str = ""  # "2, 5": layers whose attention output is left out
+    ffn_layers: str = ""  # layers whose FFN output is left out
+    experts: str = ""  # "9:12" (LAYER:EXPERT): experts the router may not choose
 
     @property
     def empty(self) -> bool:
-        return not (self.heads.strip() or self.cvec_path or self.lora_path)
+        return not (self.heads.strip() or self.attn_layers.strip() or self.ffn_layers.strip() or self.experts.strip()
+                    or self.cvec_path or self.lora_path)
+
+    @staticmethod
+    def items(text: str) -> list[str]:
+        """A field's comma-separated items, blanks dropped."""
+        return [t for t in (p.strip() for p in text.split(",")) if t]
 
 
 @dataclass(frozen=True)

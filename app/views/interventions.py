@@ -1,4 +1,5 @@
-"""The Experiments tab's interventions: switch heads off, steer with a control vector, add a LoRA adapter.
+"""The Experiments tab's interventions: switch heads, layers or experts off, steer with a control vector, add a LoRA
+adapter.
 
 What is set applies to the chat's model from the next reply on (the reply's signature names it, a banner says it is
 on, Clear all removes it in one click). After Apply the panel shows what it does to the chat so far: the next-token
@@ -12,14 +13,15 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QSlider, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QSlider, QVBoxLayout, QWidget)
 
 from app.records.interventions import InterventionRecord, InterventionSpec
 from app.views.common.tokens import token_label
 
-HELP = ("Heads as LAYER:HEAD, comma separated (3:4, 10:1); a control vector or LoRA adapter in llama.cpp's GGUF format. "
-        "Apply sets them on the chat's model for the next replies.")
+HELP = ("Heads as LAYER:HEAD, comma separated (3:4, 10:1), zeroed or replaced by their mean over the chat; layers "
+        "whose attention or FFN output is left out (2, 5); experts the router may not choose (LAYER:EXPERT); a control "
+        "vector or LoRA adapter in llama.cpp's GGUF format. Apply sets them on the chat's model for the next replies.")
 
 
 class _FileRow(QWidget):
@@ -58,20 +60,49 @@ class _FileRow(QWidget):
             self.path.setText(path)
 
 
+def _field(placeholder: str, tip: str) -> QLineEdit:
+    edit = QLineEdit()
+    edit.setPlaceholderText(placeholder)
+    edit.setToolTip(tip)
+    return edit
+
+
+class _Row(QWidget):
+    """Widgets side by side, the first ones stretching."""
+
+    def __init__(self, *widgets: QWidget, stretch: int = 1):
+        super().__init__()
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        for i, w in enumerate(widgets):
+            lay.addWidget(w, 1 if i < stretch else 0)
+
+
 class InterventionsPanel(QGroupBox):
-    """Heads to ablate, a control vector, a LoRA adapter; Apply, Clear all; the effect on the chat."""
+    """Heads, layers' attention or FFN and experts to ablate, a control vector, a LoRA adapter; Apply, Clear all,
+    Regenerate the last reply with them; the effect on the chat."""
 
     apply_requested = Signal(object)  # InterventionSpec (empty: clear all)
+    regenerate_requested = Signal()  # the chat's last reply again, made with what is set
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Interventions on the chat's model", parent)
-        self.heads = QLineEdit()
-        self.heads.setPlaceholderText("e.g. 3:4, 10:1")
+        self.heads = _field("e.g. 3:4, 10:1", "Heads to switch off, LAYER:HEAD")
+        self.head_mode = QComboBox()
+        self.head_mode.addItems(["zeroed", "mean over the chat"])
+        self.head_mode.setToolTip("Zeroed: the head outputs nothing. Mean: the head outputs, at every position, its "
+                                  "average output over the chat so far (taken on the model without the ablation)")
+        self.attn_layers = _field("attention of layers, e.g. 2, 5", "Layers whose attention output is left out")
+        self.ffn_layers = _field("FFN of layers, e.g. 7", "Layers whose FFN output is left out")
+        self.experts = _field("e.g. 9:12", "Experts the router may not choose, LAYER:EXPERT (Mixture-of-Experts models)")
+        self.set_experts(0)
         self.cvec = _FileRow("control vector", slider=True)
         self.lora = _FileRow("LoRA adapter", slider=False)
         self.apply_button, self.clear_button = QPushButton("Apply"), QPushButton("Clear all")
-        self.apply_button.setEnabled(False)
-        self.clear_button.setEnabled(False)
+        self.regen_button = QPushButton("Regenerate last reply")
+        self.regen_button.setToolTip("A new version of the chat's last reply, made with what is set (Ctrl+R)")
+        for b in (self.apply_button, self.clear_button, self.regen_button):
+            b.setEnabled(False)
         self.active = QLabel("Nothing is set: the model runs as its file says.")
         self.active.setWordWrap(True)
         self.effect = QLabel(HELP)
@@ -86,30 +117,44 @@ class InterventionsPanel(QGroupBox):
         self.kld_curve = self.kld_plot.plot(pen=pg.mkPen((40, 80, 200), width=1.5))
         self.kld_plot.setVisible(False)  # shown with a measured effect
         grid = QGridLayout()
-        for row, (label, widget) in enumerate((("Ablate heads", self.heads), ("Control vector", self.cvec),
-                                               ("LoRA adapter", self.lora))):
+        rows = (("Ablate heads", _Row(self.heads, self.head_mode)),
+                ("Ablate layers", _Row(self.attn_layers, self.ffn_layers, stretch=2)),
+                ("Ablate experts", self.experts), ("Control vector", self.cvec), ("LoRA adapter", self.lora))
+        for row, (label, widget) in enumerate(rows):
             grid.addWidget(QLabel(label), row, 0)
             grid.addWidget(widget, row, 1)
         buttons = QHBoxLayout()
         buttons.addWidget(self.apply_button)
         buttons.addWidget(self.clear_button)
+        buttons.addWidget(self.regen_button)
         buttons.addWidget(self.active, 1)
         lay = QVBoxLayout(self)
         lay.addLayout(grid)
         lay.addLayout(buttons)
         lay.addWidget(self.effect)
         lay.addWidget(self.kld_plot)
+        lay.addStretch(1)  # the rows stay together at the top while no effect is shown
         self.apply_button.clicked.connect(lambda: self._ask(self.spec()))
         self.clear_button.clicked.connect(lambda: self._ask(InterventionSpec()))
+        self.regen_button.clicked.connect(self.regenerate_requested)
 
     def spec(self) -> InterventionSpec:
         return InterventionSpec(self.heads.text(), self.cvec.path.text().strip(), self.cvec.scale.value(),
-                                self.lora.path.text().strip(), self.lora.scale.value())
+                                self.lora.path.text().strip(), self.lora.scale.value(),
+                                self.head_mode.currentIndex() == 1, self.attn_layers.text(), self.ffn_layers.text(),
+                                self.experts.text() if self.experts.isEnabled() else "")
+
+    def set_experts(self, n_expert: int) -> None:
+        """Expert ablation only where the model has experts."""
+        self.experts.setEnabled(n_expert > 0)
+        self.experts.setPlaceholderText(f"e.g. 9:12 (experts 0-{n_expert - 1})" if n_expert else
+                                        "the model has no experts (a dense model)")
 
     def set_model(self, loaded: bool) -> None:
         """A new model (or none): nothing is set on it."""
         self.apply_button.setEnabled(loaded)
         self.clear_button.setEnabled(False)
+        self.regen_button.setEnabled(False)
         self.active.setText("Nothing is set: the model runs as its file says.")
         self.effect.setText(HELP)
         self.kld_curve.setData([], [])
@@ -118,6 +163,7 @@ class InterventionsPanel(QGroupBox):
     def set_record(self, rec: InterventionRecord) -> None:
         self.apply_button.setEnabled(True)
         self.clear_button.setEnabled(bool(rec.description))
+        self.regen_button.setEnabled(bool(rec.description) and bool(rec.token_texts))
         self.active.setText(f"On: {rec.description}" if rec.description else "Nothing is set: the model runs as its "
                             "file says.")
         if not rec.description or not rec.token_texts:

@@ -51,12 +51,16 @@ def _load(args: argparse.Namespace, warm: bool = True):
 
 def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
     """--ablate-head, --control-vector and --lora, each named on stderr once applied."""
-    if getattr(args, "ablate_head", None):
-        from engine.intervene.ablation import ablate_heads, parse_heads  # noqa: PLC0415
+    from engine.intervene import ablation as ab  # noqa: PLC0415
 
-        ablation = parse_heads(args.ablate_head, model.args.n_layers, model.args.n_heads)
-        ablate_heads(model, ablation)
-        print(f"note: {ablation.describe()}", file=sys.stderr)
+    what = ab.parse(model, getattr(args, "ablate_head", ()), getattr(args, "ablate_attn", ()),
+                    getattr(args, "ablate_ffn", ()), getattr(args, "ablate_expert", ()))
+    if getattr(args, "ablate_mean", False) and not what.heads:
+        raise SettingError("--ablate-mean: no --ablate-head to mean-ablate")
+    if not what.empty:
+        ab.ablate(model, what)  # heads zeroed; --ablate-mean replaces them once the input is known (_mean_ablate)
+        if not getattr(args, "ablate_mean", False):
+            print(f"note: {what.describe()}", file=sys.stderr)
     if getattr(args, "control_vector", None):
         from engine.intervene import control_vector as cv  # noqa: PLC0415
 
@@ -69,6 +73,16 @@ def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
         adapters = [lora.load(model, *lora.parse_spec(t)) for t in args.lora]
         lora.apply(model, adapters)
         print(f"note: {lora.describe(adapters)}", file=sys.stderr)
+
+
+def _mean_ablate(args: argparse.Namespace, model, ids: list[int]) -> None:  # noqa: ANN001
+    """--ablate-mean: the ablated heads output their mean over the input's tokens `ids`."""
+    if getattr(args, "ablate_mean", False):
+        from engine.intervene import ablation as ab  # noqa: PLC0415
+
+        what = ab.head_means(model, ids, ab.current(model))
+        ab.ablate(model, what)
+        print(f"note: {what.describe()}", file=sys.stderr)
 
 
 def _tokenizer_only(model: str):
@@ -129,6 +143,7 @@ def cmd_logits(args: argparse.Namespace) -> int:
         ids = _prompt_ids(model, _read_text(args))
     if not ids:
         raise SettingError("no tokens to run")
+    _mean_ablate(args, model, ids)
     logits = prefill(model, ids, model.new_cache(), all_logits=True, chunk_size=args.chunk)
     np.save(args.out, logits.astype(np.float32))
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32", file=sys.stderr)
@@ -182,6 +197,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = model.tokenizer.encode(rendered.text, add_special=True, parse_special=True)
     else:
         ids = model.tokenizer.encode(args.prompt, add_special=True, parse_special=False)
+    _mean_ablate(args, model, ids)
     text, n, last = [], 0, None
     for step in generate(model, ids, cfg):
         text.append(step.text)
@@ -204,6 +220,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from engine.generate import GenerationConfig, generate  # noqa: PLC0415
 
     cfg = GenerationConfig(max_tokens=args.n, sampler=_sampler(args)).check()
+    if args.ablate_mean:
+        raise SettingError("--ablate-mean takes its means over an input: use it with logits or generate")
     model = _load(args)
     cache = model.new_cache()
     messages: list[dict[str, str]] = []

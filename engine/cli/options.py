@@ -17,10 +17,19 @@ def add_numerics(p: argparse.ArgumentParser) -> None:
 
 
 def add_interventions(p: argparse.ArgumentParser) -> None:
-    """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product;
+    """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product (or its
+    mean with --ablate-mean); --ablate-attn / --ablate-ffn LAYER, --ablate-expert LAYER:EXPERT;
     --control-vector FILE[:SCALE] (repeatable): llama.cpp's control vectors, summed."""
     p.add_argument("--ablate-head", action="append", default=[], metavar="LAYER:HEAD",
                    help="switch attention head HEAD of layer LAYER off (its output set to zero); repeatable")
+    p.add_argument("--ablate-mean", action="store_true",
+                   help="ablated heads output their mean over the input's tokens instead of zero")
+    p.add_argument("--ablate-attn", action="append", default=[], metavar="LAYER",
+                   help="leave out layer LAYER's attention output (what it adds to the residual stream); repeatable")
+    p.add_argument("--ablate-ffn", action="append", default=[], metavar="LAYER",
+                   help="leave out layer LAYER's FFN output; repeatable")
+    p.add_argument("--ablate-expert", action="append", default=[], metavar="LAYER:EXPERT",
+                   help="never route to expert EXPERT of layer LAYER (a Mixture-of-Experts model); repeatable")
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE[:SCALE]",
                    help="add a control vector (llama.cpp's format) to the layers' outputs, times SCALE (1); "
                         "repeatable: the files are summed, as llama.cpp's --control-vector-scaled does")

@@ -211,6 +211,7 @@ class MoEFFN:
     up_bias: F32 | None = None  # gpt-oss: each expert's bias rows (n_expert, width), added by ggml_add_id
     gate_bias: F32 | None = None
     down_bias: F32 | None = None
+    ablated_experts: npt.NDArray[np.int64] | None = None  # never chosen: their logits -inf (engine.intervene.ablation)
 
     def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The dense matrices each recorded input feeds (the router's); the experts' inputs, which depend on the
@@ -225,6 +226,9 @@ class MoEFFN:
         logits = self.router(h)
         if self.router_bias is not None:
             logits = logits + self.router_bias
+        if self.ablated_experts is not None:  # as a router bias of -inf would: never among the top k
+            logits = logits.copy()
+            logits[:, self.ablated_experts] = -np.inf
         r = route(logits, k, ops, self.normalize, self.gating)
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)

@@ -178,6 +178,8 @@ class Transformer(DecoderModel):
     expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases
     ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
     ablated_heads: dict[int, np.ndarray] = {}  # layer -> query heads whose output is zeroed (engine.intervene)
+    head_means: dict[int, np.ndarray] = {}  # layer -> (len(heads), 1, d): the ablated heads' outputs when mean-ablated
+    ablated_blocks: dict[int, frozenset[str]] = {}  # layer -> 'attn', 'ffn', 'experts' switched off (engine.intervene)
     control: dict[int, np.ndarray] = {}  # layer -> a control vector's direction added to its output (build_cvec)
     hooks: dict[str, Any] = {}  # hook point name -> fn(value, name) -> None or a replacement (engine.intervene.hooks)
 
@@ -268,15 +270,18 @@ class Transformer(DecoderModel):
         hook = self.hook if self.hooks else None
         for i in which:
             layer = self.layers[i]
+            off = self.ablated_blocks.get(i, ())
             if hook is not None:
                 x = hook(f"blocks.{i}.hook_resid_pre", x)
             h = self.norm(x, layer.attn_norm)
             o = self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder)
             o = self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o
+            o = np.zeros_like(o) if "attn" in off else o  # an ablated attention adds nothing (its K, V are cached)
             x = x + (o if hook is None else hook(f"blocks.{i}.hook_attn_out", o))
             h = self.norm(x, layer.ffn_norm)
             f = layer.ffn(h, self.ops, recorder)
             f = self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f
+            f = np.zeros_like(f) if "ffn" in off else f
             x = x + (f if hook is None else hook(f"blocks.{i}.hook_mlp_out", f))
             direction = self.control.get(i)
             if direction is not None:  # build_cvec: ggml_add of the layer's direction to its output
@@ -320,9 +325,10 @@ class Transformer(DecoderModel):
         if recorder is not None:
             recorder.record_q(i, start, q, spec)
         off = self.ablated_heads.get(i)
-        if off is not None:  # an ablated head: its output zeroed before the output product mixes the heads
+        if off is not None:  # an ablated head: its output zeroed (or its mean) before the output product mixes them
             o = o.copy()
-            o[off] = 0.0
+            means = self.head_means.get(i)
+            o[off] = 0.0 if means is None else means
         if self.hooks:  # each head's output, (T, heads, d) as TransformerLens's hook_z
             o = self.hook(f"blocks.{i}.attn.hook_z", o.transpose(1, 0, 2)).transpose(1, 0, 2)
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)

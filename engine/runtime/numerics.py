@@ -166,7 +166,8 @@ class GgmlNumerics(Float32Numerics):
 
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block) where the kernels and the cache allow it."""
-        if (not compiled() or getattr(model, "ablated_heads", None) or getattr(model, "control", None)
+        if (not compiled() or getattr(model, "ablated_heads", None) or getattr(model, "ablated_blocks", None)
+                or getattr(model, "control", None)
                 or getattr(model, "lora_adapters", None) or getattr(model, "hooks", None)):
             return None  # ablated heads, a control vector, LoRA adapters (engine.intervene): op by op
         from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only

@@ -13,6 +13,7 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -49,6 +50,8 @@ SOURCES = (("overrides", "overrides", "the Quantization lens's overrides"),
            ("mix", "a searched mix", "a mix found by 'Find the best mix' (click a ◆ point of the Presets page)"),
            ("file", "the file", "the file again (same weights): with another KV cache type"),
            ("gguf", "another GGUF…", "another GGUF file of the same model"),
+           ("adapter", "file + LoRA…", "the file with a LoRA adapter (llama.cpp's GGUF format) applied: what the "
+                                      "fine-tune changes, by layer and token"),
            ("numerics", "float32 numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
 ITEM_CHARS = 30  # a B menu item longer than this is elided (its tooltip says it whole): the menu stays narrow
 PRESET_CHOICES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0",
@@ -69,6 +72,7 @@ class CompareView(QWidget):
         self.model: ModelRecord | None = None
         self.record: CompareRecord | None = None
         self.other_path: str | None = None
+        self.adapter_path: str | None = None
         self.selected = -1
         self.source = QComboBox()
         for i, (key, text, tip) in enumerate(SOURCES):
@@ -77,6 +81,13 @@ class CompareView(QWidget):
         self.source.setToolTip("What B is; A is always the file as it is on disk")
         self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.choose = QPushButton("Choose GGUF…")
+        self.choose_adapter = QPushButton("Choose adapter…")
+        self.b_scale = QDoubleSpinBox()
+        self.b_scale.setRange(-8.0, 8.0)
+        self.b_scale.setSingleStep(0.1)
+        self.b_scale.setValue(1.0)
+        self.b_scale.setPrefix("× ")
+        self.b_scale.setToolTip("The adapter's scale, as llama.cpp's --lora-scaled")
         self.b_preset = QComboBox()
         self.b_preset.addItems(list(PRESET_CHOICES))
         self.b_preset.setCurrentText("Q4_K_M")
@@ -117,8 +128,9 @@ class CompareView(QWidget):
         self.logit_pair = LogitPairView()  # the logit lens of A and B (app/views/attention/logit_pair.py)
         self._layout()
         self.source.currentIndexChanged.connect(lambda _i: self._source_changed())
-        self.source.activated.connect(lambda _i: self._choose_file() if self._wants_file() else None)
+        self.source.activated.connect(lambda _i: self._choose_wanted() if self._wants_file() else None)
         self.choose.clicked.connect(self._choose_file)
+        self.choose_adapter.clicked.connect(self._choose_adapter)
         self.run.clicked.connect(lambda: self.compare_requested.emit(self.options()))
         self.cancel.clicked.connect(self.cancel_requested)
         self.reset_text.clicked.connect(lambda: self.text.setPlainText(eval_text()))
@@ -136,7 +148,8 @@ class CompareView(QWidget):
         self.set_running(False)
 
     def _layout(self) -> None:
-        bar = controls_bar([[QLabel("A: the file · B:"), self.source, self.b_preset, self.choose],
+        bar = controls_bar([[QLabel("A: the file · B:"), self.source, self.b_preset, self.choose, self.choose_adapter,
+                             self.b_scale],
                             [QLabel("KV cache A"), self.a_cache, QLabel("B"), self.b_cache], [self.max_tokens]])
         buttons = QVBoxLayout()
         buttons.setSpacing(2)
@@ -180,7 +193,8 @@ class CompareView(QWidget):
     def options(self) -> CompareOptions:
         """The comparison the controls describe."""
         return CompareOptions(
-            b_source=str(self.source.currentData()), b_path=self.other_path, b_preset=self.b_preset.currentText(),
+            b_source=str(self.source.currentData()), b_preset=self.b_preset.currentText(), b_scale=self.b_scale.value(),
+            b_path=self.adapter_path if self.source.currentData() == "adapter" else self.other_path,
             b_rules=self.mix_rules, b_name=self.mix_name, a_cache=self.a_cache.currentText(),
             b_cache=self.b_cache.currentText(), text=self.text.toPlainText(), max_tokens=self.max_tokens.value(),
             layer=self.heads.layer.value(), head=self.heads.head.value(),
@@ -343,9 +357,29 @@ class CompareView(QWidget):
     def _source_changed(self) -> None:
         self.choose.setVisible(self.source.currentData() == "gguf")
         self.b_preset.setVisible(self.source.currentData() == "preset")
+        self.choose_adapter.setVisible(self.source.currentData() == "adapter")
+        self.b_scale.setVisible(self.source.currentData() == "adapter")
 
     def _wants_file(self) -> bool:
-        return self.source.currentData() == "gguf" and self.other_path is None
+        return self.source.currentData() in ("gguf", "adapter") and (
+            self.other_path if self.source.currentData() == "gguf" else self.adapter_path) is None
+
+    def _choose_adapter(self) -> None:
+        start = str(Path(self.model.path).parent) if self.model is not None else ""
+        path, _ = QFileDialog.getOpenFileName(self, "A LoRA adapter (llama.cpp's GGUF format)", start,
+                                              "GGUF files (*.gguf)")
+        if path:
+            self.set_adapter(path)
+
+    def set_adapter(self, path: str) -> None:
+        """Use the file with this LoRA adapter as B."""
+        self.adapter_path = path
+        i = self.source.findData("adapter")
+        self._set_item(i, f"file + LoRA {Path(path).name}")
+        self.source.setCurrentIndex(i)
+
+    def _choose_wanted(self) -> None:
+        self._choose_file() if self.source.currentData() == "gguf" else self._choose_adapter()
 
     def _choose_file(self) -> None:
         start = str(Path(self.model.path).parent) if self.model is not None else ""

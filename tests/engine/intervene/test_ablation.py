@@ -17,7 +17,7 @@ import pytest
 from engine.errors import SettingError
 from engine.generate import prefill
 from engine.gguf import open_gguf
-from engine.intervene.ablation import HeadAblation, ablate_heads, current, parse_heads
+from engine.intervene.ablation import Ablation, ablate, current, parse_heads
 from engine.model import load_model
 
 TOKENS = [1, 504, 3458, 282, 253, 1345, 314, 2724, 28, 357, 3100, 5864, 30, 1032, 1076, 2183, 278, 260, 1619, 42,
@@ -47,7 +47,7 @@ def _logits(path: Path, numerics: str, heads: tuple[tuple[int, int], ...] = ()) 
     model = load_model(path, numerics=numerics)
     try:
         if heads:
-            ablate_heads(model, HeadAblation(heads))
+            ablate(model, Ablation(heads))
         cache = model.new_cache(64)
         rows = [prefill(model, TOKENS[:PREFILL], cache, all_logits=True)]
         for tok in TOKENS[PREFILL:]:  # decode steps: the ablated model leaves the compiled step for the graph's
@@ -78,9 +78,9 @@ def test_bad_heads_are_refused_and_clearing_restores(smollm2_path: Path) -> None
     try:
         cache = model.new_cache(32)
         plain = model.net.forward(TOKENS[:8], cache, all_logits=True)
-        ablate_heads(model, HeadAblation(((2, 2),)))
+        ablate(model, Ablation(((2, 2),)))
         assert current(model).describe() == "ablated L2h2"
-        ablate_heads(model, HeadAblation())  # cleared: every head back on
+        ablate(model, Ablation())  # cleared: every head back on
         assert current(model).heads == () and np.array_equal(plain, model.net.forward(TOKENS[:8], model.new_cache(32),
                                                                                           all_logits=True))
     finally:
@@ -97,7 +97,7 @@ def test_the_cli_takes_ablate_head(smollm2_path: Path, tmp_path: Path) -> None:
     assert "ablated L3h4, L20h0" in done.stderr
     model = load_model(smollm2_path, numerics="ggml")
     try:
-        ablate_heads(model, HeadAblation(HEADS))
+        ablate(model, Ablation(HEADS))
         want = prefill(model, TOKENS[:12], model.new_cache(), all_logits=True)
     finally:
         model.close()

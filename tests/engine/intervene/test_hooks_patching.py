@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.errors import SettingError
-from engine.intervene.ablation import HeadAblation, ablate_heads
+from engine.intervene.ablation import Ablation, ablate
 from engine.intervene.hooks import attention_pattern, hook_names, run_with_cache, run_with_hooks
 from engine.intervene.patching import PatchingCancelled, patch
 from engine.model import load_model
@@ -50,11 +50,11 @@ def test_recording_changes_nothing_and_replacements_are_read(model, ids) -> None
         return z
 
     hooked = run_with_hooks(model, clean, [("blocks.3.attn.hook_z", zero_head)])
-    ablate_heads(model, HeadAblation(((3, 4),)))
+    ablate(model, Ablation(((3, 4),)))
     try:
         ablated = model.net.forward(clean, model.new_cache(16), all_logits=True)
     finally:
-        ablate_heads(model, HeadAblation())
+        ablate(model, Ablation())
     assert np.array_equal(hooked, ablated) and not np.array_equal(hooked, plain)
     pattern = attention_pattern(model, clean, 2)
     assert pattern.shape == (9, len(clean), len(clean)) and np.allclose(pattern.sum(-1), 1, atol=1e-5)
