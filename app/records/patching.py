@@ -21,6 +21,7 @@ class PatchRecord:
     kind: str
     elapsed_s: float
     complete: bool = True  # False: cancelled part way (the cells run so far are shown)
+    cached: bool = False  # the same map made earlier on the same model, shown again without running
 
     def best(self) -> tuple[int, int, float]:
         """(layer, position, score) of the cell that restores the most."""

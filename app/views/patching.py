@@ -124,7 +124,7 @@ class PatchingView(QWidget):
         self.info.setText(
             f"Answer <b>{html.escape(token_label(rec.answer, 16))}</b> vs <b>{html.escape(token_label(rec.wrong, 16))}"
             f"</b>: logit difference {rec.clean_diff:+.2f} clean, {rec.corrupt_diff:+.2f} corrupted. Most restored: "
-            f"layer {layer} {where} ({best:.2f}) · {rec.elapsed_s:.1f} s{done}")
+            f"layer {layer} {where} ({best:.2f}) · {rec.elapsed_s:.1f} s{' (kept from an earlier run)' if rec.cached else ''}{done}")
 
     def failed(self, message: str) -> None:
         self._idle()

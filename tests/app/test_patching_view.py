@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from app.records.patching import PatchRecord
+from engine.intervene.ablation import Ablation, ablate
 from tests.app.test_end_to_end import open_window
 
 RUN_MS = 120_000
@@ -24,6 +25,15 @@ def test_patching_from_the_tab(qtbot, smollm2_path: Path, data_dir: Path) -> Non
     assert rec.scores.shape == (30, 9) and np.isfinite(rec.scores).all() and rec.complete
     assert rec.answer == " Paris" and rec.wrong == " Rome" and "Paris" in view.info.text()
     assert view.run_button.isEnabled() and not view.cancel_button.isEnabled() and not view.progress.isVisible()
+    assert not rec.cached
+    view.run_button.click()  # the same map again: kept, not run again
+    qtbot.waitUntil(lambda: view.record is not rec, timeout=RUN_MS)
+    assert view.record.cached and np.array_equal(view.record.scores, rec.scores) and "kept" in view.info.text()
+    ablate(w.engine.session.model, Ablation(heads=((3, 4),)))  # another model state: run again
+    view.run_button.click()
+    qtbot.waitUntil(lambda: view.record.cached is False and view.run_button.isEnabled(), timeout=RUN_MS)
+    assert not np.array_equal(view.record.scores, rec.scores)
+    ablate(w.engine.session.model, Ablation())
     view.corrupt_edit.setText("The Colosseum in Rome is in the city of")
     view.run_button.click()
     qtbot.waitUntil(lambda: "same length" in view.info.text(), timeout=RUN_MS)
