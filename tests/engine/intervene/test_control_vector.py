@@ -23,7 +23,10 @@ from engine.intervene import control_vector as cv
 from engine.model import load_model
 from engine.quant.types import GGMLType
 from tests.engine.golden import kld_topk, log_softmax
-from tools.make_cvec_fixtures import CASES, FIXTURES, N_LAYERS, PREFILL, directions, write_cvec
+from tools.intervene_fixtures import MODELS
+from tools.make_cvec_fixtures import CASES, FIXTURES, PREFILL, directions, write_cvec
+
+N_LAYERS = MODELS["smollm2"].n_layers
 
 EXACT_KLD = 1e-9  # per position: identical logits leave only the fixture's float32 rounding
 MOVED_KLD = 1e-2  # mean: a wrong layer range or a missing scale
