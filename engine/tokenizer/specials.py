@@ -27,7 +27,8 @@ _SPECIAL_KEYS = {
 }
 _DEPRECATED_KEYS = {"fim_pre": _K + "prefix_token_id", "fim_suf": _K + "suffix_token_id",
                     "fim_mid": _K + "middle_token_id"}
-_DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}
+_DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11},
+                "t5": {"eos": 1, "unk": 2, "pad": 0}}
 
 # tokens llama.cpp finds by their text (llama_vocab::impl::load); finding one marks it CONTROL
 _BY_TEXT = {

@@ -16,6 +16,8 @@ from engine.tokenizer.specials import (
     mark_unused, special_ids,
 )
 from engine.tokenizer.spm import SPACE, SpmModel
+from engine.tokenizer.ugm import UgmModel
+from engine.tokenizer.ugm_normalize import CHARSMAP_KEY, CharsMap
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,8 @@ class Tokenizer:
 
     def __init__(self, model_name: str, texts: list[str], token_to_id: dict[str, int], attrs: list[int],
                  byte_value: dict[int, int], ids: dict[str, int | None], flags: dict[str, bool],
-                 model: BpeModel | SpmModel):
-        self.model_name = model_name  # tokenizer.ggml.model: 'gpt2' or 'llama'
+                 model: BpeModel | SpmModel | UgmModel):
+        self.model_name = model_name  # tokenizer.ggml.model: 'gpt2', 'llama' or 't5'
         self.n_vocab = len(texts)
         self._texts = texts
         self._token_to_id = token_to_id
@@ -100,13 +102,14 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """Build the tokenizer that tokenizer.ggml.model names ('gpt2' byte-level BPE or 'llama' SPM)."""
+        """Build the tokenizer that tokenizer.ggml.model names ('gpt2' byte-level BPE, 'llama' SPM, 't5' UGM)."""
         key = _K + "model"
         model_name = metadata.get(key)
         if model_name is None:
             raise ModelFormatError(key, "missing: this file has no tokenizer")
-        if not isinstance(model_name, str) or model_name not in ("gpt2", "llama"):
-            raise ModelFormatError(key, "unsupported tokenizer (GGUF Lens supports 'gpt2' and 'llama')", model_name)
+        if not isinstance(model_name, str) or model_name not in ("gpt2", "llama", "t5"):
+            raise ModelFormatError(key, "unsupported tokenizer (GGUF Lens supports 'gpt2', 'llama' and 't5')",
+                                   model_name)
         texts = _token_list(metadata)
         n = len(texts)
         for i, t in enumerate(texts):
@@ -128,13 +131,16 @@ class Tokenizer:
             attrs_arr = np.where((t64 >= 0) & (t64 < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t64, 0, 6)], UNDEFINED)
         attrs: list[int] = attrs_arr.tolist()
 
-        flags = {"add_bos": model_name == "llama", "add_eos": False, "add_space_prefix": model_name == "llama",
-                 "clean_spaces": False}
-        scores = _numeric_array(metadata, _K + "scores", n, ("float32", "int32"))
+        # llama_vocab::impl::load's defaults: SPM adds BOS and a space prefix, UGM (t5) adds EOS only
+        flags = {"add_bos": model_name == "llama", "add_eos": model_name == "t5",
+                 "add_space_prefix": model_name == "llama", "clean_spaces": False, "remove_extra_whitespaces": False}
         if model_name == "gpt2":
             pre = pre_tokenizer(metadata.get(_K + "pre"))
             flags["add_bos"] = pre.add_bos
             flags["clean_spaces"] = pre.clean_spaces
+        _read_flags(metadata, flags)
+        scores = _numeric_array(metadata, _K + "scores", n, ("float32", "int32"))
+        if model_name == "gpt2":
             merges = metadata.get(_K + "merges")
             if not isinstance(merges, (list, tuple)) or not all(isinstance(m, str) for m in merges):
                 raise ModelFormatError(_K + "merges", f"must be an array of strings, got {_describe(merges)}")
@@ -143,7 +149,12 @@ class Tokenizer:
             ranks, n_bad = parse_merges(list(merges))
             if n_bad:
                 log.warning("%s: ignored %d entries that are not 'left right'", _K + "merges", n_bad)
-            model: BpeModel | SpmModel = BpeModel(token_to_id, ranks, pre)
+            model: BpeModel | SpmModel | UgmModel = BpeModel(token_to_id, ranks, pre)
+        elif model_name == "t5":
+            # llama.cpp builds the UGM tries from the token types alone, before special tokens are marked
+            model = UgmModel(texts, [0.0] * n if scores is None else scores, list(attrs), _charsmap(metadata),
+                             add_space_prefix=flags["add_space_prefix"],
+                             remove_extra_whitespaces=flags["remove_extra_whitespaces"])
         else:
             score_list = [0.0] * n if scores is None else scores.astype(np.float64).tolist()
             byte_ids: list[int | None] = []
@@ -164,15 +175,6 @@ class Tokenizer:
             else:
                 byte_value[i] = int(m.group(1), 16)
 
-        for key_name in ("add_bos", "add_eos", "add_space_prefix"):
-            full = _K + key_name + ("_token" if key_name != "add_space_prefix" else "")
-            value = metadata.get(full)
-            if value is not None:
-                if isinstance(value, bool):
-                    flags[key_name] = value
-                else:
-                    log.warning("%s should be a bool, got %s; ignoring it", full, _describe(value))
-
         ids = special_ids(metadata, model_name, n)
         if isinstance(model, SpmModel):
             model.unk_id = ids["unk"]
@@ -182,7 +184,10 @@ class Tokenizer:
             if flags[want] and ids[role] is None:
                 log.warning("%s is set but the model has no valid %s token; not adding it", want, role.upper())
                 flags[want] = False
-        return cls(model_name, texts, token_to_id, attrs, byte_value, ids, flags, model)
+        tokenizer = cls(model_name, texts, token_to_id, attrs, byte_value, ids, flags, model)
+        if isinstance(model, UgmModel):
+            model.bind(tokenizer._attrs, ids["unk"])  # scores read user-defined-ness from the final attributes
+        return tokenizer
 
     # -- encoding ---------------------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class Tokenizer:
                     out.extend(self._model.encode(frag.replace(" ", SPACE)))
                     prev_special = False
         else:
-            for frag in fragments:
+            for frag in fragments:  # BPE, and UGM (which adds its space prefix to each fragment as it normalises)
                 if isinstance(frag, int):
                     out.append(frag)
                 else:
@@ -339,6 +344,33 @@ class StreamDecoder:
         out = self._decoder.decode(b"", final=True)
         self._decoder.reset()
         return out
+
+
+def _read_flags(metadata: Mapping[str, Any], flags: dict[str, bool]) -> None:
+    """Override the default flags with the tokenizer.ggml.* booleans the file sets."""
+    keys = {"add_bos": _K + "add_bos_token", "add_eos": _K + "add_eos_token",
+            "add_space_prefix": _K + "add_space_prefix", "remove_extra_whitespaces": _K + "remove_extra_whitespaces"}
+    for name, full in keys.items():
+        value = metadata.get(full)
+        if value is not None:
+            if isinstance(value, bool):
+                flags[name] = value
+            else:
+                log.warning("%s should be a bool, got %s; ignoring it", full, _describe(value))
+
+
+def _charsmap(metadata: Mapping[str, Any]) -> CharsMap | None:
+    """The parsed tokenizer.ggml.precompiled_charsmap (an int8/uint8 array), or None when absent (no normalisation,
+    as llama.cpp: the converter writes none for a SentencePiece model whose normaliser is the identity)."""
+    value = metadata.get(CHARSMAP_KEY)
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.name in ("uint8", "int8"):
+        return CharsMap(value.tobytes())
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                and -128 <= v < 256 for v in value):
+        return CharsMap(bytes(int(v) & 0xFF for v in value))
+    raise ModelFormatError(CHARSMAP_KEY, f"must be an array of uint8 or int8, got {_describe(value)}")
 
 
 def _valid_text(text: str) -> str:
