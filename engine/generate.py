@@ -150,6 +150,7 @@ def generate(
     if not prompt:
         raise SettingError("the prompt is empty: nothing to continue from")
     cache = cache if cache is not None else model.new_cache()
+    prompt = decoder_prompt(model, prompt, cache)
     sample = make_sampler(cfg.sampler)
     history = list(prompt)
     t0 = time.perf_counter()
@@ -187,6 +188,19 @@ def generate(
         logits = run_checked(model, [token], cache, recorder)
     if cfg.max_tokens == 0:
         yield Step(0, -1, "", 0.0, (), gen_s=0.0, finish_reason="length", **base)
+
+
+def decoder_prompt(model: Model, prompt: Sequence[int], cache: KVCache) -> list[int]:
+    """The tokens the decoder runs: the prompt, or for an encoder-decoder model (T5) its start token, the prompt
+    being the encoder's input, encoded now unless the cache holds that encoding already (llama.cpp's examples do
+    the same: llama_encode on the prompt, then the decoder from decoder_start_token_id)."""
+    net = model.net
+    if not getattr(net, "is_encoder_decoder", False):
+        return list(prompt)
+    if getattr(cache, "encoder_ids", None) != tuple(int(t) for t in prompt):
+        model.gguf.check_unchanged()
+        net.encode(list(prompt), cache)
+    return [net.decoder_start_token]
 
 
 class _StopMatcher:

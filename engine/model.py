@@ -140,6 +140,7 @@ def load_model(
     if numerics not in NUMERICS:
         raise SettingError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
     chosen = get_backend(backend)
+    asked = numerics
     if chosen.is_device and numerics == "ggml":
         numerics = "float32"  # the CUDA kernels multiply float32 activations; the CPU layers follow them
     path = resolve_model(str(source), progress=progress)
@@ -150,6 +151,12 @@ def load_model(
         if not isinstance(arch, str):
             raise ModelFormatError("general.architecture", "is missing or not a string", arch)
         cls = model_class(arch)
+        notes: list[str] = []
+        if chosen.is_device and getattr(cls, "is_encoder_decoder", False):  # no CUDA path for an encoder yet
+            if backend == "cupy":
+                raise SettingError(f"{arch} (encoder-decoder) models run on the CPU only: use the numpy backend")
+            chosen, numerics = get_backend("numpy"), asked
+            notes.append(f"{arch} (encoder-decoder) runs on the CPU: the GPU path has no encoder yet")
         say("building the tokenizer", 0.05)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         embd = gguf.tensors.get("token_embd.weight")
@@ -165,7 +172,7 @@ def load_model(
         check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies, cache_type="F16" if numerics == "ggml" else "F32")
         weights = Weights(gguf, budget, numerics)
         net = cls(args, weights, numerics_for(numerics))
-        warnings = list(gguf.warnings) + scan_small_tensors(gguf)
+        warnings = list(gguf.warnings) + scan_small_tensors(gguf) + notes
         extra = weights.unused()
         if extra:
             warnings.append(f"{len(extra)} tensors not used by the {arch} architecture, ignored: {', '.join(extra[:5])}")

@@ -20,6 +20,9 @@ the token embedding stays visible in the residual stream, and an untied head poi
 random successor (a bigram table), so what attention mixes in decides the top token by a margin. Near-uniform
 or near-tied distributions would turn the 8-bit activation rounding llama.cpp does and the float32 numerics do not
 into top-token flips that say nothing about the architecture.
+
+The encoder-decoder entries `t5` and `t5_relu` are built and run by tools/make_t5_model.py (llama_encode, then the
+decoder's logits); naming them here runs that.
 """
 from __future__ import annotations
 
@@ -306,7 +309,7 @@ def quantize_llama_cpp(src: Path, dst: Path, ftype: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("names", nargs="*", default=list(SPECS))
+    ap.add_argument("names", nargs="*", default=[*SPECS, "t5", "t5_relu"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/arch_models"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -316,6 +319,11 @@ def main() -> int:
 
     ids = token_ids()
     for name in args.names:
+        if name in ("t5", "t5_relu"):  # encoder-decoder: its own builder and llama.cpp run (tools/make_t5_model.py)
+            from tools.make_t5_model import make  # noqa: PLC0415
+
+            print(name, json.dumps(make(name, args.work, args.threads)["quants"]))
+            continue
         base = write_arch(args.work / f"{name}.F32.gguf", name)
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
         summary: dict[str, Any] = {"name": name, "arch": SPECS[name].arch, "seed": SEED, "top_k": TOP_K,

@@ -132,6 +132,10 @@ def cmd_logits(args: argparse.Namespace) -> int:
     from engine.generate import prefill  # noqa: PLC0415
 
     model = _load(args)
+    from engine.cli import encdec  # noqa: PLC0415 - T5: the decoder's logits given --encoder-tokens-file
+
+    if encdec.wants(args, model):
+        return encdec.cmd_logits(args, model)
     if args.tokens_file:
         try:
             ids = json.loads(read_text_file(args.tokens_file, "--tokens-file"))
@@ -356,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text-file")
     p.add_argument("--out", required=True)
     p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--encoder-tokens-file", help="T5: the encoder's token ids (JSON); --tokens-file is the decoder's")
     add_numerics(p)
     add_interventions(p)
     p.set_defaults(func=cmd_logits)

@@ -3,5 +3,6 @@
 `ffn`, the norms), and the shared definitions they stand on: `args` (hyper-parameters, typed metadata), `weights`
 (shape-checked tensors), `decoder` (the forward contract and the numerics protocol a model is handed), `rope` (pair
 layouts and scaling) and `registry` (`general.architecture` -> class; it imports every other module here on first
-use). How ops are computed lives in engine.ops, how a model is executed in engine.runtime.
+use). `t5` is the one encoder-decoder, on the shared parts of `encoder_decoder` (relative position buckets, the
+encoding kept on the cache). How ops are computed lives in engine.ops, how a model is executed in engine.runtime.
 """

@@ -35,7 +35,8 @@ def model_class(arch: str) -> type[DecoderModel]:
 
 
 # the shared definitions beside the architectures (every other module here is one architecture)
-_SHARED = {"args", "decoder", "experts", "ffn", "registry", "rope", "transformer", "weights"}
+_SHARED = {"args", "decoder", "encoder_decoder", "experts", "ffn", "registry", "rope", "seq2seq", "transformer",
+           "weights"}
 
 
 def _discover() -> None:

@@ -44,7 +44,12 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
 
 
 def warm_pass(model: DecoderModel) -> None:
-    """A two-token prompt, then one decode step, on a KV cache of its own."""
+    """A two-token prompt, then one decode step, on a KV cache of its own (a model with its own pass, such as an
+    encoder-decoder's that encodes first, runs that)."""
+    own = getattr(model, "warm_pass", None)
+    if own is not None:
+        own()
+        return
     cache = model.new_cache(min(256, model.args.n_ctx))
     prompt = np.zeros(min(2, cache.n_ctx), np.int64)
     model.forward(prompt, cache)

@@ -1,0 +1,110 @@
+"""The gguf-lens command with an encoder-decoder (T5) model: `logits --encoder-tokens-file` and `generate`, and the
+one-line refusals when a decoder-only model is given an encoder input or a T5 model is given none."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.quality.requantize import quantize_file
+from tests.engine.golden import kld_topk, log_softmax
+from tests.engine.models.arch_cases import MOE_GGML_KLD_MAX
+from tests.tiny_models import make_tiny_llama
+from tools.make_arch_models import FIXTURES
+from tools.make_t5_model import case_ids, write_t5
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=180,
+                          check=False)
+
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cli_t5")
+    out = folder / "t5.Q8_0.gguf"
+    quantize_file(write_t5(folder / "t5.F32.gguf", "t5"), out, "Q8_0")
+    return out
+
+
+@pytest.fixture()
+def ids_files(tmp_path: Path) -> tuple[Path, Path]:
+    enc, dec = case_ids("b")  # the fixture's case run as one batch, as `logits` runs it
+    (tmp_path / "e.json").write_text(json.dumps(enc))
+    (tmp_path / "d.json").write_text(json.dumps(dec))
+    return tmp_path / "e.json", tmp_path / "d.json"
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_logits_with_an_encoder_input_are_llama_cpps(t5: Path, ids_files: tuple[Path, Path], tmp_path: Path) -> None:
+    enc, dec = ids_files
+    out = tmp_path / "o.npy"
+    r = cli("logits", str(t5), "--encoder-tokens-file", str(enc), "--tokens-file", str(dec), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    logits = np.load(out)
+    assert logits.shape == (20, 1024) and logits.dtype == np.float32
+    z = np.load(FIXTURES / "t5.npz")
+    kl = kld_topk(z["Q8_0_b_top_ids"], z["Q8_0_b_top_logp"], log_softmax(logits))
+    assert kl.max() <= MOE_GGML_KLD_MAX
+
+
+def test_float32_numerics_from_the_cli(t5: Path, ids_files: tuple[Path, Path], tmp_path: Path) -> None:
+    enc, dec = ids_files
+    out = tmp_path / "o.npy"
+    r = cli("logits", str(t5), "--encoder-tokens-file", str(enc), "--tokens-file", str(dec), "--out", str(out),
+            "--numerics", "float32")
+    assert r.returncode == 0, r.stderr
+    z = np.load(FIXTURES / "t5.npz")
+    assert kld_topk(z["Q8_0_b_top_ids"], z["Q8_0_b_top_logp"], log_softmax(np.load(out))).mean() < 0.005
+
+
+def test_t5_without_an_encoder_input_is_refused(t5: Path, ids_files: tuple[Path, Path], tmp_path: Path) -> None:
+    _, dec = ids_files
+    line = one_line_error(cli("logits", str(t5), "--tokens-file", str(dec), "--out", str(tmp_path / "o.npy")))
+    assert "encoder-decoder" in line and "--encoder-tokens-file" in line and "start token 1" in line
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_an_encoder_input_for_a_decoder_only_model_is_refused(ids_files: tuple[Path, Path], tmp_path: Path) -> None:
+    tiny = make_tiny_llama(tmp_path / "tiny.gguf")
+    (tmp_path / "t.json").write_text("[5, 6, 7]")
+    line = one_line_error(cli("logits", str(tiny), "--encoder-tokens-file", str(ids_files[0]), "--tokens-file",
+                              str(tmp_path / "t.json"), "--out", str(tmp_path / "o.npy")))
+    assert "decoder-only" in line and "--encoder-tokens-file" in line
+
+
+@pytest.mark.parametrize(("content", "why"), [("not json", "not JSON"), ("[1, 2.5]", "list of integers"),
+                                              ("[]", "empty"), ("[1, 99999]", "out of range")])
+def test_a_bad_encoder_file_is_one_line(t5: Path, ids_files: tuple[Path, Path], tmp_path: Path, content: str,
+                                        why: str) -> None:
+    (tmp_path / "bad.json").write_text(content)
+    line = one_line_error(cli("logits", str(t5), "--encoder-tokens-file", str(tmp_path / "bad.json"), "--tokens-file",
+                              str(ids_files[1]), "--out", str(tmp_path / "o.npy")))
+    assert why in line
+
+
+def test_the_decoder_input_must_be_token_ids(t5: Path, ids_files: tuple[Path, Path], tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("hello")
+    line = one_line_error(cli("logits", str(t5), "--encoder-tokens-file", str(ids_files[0]), "--text-file",
+                              str(tmp_path / "t.txt"), "--out", str(tmp_path / "o.npy")))
+    assert "--tokens-file" in line
+
+
+def test_generate_encodes_the_prompt(t5: Path) -> None:
+    """`generate` on a T5 file encodes the prompt and decodes greedily from the start token."""
+    r = cli("generate", str(t5), "--prompt", "translate this, please", "-n", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert 1 <= out["tokens"] <= 5 and out["finish_reason"] in ("length", "eos")
+    again = json.loads(cli("generate", str(t5), "--prompt", "translate this, please", "-n", "5", "--json").stdout)
+    assert again["text"] == out["text"]  # greedy: the same output each time
