@@ -288,7 +288,8 @@ class MainWindow(QMainWindow):
         from app.records.model_kind import BASE_MAX_TOKENS  # noqa: PLC0415
 
         self.conversation.base_model = kind.base
-        self.chat_view.show_model_kind(kind.base, kind.why)
+        self.conversation.encoder_decoder = getattr(kind, "encoder_decoder", False)
+        self.chat_view.show_model_kind(kind.base, kind.why, getattr(kind, "encoder_decoder", False))
         self.chat_view.show_prompt_mode(self.conversation.prompt_mode())
         s, default = self.state.settings, Settings().max_tokens
         auto = s.extra.get(BASE_TOKENS_KEY) == "1"  # the short length was set by us, not by the user

@@ -75,6 +75,7 @@ class Conversation(QObject):
         self.model_ready = False
         self.model_name = ""  # written into each reply's stats: which model (and quantization) made it
         self.base_model = False  # a base model: chats without a prompt mode of their own get plain text
+        self.encoder_decoder = False  # T5: a reply is the decoder's output for one input, never continued
         self._unsaved: set[str] = set()
         self._save_timer = QTimer(self, singleShot=True)
         self._save_timer.timeout.connect(self.save_pending)
@@ -250,6 +251,10 @@ class Conversation(QObject):
             return
         last = chat.messages[-1]
         if last.role != "assistant":
+            return
+        if self.encoder_decoder:
+            self.banner.emit("info", "An encoder-decoder model writes its output for one input: Regenerate makes a "
+                                     "new one (or raise Max tokens first); it cannot continue a reply.")
             return
         last.stopped = False
         last.error = ""

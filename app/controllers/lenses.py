@@ -200,6 +200,24 @@ class LensBridge(QObject):
             self._routing_at = time.perf_counter()
             self._ask("routing", _routing())
 
+    def request_seq2seq(self) -> None:
+        """An encoder-decoder model's attention record (read from the cache as it is: app.jobs.seq2seq)."""
+        from app.jobs.seq2seq import seq2seq_maps  # noqa: PLC0415
+
+        if self._seq2seq():
+            self.engine.request_lens("seq2seq", seq2seq_maps())
+
+    def request_cross_step(self, layer: int, head: int, query: int) -> None:
+        from app.jobs.seq2seq import cross_step  # noqa: PLC0415
+
+        if self._seq2seq():
+            self.engine.request_lens("cross_step", cross_step(int(layer), int(head), int(query)))
+
+    def _seq2seq(self) -> bool:
+        """Whether the model is an encoder-decoder (its lenses read the cache as it is, never a conversation)."""
+        rec = self.state.model_record
+        return bool(rec is not None and getattr(rec, "encoder_decoder", False))
+
     # ---- the conversation on screen
 
     def shown_context(self) -> GenerationRequest | None:
@@ -210,6 +228,11 @@ class LensBridge(QObject):
     def _ask(self, kind: str, compute: Callable[..., Any]) -> GenerationRequest | None:
         """Ask the engine for a lens record of the conversation on screen; returns that conversation (None: the
         cache as it is, while a reply is being made)."""
+        if self._seq2seq():  # the decoder-only lenses would prefill the decoder with the conversation
+            if kind in ("roles", "logit", "head", "step"):
+                self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind,
+                             "not shown for an encoder-decoder model: see its Encoder-decoder view")
+            return None
         context = self.shown_context()
         conv = self.conversation
         if context is None and conv is not None and not conv.generating:  # an empty chat: nothing to read
@@ -376,6 +399,11 @@ class LensBridge(QObject):
         st.kv_full_bytes = kv_bytes_for(st.model_record, st.ctx_size, st.kv_type) if st.model_record else None
         st.attention_path = ""
         self.deliver(self.lens(AttentionLens), AttentionLens.set_attention_path, "")
+        if self._seq2seq():
+            from app.jobs.seq2seq import position_tables  # noqa: PLC0415
+
+            self.engine.request_lens("t5_positions", position_tables())
+            self.request_seq2seq()
 
     def kv_info(self, info: KVInfo) -> None:
         """A reply's prefill ran: the cache's type and bytes, and the attention path it took, into the state."""
@@ -388,6 +416,9 @@ class LensBridge(QObject):
 
     def request_attention(self, max_rows: int | None = ATTENTION_MAX_ROWS) -> None:
         self._asked_at = time.perf_counter()
+        if self._seq2seq():
+            self.request_seq2seq()
+            return
         self._ask("attention", _attention(max_rows, self.hidden_keys))
 
     def reply_progress(self) -> None:
@@ -427,8 +458,10 @@ class LensBridge(QObject):
             if result.kind == "attention" and rec.n_tokens:  # the cache holds this conversation now
                 self.state.ctx_used, self.state.kv_bytes = rec.n_tokens, rec.kv_bytes
             return True, rec.record
-        if result.kind == "tensor" or (result.kind == "roles" and getattr(rec, "source", "") == "probe"):
+        if result.kind in ("tensor", "t5_positions") or (result.kind == "roles" and getattr(rec, "source", "") == "probe"):
             return True, rec  # of the model alone
+        if result.kind in ("seq2seq", "cross_step"):  # an encoder-decoder's last input and output, of any chat
+            return True, rec
         # read from the cache as it was, while a reply was being made: that reply's chat only, and not once the
         # lenses were cleared for another conversation
         return self._want is None and self._current_chat() == self._reply_chat, rec
@@ -462,3 +495,9 @@ class LensBridge(QObject):
             self.deliver(self.lens(QuantLens), QuantLens.set_tensor, rec)
         elif result.kind == "routing":
             self.deliver(self.lens(ExpertsLens), ExpertsLens.set_routing, rec)
+        elif result.kind == "seq2seq":
+            self.deliver(attention, AttentionLens.set_seq2seq, rec)
+        elif result.kind == "cross_step":
+            self.deliver(attention, AttentionLens.set_cross_step, rec)
+        elif result.kind == "t5_positions":
+            self.deliver(self.lens(PositionsLens), PositionsLens.set_t5_tables, rec)

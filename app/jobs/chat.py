@@ -100,8 +100,13 @@ def plain_text(messages: list[dict[str, str]]) -> str:
 
 def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[int, ...] | None,
             plain: bool = False, variables: dict[str, object] | None = None) -> tuple[list[int], str]:
-    """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed."""
+    """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed. An
+    encoder-decoder model (T5) reads one input: the last user message, as its tokenizer encodes it (EOS added);
+    engine.generate encodes it and decodes from the start token."""
     tok = model.tokenizer
+    if getattr(getattr(model, "net", None), "is_encoder_decoder", False):
+        last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        return tok.encode(last, add_special=True, parse_special=False), ""
     if plain:  # no template: BOS as the model adds it, special-token text in the messages stays text
         if continue_ids:
             ids = tok.encode(plain_text(messages[:-1]), add_special=True, parse_special=False)

@@ -68,6 +68,9 @@ class ModelRecord:
     n_expert: int = 0  # Mixture-of-Experts: experts per layer (0: a dense model) and how many a token uses
     n_expert_used: int = 0
     reasoning: tuple[str, ...] = ()  # the reasoning switches its chat template reads (engine.chat.reasoning)
+    encoder_decoder: bool = False  # T5: an encoder reads the input, a decoder writes the output (app.records.seq2seq)
+    n_dec_layers: int = 0  # the decoder's blocks (encoder-decoder models; n_layers counts the encoder's)
+    n_buckets: int = 0  # T5's relative position buckets
 
     @property
     def total_bytes(self) -> int:
@@ -119,6 +122,9 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         file_bytes=int(getattr(gguf, "file_size", 0)), runnable=net is not None,
         n_expert=int(getattr(a, "n_expert", 0) or 0), n_expert_used=int(getattr(a, "n_expert_used", 0) or 0),
         reasoning=_reasoning_switches(model),
+        encoder_decoder=bool(getattr(net, "is_encoder_decoder", False)),
+        n_dec_layers=int(getattr(a, "n_dec_layers", 0) or 0), n_buckets=int(getattr(a, "n_buckets", 0) or 0)
+        if getattr(net, "is_encoder_decoder", False) else 0,
         **_scaling(net, a),
     )
 

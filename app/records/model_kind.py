@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 BASE_NOTE = "base model: continues text, does not follow instructions"
+ENCODER_DECODER_NOTE = ("encoder-decoder model: your message is its input (the encoder reads it), the reply its "
+                        "output (the decoder writes it); earlier turns are not read")
+ENCODER_DECODER = ("t5",)  # general.architecture values of encoder-decoder models
 BASE_MAX_TOKENS = 64  # a base model's default reply length (it never stops on its own at an end of turn)
 _INSTRUCT_NAME = re.compile(r"(instruct|[-_.\s]it\b|[-_.\s]it[-_.]|chat)", re.IGNORECASE)
 
@@ -24,6 +27,7 @@ class ModelKind:
     base: bool
     why: str  # "the catalog lists it as a base model", "the file has a chat template", ...
     quant: str = ""  # "Q4_K_M", "Q4_1", ... from general.file_type ("" when the file does not say)
+    encoder_decoder: bool = False  # T5: the message is the encoder's input, the reply the decoder's output
 
     @property
     def label(self) -> str:
@@ -47,6 +51,8 @@ def file_type_name(metadata: Mapping[str, Any]) -> str:
 def model_kind(path: str, metadata: Mapping[str, Any], catalog_instruct: bool | None = None) -> ModelKind:
     """Base or instruct: the catalog's word when the file is a catalog model, else the GGUF's template and name."""
     quant = file_type_name(metadata)
+    if metadata.get("general.architecture") in ENCODER_DECODER:  # no chat: one input, one output
+        return ModelKind(True, "an encoder-decoder model reads one input and writes one output", quant, True)
     if catalog_instruct is not None:
         return ModelKind(not catalog_instruct,
                          "the catalog lists it as " + ("an instruction-tuned model" if catalog_instruct else "a base model"),

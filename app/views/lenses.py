@@ -57,6 +57,12 @@ class LensRequests(Protocol):
     def request_routing(self) -> None:
         """The chat's routing (a Mixture-of-Experts model's chosen experts per token and layer)."""
 
+    def request_seq2seq(self) -> None:
+        """An encoder-decoder model's three attention kinds over its last input and output."""
+
+    def request_cross_step(self, layer: int, head: int, query: int) -> None:
+        """One cross-attention cell of an encoder-decoder model, step by step."""
+
     def request_tensor(self, name: str) -> None:
         """One tensor up close (its first block decoded)."""
 

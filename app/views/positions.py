@@ -14,6 +14,7 @@ from app.views.common.colours import colormap
 from app.views.common.flow import FlowBox
 from app.views.common.tokens import token_label
 from app.views.rope_distance import RopeDistancePanel, Series
+from app.views.t5_positions import T5PositionsPanel
 from engine.models.rope import rope_freqs
 from engine.observe.positions import (
     relative_rotation,
@@ -101,6 +102,9 @@ class PositionsLens(QWidget):
         self.tabs.addTab(self.distance, "RoPE at distance d")
         self.tabs.addTab(self.plots, "q·k against distance, unit circle")
         self.tabs.addTab(sin_page, "Wavelengths, sinusoid, M_k")
+        self.t5 = T5PositionsPanel()  # an encoder-decoder (T5) model's learned bias: its tab only, for one
+        self.tabs.addTab(self.t5, "Relative position bias (T5)")
+        self.tabs.setTabVisible(self.tabs.indexOf(self.t5), False)
         root = QVBoxLayout(self)
         root.addLayout(bar)
         root.addWidget(self.summary)
@@ -183,6 +187,19 @@ class PositionsLens(QWidget):
             self.pos_spin.setValue(MIN_POSITIONS)
             self.pos_spin.blockSignals(False)
         self.model = model
+        on = model.encoder_decoder
+        for i in range(self.tabs.count()):  # RoPE's and the sinusoid's tabs, or T5's bias only
+            self.tabs.setTabVisible(i, (self.tabs.widget(i) is self.t5) == on)
+        for w in (self.pos_spin, self.pair_spin, self.offset_spin, self.legend, self.check):
+            w.setVisible(not on)
+        if on:
+            self.tabs.setCurrentWidget(self.t5)
+            self.summary.setText(f"{model.name}: d_model {model.dim}, no RoPE: a learned bias per head by bucket of "
+                                 f"distance ({model.n_buckets} buckets); {model.n_layers} encoder and "
+                                 f"{model.n_dec_layers} decoder layers")
+            return
+        if self.tabs.currentWidget() is self.t5:
+            self.tabs.setCurrentIndex(0)
         self.d_model = model.dim
         self.rope_dim = model.rope_dim
         self.bases = (model.rope_bases or (10000.0,))[: len(BASE_COLOURS)]
@@ -194,6 +211,10 @@ class PositionsLens(QWidget):
                              f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}"
                              + (f"; {model.rope_scaling}" if model.rope_scaling else ""))
         self.redraw()
+
+    def set_t5_tables(self, tables: object) -> None:
+        """An encoder-decoder model's position bias tables (engine.observe.t5_maps.T5PositionTables)."""
+        self.t5.set_tables(tables)  # type: ignore[arg-type]
 
     def set_tokens(self, tokens: list[str]) -> None:
         """The current context: its tokens go on the unit circle and set the plotted positions (cheap: streaming calls it)."""

@@ -28,6 +28,7 @@ from app.views.attention.grid import GridView
 from app.views.attention.head import HeadView
 from app.views.attention.logit_view import LogitLensView
 from app.views.attention.roles import HeadRolesView
+from app.views.attention.seq2seq import Seq2SeqView
 from app.views.attention.steps import StepThroughView
 from app.views.attention.text import TokenTextView
 
@@ -111,6 +112,10 @@ class AttentionLens(QWidget):
         self.views.addTab(self.roles, "Head roles")
         self.views.addTab(self.logit, "Logit lens")
         self.views.addTab(self.steps, "Step through")
+        self.seq2seq = Seq2SeqView()  # an encoder-decoder model's view: the only tab shown for one
+        self.views.addTab(self.seq2seq, "Encoder-decoder")
+        self.views.setTabVisible(self.views.indexOf(self.seq2seq), False)
+        self.seq2seq.hovered.connect(self.status.setText)
         root = QVBoxLayout(self)
         root.addWidget(self.bar)
         root.addWidget(self.views, 1)
@@ -151,10 +156,15 @@ class AttentionLens(QWidget):
         self.roles_requested.connect(to.request_roles)
         self.logit_requested.connect(to.request_logit)
         self.hidden_keys_changed.connect(to.set_hidden_keys)
+        self.seq2seq.maps_requested.connect(to.request_seq2seq)
+        self.seq2seq.step_requested.connect(to.request_cross_step)
 
     def set_model(self, model: ModelRecord) -> None:
         """A new model: rebuild the layer and head pickers; forget old records."""
         self.model = model
+        self._seq2seq_mode(model.encoder_decoder)
+        if model.encoder_decoder:
+            self.seq2seq.set_model(model)
         self.bar.set_model(model)
         self.grid.set_model(model)
         self.steps.set_model(model)
@@ -162,6 +172,21 @@ class AttentionLens(QWidget):
         self.clear_chat()
         self.status.setText(f"{model.name}: {model.n_layers} layers × {model.n_heads} heads"
                             + (f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""))
+
+    def _seq2seq_mode(self, on: bool) -> None:
+        """An encoder-decoder model shows its Encoder-decoder view only (the decoder-only views read a conversation
+        through one stack); any other model shows every view but that one."""
+        for i in range(self.views.count()):
+            self.views.setTabVisible(i, (self.views.widget(i) is self.seq2seq) == on)
+        self.bar.setVisible(not on)
+        self.views.setCurrentWidget(self.seq2seq if on else self.overview)
+
+    def set_seq2seq(self, rec: object) -> None:
+        """An encoder-decoder model's attention record (app.records.seq2seq.Seq2SeqRecord)."""
+        self.seq2seq.set_record(rec)  # type: ignore[arg-type]
+
+    def set_cross_step(self, rec: object) -> None:
+        self.seq2seq.set_step(rec)  # type: ignore[arg-type]
 
     def clear_chat(self) -> None:
         """Another chat (or model): every map, row and score of the previous tokens goes; the empty state shows."""

@@ -332,12 +332,17 @@ class ChatView(QWidget):
         self.edit_box = box
         box.open()
 
-    def show_model_kind(self, base: bool, why: str) -> None:
-        """Say that the model is a base model (it continues text) or hide the note for an instruct model."""
-        from app.records.model_kind import BASE_NOTE  # noqa: PLC0415
+    def show_model_kind(self, base: bool, why: str, encoder_decoder: bool = False) -> None:
+        """Say that the model is a base model (it continues text) or an encoder-decoder (input -> output), or hide
+        the note for an instruct model."""
+        from app.records.model_kind import BASE_NOTE, ENCODER_DECODER_NOTE  # noqa: PLC0415
 
-        self.kind_label.setText(f"{BASE_NOTE}. Replies are short by default and the prompt is plain text "
-                                f"(no chat template); {why}." if base else "")
+        if encoder_decoder:
+            self.kind_label.setText(f"{ENCODER_DECODER_NOTE[0].upper()}{ENCODER_DECODER_NOTE[1:]}. The Attention lens "
+                                    "shows the encoder's, the decoder's and the cross-attention.")
+        else:
+            self.kind_label.setText(f"{BASE_NOTE}. Replies are short by default and the prompt is plain text "
+                                    f"(no chat template); {why}." if base else "")
         self.kind_label.setVisible(base)
 
     def show_prompt_mode(self, mode: str) -> None:
