@@ -168,6 +168,11 @@ def perplexity(model, ids: list[int], chunk: int = 256) -> dict[str, Any]:
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     model = _load(args)
+    from engine.cli import encdec  # noqa: PLC0415 - T5: the text's perplexity given --encoder-text
+
+    encoder_text = encdec.perplexity_encoder_text(args, model)
+    if encoder_text is not None:
+        return encdec.cmd_perplexity(args, model, encoder_text, _read_text(args))
     ids = _prompt_ids(model, _read_text(args))
     if len(ids) > model.args.n_ctx:
         raise SettingError(f"the text is {len(ids)} tokens, longer than the model's context {model.args.n_ctx}")
@@ -202,16 +207,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         ids = model.tokenizer.encode(args.prompt, add_special=True, parse_special=False)
     _mean_ablate(args, model, ids)
-    text, n, last = [], 0, None
+    text, out_ids, last = [], [], None
     for step in generate(model, ids, cfg):
         text.append(step.text)
-        n += step.token_id >= 0 and step.finish_reason != "eos"
+        if step.token_id >= 0 and step.finish_reason != "eos":
+            out_ids.append(step.token_id)
         last = step
         if not args.json:
             sys.stdout.write(step.text)
             sys.stdout.flush()
     if args.json:
-        print(json.dumps({"text": "".join(text), "tokens": n,
+        print(json.dumps({"text": "".join(text), "tokens": len(out_ids), "token_ids": out_ids,
                           "prompt_tok_s": last.prompt_tok_s if last else 0.0,
                           "gen_tok_s": last.gen_tok_s if last else 0.0,
                           "finish_reason": last.finish_reason if last else None}, ensure_ascii=False))
@@ -274,8 +280,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(f"{result['model']}  backend {result['backend']}  load {result['load_s']:.2f} s  "
               f"peak RSS {result['peak_rss_mb']:.0f} MB")
-        print(f"  pp{args.p}: {result['prompt_tok_s']:8.1f} tok/s")
-        print(f"  tg{args.n}: {result['gen_tok_s']:8.1f} tok/s")
+        encoder = result["prompt_phase"] == "encoder"  # T5: pp is the encoder's, tg the decoder's against it
+        print(f"  pp{args.p}: {result['prompt_tok_s']:8.1f} tok/s" + ("  (encoder)" if encoder else ""))
+        print(f"  tg{args.n}: {result['gen_tok_s']:8.1f} tok/s" + ("  (decoder)" if encoder else ""))
     return 0
 
 
@@ -394,9 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_numerics(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("perplexity", help="perplexity of a text in one context")
+    p = sub.add_parser("perplexity", help="perplexity of a text in one context (T5: given --encoder-text)")
     _add_model(p)
-    p.add_argument("--text-file", required=True)
+    _add_text(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--encoder-text", help="T5: the encoder's input; the perplexity is of --text given it")
+    g.add_argument("--encoder-text-file", help="T5: the encoder's input as a UTF-8 file")
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--json", action="store_true")
     add_numerics(p)

@@ -65,6 +65,12 @@ def position_bias(table: F32, q_pos: npt.ArrayLike, k_pos: npt.ArrayLike, bidire
     return np.ascontiguousarray(table[buckets].transpose(2, 0, 1))  # (H, Tq, Tk)
 
 
+class InputRecorder(Protocol):
+    """What the blocks ask of an engine.observe Recorder: the input rows of the matrices about to multiply them."""
+
+    def record_input(self, names: tuple[str, ...], x: F32) -> None: ...
+
+
 class Activations(Protocol):
     """What a T5 FFN asks of the numerics object."""
 
@@ -83,6 +89,10 @@ class AttentionWeights:
     def linears(self) -> list[Linear]:
         return [self.wq, self.wk, self.wv, self.wo]
 
+    def names(self, *parts: str) -> tuple[str, ...]:
+        """The tensor names of the matrices `parts` ('wq', 'wk', ...): what a recorded input feeds."""
+        return tuple(getattr(self, part).weight.name for part in parts)
+
 
 @dataclass
 class T5FFN:
@@ -93,13 +103,17 @@ class T5FFN:
     down: Linear
     gate: Linear | None = None
 
-    def __call__(self, h: F32, ops: Activations) -> F32:
-        """The FFN's output rows (T, dim) for its normed input h (T, dim)."""
+    def __call__(self, h: F32, ops: Activations, recorder: InputRecorder | None = None) -> F32:
+        """The FFN's output rows (T, dim) for its normed input h (T, dim); `recorder` sees each product's input."""
+        if recorder is not None:  # the inputs of the products, for an importance matrix
+            recorder.record_input(tuple(m.weight.name for m in (self.up, self.gate) if m is not None), h)
         u = self.up(h)
         if self.gate is not None:
             g = ops.glu("geglu", self.gate(h), u)
         else:
             g = np.where(u > 0, u, np.float32(0.0)).astype(np.float32)  # ggml_relu: x > 0 ? x : 0
+        if recorder is not None:
+            recorder.record_input((self.down.weight.name,), g)
         return self.down(g)
 
     def linears(self) -> list[Linear]:

@@ -8,7 +8,10 @@ position bias over the decoder's KV cache, cross-attention on the encoder output
 head give the logits. No RoPE and no score scaling (kq_scale 1): where a head looks by distance is the bias alone.
 Attention and the cache read come from engine.ops.attention_bias by the numerics' name (llama.cpp's kernels and
 padding for 'ggml', the textbook maths for 'float32'). An architecture file loads the tensors into the fields below.
-`probe`, when given, sees each attention's softmax weights (engine.observe.t5_maps); nothing is kept otherwise.
+`probe`, when given, sees each attention's softmax weights (engine.observe.t5_maps); a `recorder` (engine.observe)
+given to `forward` sees what it sees of a decoder-only model: the residual stream after each decoder block (the
+logit lens) and the input rows of each decoder product (record_input, where llama-imatrix's callback would look).
+Nothing is kept otherwise.
 """
 from __future__ import annotations
 
@@ -136,17 +139,19 @@ class EncoderDecoderModel(DecoderModel):
         pos, end = np.arange(start, start + t), start + t
         mask = causal_mask(pos, end)
         for i, layer in enumerate(self.dec_layers):
-            x = self.self_attention(i, layer, self.norm(x, layer.attn_norm), pos, cache, mask, probe) + x
-            x = self.cross_attention(i, layer, self.norm(x, layer.cross_norm), enc, probe) + x
-            x = layer.ffn(self.norm(x, layer.ffn_norm), self.ops) + x
-            if recorder is not None:
+            x = self.self_attention(i, layer, self.norm(x, layer.attn_norm), pos, cache, mask, probe, recorder) + x
+            x = self.cross_attention(i, layer, self.norm(x, layer.cross_norm), enc, probe, recorder) + x
+            x = layer.ffn(self.norm(x, layer.ffn_norm), self.ops, recorder) + x
+            if recorder is not None:  # the residual stream after the block: what the logit lens reads
                 recorder.record_hidden(i, start, x)
         return self.head(x, all_logits)
 
     def self_attention(self, i: int, layer: DecoderLayer, h: F32, pos: np.ndarray, cache: EncoderDecoderCache,
-                       mask: npt.NDArray[np.bool_], probe: Probe | None) -> F32:
+                       mask: npt.NDArray[np.bool_], probe: Probe | None, recorder: Recorder | None = None) -> F32:
         """Decoder layer i's causal self-attention with the position bias: the output product's rows (T, dim)."""
         a, t, end = self.args, h.shape[0], int(pos[-1]) + 1
+        if recorder is not None:  # the inputs of the products, for an importance matrix
+            recorder.record_input(layer.attn.names("wq", "wk", "wv"), h)
         q = self.heads(layer.attn.wq(h), a.n_heads)
         k = self.heads(layer.attn.wk(h), a.n_kv_heads)
         v = self.heads(layer.attn.wv(h), a.n_kv_heads)
@@ -156,15 +161,25 @@ class EncoderDecoderModel(DecoderModel):
         o, weights = self.attend(q, keys, values, bias, mask, 1.0, n_kv)
         if probe is not None:
             probe("decoder", i, weights)
-        return layer.attn.wo(o.transpose(1, 0, 2).reshape(t, -1))
+        o = o.transpose(1, 0, 2).reshape(t, -1)
+        if recorder is not None:
+            recorder.record_input(layer.attn.names("wo"), o)
+        return layer.attn.wo(o)
 
-    def cross_attention(self, i: int, layer: DecoderLayer, h: F32, enc: EncoderOutput, probe: Probe | None) -> F32:
+    def cross_attention(self, i: int, layer: DecoderLayer, h: F32, enc: EncoderOutput, probe: Probe | None,
+                        recorder: Recorder | None = None) -> F32:
         """Decoder layer i's cross-attention: its queries over the encoder output's keys (no bias, no mask)."""
+        if recorder is not None:  # llama.cpp's decoder graph multiplies the encoder output by wk/wv on every call
+            recorder.record_input(layer.cross.names("wq"), h)
+            recorder.record_input(layer.cross.names("wk", "wv"), enc.rows)
         q = self.heads(layer.cross.wq(h), self.args.n_heads)
         o, weights = self.attend(q, enc.cross_k[i], enc.cross_v[i], None, None, 1.0)
         if probe is not None:
             probe("cross", i, weights)
-        return layer.cross.wo(o.transpose(1, 0, 2).reshape(h.shape[0], -1))
+        o = o.transpose(1, 0, 2).reshape(h.shape[0], -1)
+        if recorder is not None:
+            recorder.record_input(layer.cross.names("wo"), o)
+        return layer.cross.wo(o)
 
     def head(self, x: F32, all_logits: bool) -> F32:
         return self.output(self.norm(x if all_logits else x[-1:], self.out_norm))

@@ -62,6 +62,18 @@ class _Accumulator:
             self.counts[name] = self.counts.get(name, 0) + len(rows)
 
 
+def refuse_encoder_decoder(model: Model) -> None:
+    """SettingError for an encoder-decoder model (T5), as llama-imatrix gives it nothing to write.
+
+    collect_imatrix keeps the products of tensors named `blk.*` (and output.weight on request); a T5 file's are
+    `enc.blk.*` and `dec.blk.*`, so llama-imatrix stores no entry, and it runs each chunk through llama_decode
+    alone, the decoder attending to an encoder output that was never computed."""
+    if getattr(model.net, "is_encoder_decoder", False):
+        raise SettingError(f"{model.arch} is an encoder-decoder model: llama-imatrix collects nothing from one (it "
+                           "keeps the products of blk.* tensors, and this file's are enc.blk.* and dec.blk.*; it also "
+                           "decodes each chunk with no encoder input), so there is no importance matrix to compute")
+
+
 def chunk_tokens(ids: Sequence[int], n_ctx: int, bos: int | None, skip: int = 0, max_chunks: int = -1) -> list[list[int]]:
     """The chunks llama-imatrix evaluates: n_ctx tokens each, the first replaced by BOS when there is one."""
     if n_ctx < 1:
@@ -100,6 +112,7 @@ def compute_imatrix(
     cancel: threading.Event | None = None,
 ) -> ImportanceMatrix | None:
     """The importance matrix of `model` over `text` (llama-imatrix's numbers); None if cancelled."""
+    refuse_encoder_decoder(model)
     tok = model.tokenizer
     ids = tok.encode(text, add_special=True, parse_special=parse_special)
     bos = tok.bos_id if tok.add_bos else None
@@ -117,6 +130,7 @@ def compute_imatrix_tokens(
     cancel: threading.Event | None = None,
 ) -> ImportanceMatrix | None:
     """The importance matrix over token chunks, each run from an empty cache; None if cancelled."""
+    refuse_encoder_decoder(model)
     say = progress or (lambda what, frac: None)
     acc = _Accumulator()
     recorder = Recorder(capture_q=False, on_input=acc)

@@ -33,7 +33,8 @@ def test_encoder_decoder_in_the_window(qtbot, t5: Path, data_dir: Path) -> None:
     w.conversation.send(MESSAGE)
     wait_idle(qtbot, w)
     view = lens.seq2seq
-    qtbot.waitUntil(lambda: view.record is not None, timeout=RUN_MS)
+    n = len(w.engine.session.cache.tokens)  # the decoder tokens run (a live record may come first, while it streams)
+    qtbot.waitUntil(lambda: view.record is not None and len(view.record.output_texts) == n, timeout=RUN_MS)
     rec = view.record
     model = load_model(t5)
     try:

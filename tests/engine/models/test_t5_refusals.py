@@ -76,11 +76,11 @@ def test_a_start_token_outside_the_vocabulary_is_named(tmp_path: Path) -> None:
 def test_the_start_token_falls_back_to_bos(tmp_path: Path) -> None:
     md, ts = build_t5("t5")
     model = load(write(tmp_path, md, ts, "with.gguf"))
-    assert model.net.decoder_start_token == 1  # the file's decoder_start_token_id
+    assert model.net.decoder_start_token == 0  # the file's decoder_start_token_id (T5's pad, here <unk>)
     model.close()
     del md["t5.decoder_start_token_id"]
     model = load(write(tmp_path, md, ts, "bos.gguf"))
-    assert model.net.decoder_start_token == 0  # llama_vocab_bos, as llama.cpp's examples fall back
+    assert model.net.decoder_start_token == 1  # llama_vocab_bos, as llama.cpp's examples fall back
     model.close()
     del md["tokenizer.ggml.bos_token_id"]
     model = load(write(tmp_path, md, ts, "none.gguf"))
