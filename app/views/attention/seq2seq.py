@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QSpinBox, QSplitter,
-                               QStackedWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QSpinBox,
+                               QSplitter, QStackedWidget, QVBoxLayout, QWidget)
 
 from app.records.model import ModelRecord
 from app.records.seq2seq import KIND_TITLES, CrossStepRecord, Seq2SeqRecord
@@ -60,9 +60,12 @@ class Seq2SeqView(QWidget):
         self.step_text.setWordWrap(True)
         self.step_text.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.step_text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.step_scroll = QScrollArea()  # the step's lines and table are taller than a short pane
+        self.step_scroll.setWidget(self.step_text)
+        self.step_scroll.setWidgetResizable(True)
         self.lower = QStackedWidget()
         self.lower.addWidget(self.tint)
-        self.lower.addWidget(self.step_text)
+        self.lower.addWidget(self.step_scroll)
         self.empty = QLabel(EMPTY)
         self.empty.setWordWrap(True)
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -132,7 +135,7 @@ class Seq2SeqView(QWidget):
     def set_step(self, rec: CrossStepRecord) -> None:
         self.step = rec
         self.step_text.setText(step_html(rec))
-        self.lower.setCurrentWidget(self.step_text)
+        self.lower.setCurrentWidget(self.step_scroll)
 
     def set_colormap(self, name: str) -> None:
         self.cmap = name
