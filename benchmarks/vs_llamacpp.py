@@ -11,6 +11,9 @@ ratios (ours / llama.cpp), and each one's peak resident memory against the file 
 fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the first time, then reused);
 --moe adds a Mixture-of-Experts model with Qwen3-30B-A3B's widths and a few layers (benchmarks/synthetic_moe.py);
 --gpt-oss one with gpt-oss-20b's widths in MXFP4_MOE (benchmarks/synthetic_gpt_oss.py).
+--isa avx2 runs both as on an AVX2-only CPU (benchmarks/isa.py: numba compiles for a Haswell-class target;
+--llama-python must be a build with AVX2 flags only, which is checked); --exact also compares both engines' logits on
+the golden prose's first 128 tokens (max |difference|, rows equal, KLD).
 """
 from __future__ import annotations
 
@@ -78,6 +81,9 @@ def main() -> int:
     ap.add_argument("--moe-layers", type=int, default=4)
     ap.add_argument("--gpt-oss", action="store_true",
                     help="also a gpt-oss with gpt-oss-20b's widths in MXFP4_MOE (written to /tmp on the first run)")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: numba targets a Haswell-class CPU and llama.cpp must be an AVX2-only build")
+    ap.add_argument("--exact", action="store_true", help="also compare the logits on the golden prose")
     args = ap.parse_args()
     models = list(args.models) or ([] if args.synthetic_1b or args.moe or args.gpt_oss else ["smollm2-135m-instruct"])
     t = str(args.threads)
@@ -86,6 +92,13 @@ def main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, MKL_NUM_THREADS=t, NUMBA_NUM_THREADS=t,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     gguf_lens = [sys.executable, "-m", "engine.cli"]
+    from isa import exactness, isa_env, llama_isa  # noqa: PLC0415
+
+    env = isa_env(args.isa, env)
+    ref_isa = llama_isa(args.llama_python, env) if args.llama_python else ""
+    if args.llama_python and args.isa == "avx2" and ref_isa != "avx2":
+        raise SystemExit(f"--isa avx2: {args.llama_python} runs a {ref_isa} build of llama.cpp; build one with AVX2 "
+                         "flags only (README.md, 'Golden fixtures and benchmarks')")
     paths: list[tuple[str, str]] = []
     for model in models:
         path = model if model.endswith(".gguf") else subprocess.run(
@@ -116,7 +129,7 @@ def main() -> int:
         file_mb = Path(path).stat().st_size / 2**20
         ours = run_json([*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json"], env)
         row: dict = {"model": model, "file_mb": round(file_mb, 1), "p": args.p, "n": args.n, "threads": args.threads,
-                     "gguf_lens": ours, "rss_vs_file": round(ours["peak_rss_mb"] / file_mb, 3)}
+                     "isa": args.isa, "llama_cpp_build": ref_isa, "gguf_lens": ours, "rss_vs_file": round(ours["peak_rss_mb"] / file_mb, 3)}
         if args.llama_python:
             ref = run_json([args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps), t], env)
             row["llama_cpp"] = ref
@@ -124,6 +137,8 @@ def main() -> int:
             row["ratio_prompt"] = round(ours["prompt_tok_s"] / ref["prompt_tok_s"], 3)
             row["ratio_gen"] = round(ours["gen_tok_s"] / ref["gen_tok_s"], 3)
             row["ratio_rss"] = round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3)
+            if args.exact:
+                row["logits"] = exactness(gguf_lens, args.llama_python, path, env, args.threads)
         print(json.dumps(row), flush=True)
     return 0
 

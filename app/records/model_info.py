@@ -111,9 +111,12 @@ def compute_note(model: Any) -> str:
         return name
     if getattr(model, "numerics", "ggml") != "ggml":
         return "CPU · float32 BLAS"
-    from engine.kernels.dispatch import kernel_note  # noqa: PLC0415 - numpy and numba only
+    from engine.kernels.dispatch import compiled, kernel_note  # noqa: PLC0415 - numpy and numba only
+    from engine.kernels.isa import describe  # noqa: PLC0415
 
-    return f"CPU · {kernel_note()}"
+    isa = describe().target
+    shown = {"avx512": "AVX-512", "avx2": "AVX2", "aarch64": "ARM"}.get(isa, "")
+    return f"CPU{f' ({shown})' if shown and compiled() else ''} · {kernel_note()}"
 
 
 def _letters(text: str) -> str:

@@ -126,6 +126,10 @@ class StatusPanel(QStatusBar):
         name = str(name or "")
         self.backend.setText(name if name.startswith("CPU") else f"GPU · {name}" if name and name != "numpy" else "CPU")
         tip = "where the model computes (Backend in the sampling panel chooses it for the next load)"
+        if name.startswith("CPU (") and "numba" in name:
+            from engine.kernels.isa import describe  # noqa: PLC0415
+
+            tip += f"\nggml numerics: {describe().note}"
         self.backend.setToolTip(f"{tip}\n{self.backend_note}" if self.backend_note else tip)
 
     def set_backend_note(self, note: str) -> None:

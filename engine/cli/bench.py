@@ -54,8 +54,19 @@ def run_bench(
         "n_prompt": n_prompt,
         "n_gen": n_gen,
         "prompt_phase": "encoder" if seq2seq else "decoder",
+        **_isa(model),
         "notes": list(model.warnings),
     }
+
+
+def _isa(model: Any) -> dict[str, str]:  # noqa: ANN401
+    """The kernels' target and whose bits the ggml numerics give there (engine.kernels.isa)."""
+    if model.numerics != "ggml" or model.backend.is_device:
+        return {}
+    from engine.kernels.isa import describe  # noqa: PLC0415
+
+    info = describe()
+    return {"isa": info.target, "bits_of": info.bits_of}
 
 
 def _time_decoder(model: Any, ids: list[int], n_gen: int, reps: int) -> tuple[float, float]:  # noqa: ANN401
