@@ -39,7 +39,9 @@ from engine.quant.types import GGMLType
 log = logging.getLogger(__name__)
 
 QUANT_TASKS = ("apply", "reset", "save")
-OTHER_TASKS = ("patching", "interventions")  # answered by their own controller (app.controllers.experiments)
+# the task kinds this bridge starts and answers; the engine's task signals carry every controller's kinds, and
+# the others (patching, interventions, ...) are answered by their own controllers
+MY_TASKS = ("compare", "heads", "logit", "imatrix", "mix", "sweep", "release", *QUANT_TASKS)
 
 
 class QuantBridge(QObject):
@@ -198,7 +200,7 @@ class QuantBridge(QObject):
     # ---- results
 
     def _event(self, kind: str, item: object) -> None:
-        if kind in OTHER_TASKS:
+        if kind not in MY_TASKS:
             return
         if isinstance(item, TaskProgress):
             if item.task == "imatrix":
@@ -227,7 +229,7 @@ class QuantBridge(QObject):
             self.compare.sweep_finished(item)
 
     def _done(self, kind: str, value: object) -> None:
-        if kind in OTHER_TASKS:
+        if kind not in MY_TASKS:
             return
         if kind == "imatrix":
             record = value if isinstance(value, ImatrixRecord) else None
@@ -255,6 +257,8 @@ class QuantBridge(QObject):
         self.applied.emit(value.spec)
 
     def _failed(self, kind: str, message: str) -> None:
+        if kind not in MY_TASKS:
+            return
         if kind == "imatrix":
             if self.imatrix_panel is not None:
                 self.imatrix_panel.show_message(message)

@@ -175,13 +175,16 @@ class Routing:
     probs: F32  # (T, n_expert)
 
 
-def route(logits: F32, k: int, ops: RoutingOps, normalize: bool, gating: str = "softmax") -> Routing:
+def route(logits: F32, k: int, ops: RoutingOps, normalize: bool, gating: str = "softmax",
+          display: bool = True) -> Routing:
     """softmax, the top k (ties to the lower index), their probabilities, renormalised when asked. gating
     'softmax_weight' (gpt-oss): the top k of the logits, weighted by a softmax over those k; `probs` is then the
-    softmax over all experts, for display (the graph never computes it)."""
+    softmax over all experts, for display only (the graph never computes it): with display False (nothing records
+    the routing) it is left empty."""
     logits = np.ascontiguousarray(logits, np.float32)
-    probs = ops.softmax(logits)
-    score = logits if gating == "softmax_weight" else probs
+    weighted = gating == "softmax_weight"
+    probs = ops.softmax(logits) if display or not weighted else np.zeros((logits.shape[0], 0), np.float32)
+    score = logits if weighted else probs
     order = np.argsort(-score, axis=-1, kind="stable")[:, :k].astype(np.int32)
     weights = np.take_along_axis(score, order, axis=-1)
     if gating == "softmax_weight":  # ggml_soft_max over the k chosen logits of each token
@@ -229,7 +232,7 @@ class MoEFFN:
         if self.ablated_experts is not None:  # as a router bias of -inf would: never among the top k
             logits = logits.copy()
             logits[:, self.ablated_experts] = -np.inf
-        r = route(logits, k, ops, self.normalize, self.gating)
+        r = route(logits, k, ops, self.normalize, self.gating, display=recorder is not None)
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
         ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
