@@ -52,3 +52,11 @@ def smollm2_path() -> Path:
 def gemma3_path() -> Path:
     """gemma-3-270m Q4_K_M (gemma3 architecture, 262k-token SPM vocab)."""
     return _require(GEMMA3_FILE)
+
+
+@pytest.fixture(scope="session")
+def t5_q8_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weight T5 test model (tools/make_t5_model.py, real UGM vocabulary) in Q8_0, written once."""
+    from tools.make_t5_model import t5_file  # noqa: PLC0415
+
+    return t5_file(tmp_path_factory.mktemp("t5"))

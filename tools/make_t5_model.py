@@ -176,6 +176,19 @@ def write_t5(path: Path, name: str, seed: int = SEED) -> Path:
     return path
 
 
+def t5_file(folder: Path, name: str = "t5", quant: str = "Q8_0") -> Path:
+    """Test model `name` quantized by the project to `quant` in `folder` (written once per folder)."""
+    from engine.quality.requantize import quantize_file  # noqa: PLC0415
+
+    out = folder / f"{name}.{quant}.gguf"
+    if not out.exists():
+        base = folder / f"{name}.F32.gguf"
+        if not base.exists():
+            write_t5(base, name)
+        quantize_file(base, out, quant)
+    return out
+
+
 def case_ids(case: str, seed: int = SEED) -> tuple[list[int], list[int]]:
     """The encoder tokens and the decoder tokens (the start token first) of `case` (no specials)."""
     n_enc, n_dec, _ = CASES[case]

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.quality.requantize import quantize_file
 from tests.engine.golden import kld_topk, log_softmax
 from tests.engine.models.arch_cases import MOE_GGML_KLD_MAX
 from tests.tiny_models import make_tiny_llama
 from tools.make_arch_models import FIXTURES
-from tools.make_t5_model import case_ids, dec_start, n_vocab, write_t5
+from tools.make_t5_model import case_ids, dec_start, n_vocab
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,11 +23,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def t5(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("cli_t5")
-    out = folder / "t5.Q8_0.gguf"
-    quantize_file(write_t5(folder / "t5.F32.gguf", "t5"), out, "Q8_0")
-    return out
+def t5(t5_q8_path: Path) -> Path:
+    return t5_q8_path
 
 
 @pytest.fixture()

@@ -14,16 +14,12 @@ from engine.model import load_model
 from engine.observe.logit_lens import logit_lens
 from engine.observe.recorder import Recorder
 from engine.quality.imatrix_collect import compute_imatrix, compute_imatrix_tokens
-from engine.quality.requantize import quantize_file
-from tools.make_t5_model import case_ids, write_t5
+from tools.make_t5_model import case_ids
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("t5rec")
-    out = folder / "t5.Q8_0.gguf"
-    quantize_file(write_t5(folder / "t5.F32.gguf", "t5"), out, "Q8_0")
-    return out
+def path(t5_q8_path: Path) -> Path:
+    return t5_q8_path
 
 
 @pytest.fixture(scope="module", params=["ggml", "float32"])

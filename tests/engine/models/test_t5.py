@@ -23,25 +23,18 @@ import engine.models.seq2seq as graph_module
 from engine.errors import SettingError
 from engine.generate import GenerationConfig, generate
 from engine.model import load_model
-from engine.quality.requantize import quantize_file
 from engine.sampler import SamplerSettings
 from tests.engine.golden import kld_topk, log_softmax
 from tests.engine.models.arch_cases import F32_BOUNDS, MOE_GGML_KLD_MAX
 from tools.make_arch_models import FIXTURES
-from tools.make_t5_model import CASES, T5_SPECS, case_ids, write_t5
+from tools.make_t5_model import CASES, T5_SPECS, case_ids, t5_file
 
 QUANTS = ("F16", "Q8_0")
 ABLATION_KLD_MIN = 0.1  # each ablation's mean KLD is above this: 20x float32's bound, 1e8x ggml's
 
 
 def model_file(folder: Path, name: str, quant: str) -> Path:
-    out = folder / f"{name}.{quant}.gguf"
-    if not out.exists():
-        base = folder / f"{name}.F32.gguf"
-        if not base.exists():
-            write_t5(base, name)
-        quantize_file(base, out, quant)
-    return out
+    return t5_file(folder, name, quant)
 
 
 @pytest.fixture(scope="module")

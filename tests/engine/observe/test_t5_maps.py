@@ -11,18 +11,14 @@ from engine.gguf import open_gguf
 from engine.model import load_model
 from engine.models.encoder_decoder import relative_bucket
 from engine.observe.t5_maps import attention_maps, bucket_edges, position_tables
-from engine.quality.requantize import quantize_file
-from tools.make_t5_model import case_ids, write_t5
+from tools.make_t5_model import case_ids
 
 N_HEADS, N_BUCKETS = 4, 32
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("t5maps")
-    out = folder / "t5.Q8_0.gguf"
-    quantize_file(write_t5(folder / "t5.F32.gguf", "t5"), out, "Q8_0")
-    return out
+def path(t5_q8_path: Path) -> Path:
+    return t5_q8_path
 
 
 @pytest.fixture(scope="module", params=["ggml", "float32"])
