@@ -50,6 +50,8 @@ class AttentionLens(QWidget):
     roles_requested = Signal(str)  # 'chat' | 'probe': answered with set_roles(HeadRolesRecord)
     logit_requested = Signal(int, int)  # position, width: answered with set_logit_lens(LogitLensRecord)
     hidden_keys_changed = Signal(object)  # the sink keys to leave out of the grid: answered with set_attention
+    seq2seq_requested = Signal()  # an encoder-decoder model's maps: answered with set_seq2seq
+    cross_step_requested = Signal(int, int, int)  # decoder layer, head, output position: answered with set_cross_step
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -116,6 +118,8 @@ class AttentionLens(QWidget):
         self.views.addTab(self.seq2seq, "Encoder-decoder")
         self.views.setTabVisible(self.views.indexOf(self.seq2seq), False)
         self.seq2seq.hovered.connect(self.status.setText)
+        self.seq2seq.maps_requested.connect(self.seq2seq_requested)
+        self.seq2seq.step_requested.connect(self.cross_step_requested)
         root = QVBoxLayout(self)
         root.addWidget(self.bar)
         root.addWidget(self.views, 1)
@@ -156,8 +160,8 @@ class AttentionLens(QWidget):
         self.roles_requested.connect(to.request_roles)
         self.logit_requested.connect(to.request_logit)
         self.hidden_keys_changed.connect(to.set_hidden_keys)
-        self.seq2seq.maps_requested.connect(to.request_seq2seq)
-        self.seq2seq.step_requested.connect(to.request_cross_step)
+        self.seq2seq_requested.connect(to.request_seq2seq)
+        self.cross_step_requested.connect(to.request_cross_step)
 
     def set_model(self, model: ModelRecord) -> None:
         """A new model: rebuild the layer and head pickers; forget old records."""

@@ -107,6 +107,12 @@ class Seq2SeqView(QWidget):
         root.addWidget(self.shape_label)
         root.addWidget(self.body, 1)
 
+    def showEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt override
+        """Shown with nothing drawn (a new model, another chat): ask for the last input and output's maps."""
+        super().showEvent(event)
+        if self.record is None:
+            self.maps_requested.emit()
+
     # ---- public API
 
     def set_model(self, model: ModelRecord) -> None:
