@@ -200,6 +200,9 @@ class CompareWorkspace:
         if self.a is None:
             say(f"loading {Path(self.path or '').name} as A", 0.0)
             self.a = self.load(str(self.path))
+        if getattr(self.a.net, "is_encoder_decoder", False):
+            raise SettingError("Compare, the preset sweep and the mix search read one text through one stack of "
+                               "layers: an encoder-decoder (T5) model is not compared yet")
         return self.a
 
     def load_b(self, say: Say) -> Any:

@@ -73,3 +73,13 @@ def test_the_view_asks_for_the_adapter(qtbot, tmp_path: Path) -> None:
     view.source.setCurrentIndex(view.source.findData("preset"))
     view._source_changed()
     assert view.b_scale.isHidden() and view.options().b_source == "preset"
+
+
+def test_an_encoder_decoder_model_is_not_compared(t5_q8_path: Path) -> None:
+    ws = CompareWorkspace()
+    try:
+        with pytest.raises(LensError, match="encoder-decoder \\(T5\\) model is not compared yet"):
+            list(compare_job(ws, str(t5_q8_path), CompareOptions(b_source="numerics", text=TEXT, max_tokens=16), None,
+                             threading.Event(), lambda item: None))
+    finally:
+        ws.close()
