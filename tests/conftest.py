@@ -60,3 +60,13 @@ def t5_q8_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.make_t5_model import t5_file  # noqa: PLC0415
 
     return t5_file(tmp_path_factory.mktemp("t5"))
+
+
+@pytest.fixture(scope="module", params=["ggml", "float32"])
+def t5_model(t5_q8_path: Path, request: pytest.FixtureRequest):  # noqa: ANN201
+    """That model loaded in each numerics (no warm-up), closed after the module."""
+    from engine.model import load_model  # noqa: PLC0415
+
+    m = load_model(t5_q8_path, numerics=request.param, warm=False)
+    yield m
+    m.close()

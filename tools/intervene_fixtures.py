@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tools.make_arch_models import llama_cpp_logits, log_softmax
+
 N_TOKENS, PREFILL, TOP_K = 48, 32, 64
 
 
@@ -42,26 +44,9 @@ def token_ids(seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(200, 40000, N_TOKENS).tolist()
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
-
-
 def llama_logits(model: Path, ids: list[int], setup: Callable[[Any], None]) -> np.ndarray:
     """llama.cpp's logits at every position of `ids`, `setup(llm)` called on the loaded model first."""
-    from llama_cpp import Llama  # noqa: PLC0415
-
-    llm = Llama(model_path=str(model), n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True, n_threads=2,
-                verbose=False, flash_attn=False)
-    setup(llm)
-    llm.reset()
-    llm.eval(ids[:PREFILL])
-    for tok in ids[PREFILL:]:
-        llm.eval([tok])
-    out = np.array(llm.scores[: len(ids)], dtype=np.float32)
-    del llm
-    return out
+    return llama_cpp_logits(model, ids, 2, n_ctx=256, n_batch=256, prefill=PREFILL, setup=setup)
 
 
 def write_fixture(folder: Path, name: str, shape: Shape, ids: list[int], files: dict[str, Path],

@@ -278,16 +278,20 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
 
 
-def llama_cpp_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
-    """llama.cpp's logits at every position: F16 KV cache, no flash attention; the first PREFILL tokens in one
-    batch, then one token per step, so both the batch and the one-row kernels are in the fixture."""
+def llama_cpp_logits(path: Path, ids: list[int], threads: int, *, n_ctx: int = N_CTX, n_batch: int = 512,
+                     prefill: int = PREFILL, setup: Any = None) -> np.ndarray:
+    """llama.cpp's logits at every position: F16 KV cache, no flash attention; the first `prefill` tokens in one
+    batch, then one token per step, so both the batch and the one-row kernels are in the fixture. `setup(llm)` is
+    called on the loaded model first (a control vector, LoRA adapters)."""
     from llama_cpp import Llama  # noqa: PLC0415 - the development venv only
 
-    llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
-                verbose=False, flash_attn=False)
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
+                n_threads=threads, verbose=False, flash_attn=False)
+    if setup is not None:
+        setup(llm)
     llm.reset()
-    llm.eval(ids[:PREFILL])
-    for tok in ids[PREFILL:]:
+    llm.eval(ids[:prefill])
+    for tok in ids[prefill:]:
         llm.eval([tok])
     out = np.array(llm.scores[: len(ids)], dtype=np.float32)
     del llm

@@ -82,6 +82,19 @@ def detokenize(vocab, ids: list[int], remove_special: bool, unparse_special: boo
         return buf.raw[:n]
 
 
+def token_attrs(vocab, n_vocab: int) -> tuple[dict[str, int], list[int]]:
+    """The tokens whose attribute is not NORMAL (id -> attribute) and the end-of-generation tokens."""
+    attrs: dict[str, int] = {}
+    eog: list[int] = []
+    for t in range(n_vocab):
+        a = int(llama_cpp.llama_vocab_get_attr(vocab, t))
+        if a != llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:
+            attrs[str(t)] = a
+        if llama_cpp.llama_vocab_is_eog(vocab, t):
+            eog.append(t)
+    return attrs, eog
+
+
 def make_fixture(model_path: Path, items: list[tuple[str, str]]) -> dict:
     """Tokenize the corpus with llama.cpp and collect what the tests compare against."""
     llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
@@ -112,14 +125,7 @@ def make_fixture(model_path: Path, items: list[tuple[str, str]]) -> dict:
         for t in sorted(sample)
     }
 
-    attrs = {}
-    eog = []
-    for t in range(n_vocab):
-        a = int(llama_cpp.llama_vocab_get_attr(vocab, t))
-        if a != llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:
-            attrs[str(t)] = a
-        if llama_cpp.llama_vocab_is_eog(vocab, t):
-            eog.append(t)
+    attrs, eog = token_attrs(vocab, n_vocab)
 
     def opt(token: int) -> int | None:
         return None if token < 0 else int(token)

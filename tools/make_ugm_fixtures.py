@@ -128,13 +128,7 @@ def piece_digests(vocab, n_vocab: int) -> list[list[str]]:
 def describe(vocab, path: Path, corpus_items: list[tuple[str, str]], extra_items: list[tuple[str, str]]) -> dict:
     """Everything the tests compare for one vocabulary."""
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    attrs, eog = {}, []
-    for t in range(n_vocab):
-        a = int(llama_cpp.llama_vocab_get_attr(vocab, t))
-        if a != llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:
-            attrs[str(t)] = a
-        if llama_cpp.llama_vocab_is_eog(vocab, t):
-            eog.append(t)
+    attrs, eog = mtf.token_attrs(vocab, n_vocab)
     sweep = [item for item in corpus_items if item[0].startswith("sweep")]
     rest = [item for item in corpus_items if not item[0].startswith("sweep")]
 

@@ -345,9 +345,9 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
         if not opts.b_path:
             raise SettingError("choose the LoRA adapter for B first")
         b = ws.model_adapter(opts.b_path, opts.b_scale, say)
-        nbytes, _ = tensor_size(b)
+        nbytes, bpw = tensor_size(b)
         total = nbytes + Path(opts.b_path).stat().st_size
-        return b, f"file + LoRA {Path(opts.b_path).name} x{opts.b_scale:g}", total, tensor_size(b)[1]
+        return b, f"file + LoRA {Path(opts.b_path).name} x{opts.b_scale:g}", total, bpw
     if opts.b_source == "numerics":
         b = ws.model_float32(say)
         return b, "file, float32 numerics", *tensor_size(b)

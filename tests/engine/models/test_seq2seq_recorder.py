@@ -3,30 +3,21 @@ logit lens reads, and the input rows of every decoder product, which an importan
 importance matrix itself refused, as llama-imatrix has nothing to collect from a T5 file."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from engine.errors import SettingError
-from engine.model import load_model
 from engine.observe.logit_lens import logit_lens
 from engine.observe.recorder import Recorder
 from engine.quality.imatrix_collect import compute_imatrix, compute_imatrix_tokens
 from tools.make_t5_model import case_ids
 
 
-@pytest.fixture(scope="module")
-def path(t5_q8_path: Path) -> Path:
-    return t5_q8_path
-
-
-@pytest.fixture(scope="module", params=["ggml", "float32"])
-def model(path: Path, request: pytest.FixtureRequest) -> Any:  # noqa: ANN401
-    m = load_model(path, numerics=request.param, warm=False)
-    yield m
-    m.close()
+@pytest.fixture
+def model(t5_model: Any) -> Any:  # noqa: ANN401
+    return t5_model  # tests/conftest.py: the T5 test model in each numerics
 
 
 def run(model: Any, recorder: Recorder, case: str = "a", split: int = 12) -> tuple[list[int], np.ndarray]:  # noqa

@@ -16,16 +16,9 @@ from tools.make_t5_model import case_ids
 N_HEADS, N_BUCKETS = 4, 32
 
 
-@pytest.fixture(scope="module")
-def path(t5_q8_path: Path) -> Path:
-    return t5_q8_path
-
-
-@pytest.fixture(scope="module", params=["ggml", "float32"])
-def model(path: Path, request: pytest.FixtureRequest) -> Any:  # noqa: ANN401
-    m = load_model(path, numerics=request.param, warm=False)
-    yield m
-    m.close()
+@pytest.fixture
+def model(t5_model: Any) -> Any:  # noqa: ANN401
+    return t5_model  # tests/conftest.py: the T5 test model in each numerics
 
 
 def test_three_kinds_of_maps(model: Any) -> None:  # noqa: ANN401
@@ -56,11 +49,11 @@ def test_maps_of_some_layers_and_the_logits_are_untouched(model: Any) -> None:  
     assert np.array_equal(_logits(model, enc, dec), before)
 
 
-def test_maps_in_both_numerics_agree(path: Path) -> None:
+def test_maps_in_both_numerics_agree(t5_q8_path: Path) -> None:
     enc, dec = case_ids("a")
     got = []
     for numerics in ("ggml", "float32"):
-        m = load_model(path, numerics=numerics, warm=False)
+        m = load_model(t5_q8_path, numerics=numerics, warm=False)
         got.append(attention_maps(m.net, enc, dec[:12]))
         m.close()
     for kind in ("encoder", "decoder", "cross"):
@@ -68,11 +61,11 @@ def test_maps_in_both_numerics_agree(path: Path) -> None:
             np.testing.assert_allclose(got[0].of(kind)[layer], got[1].of(kind)[layer], atol=0.03)
 
 
-def test_position_tables_match_the_file(model: Any, path: Path) -> None:  # noqa: ANN401
+def test_position_tables_match_the_file(model: Any, t5_q8_path: Path) -> None:  # noqa: ANN401
     """The bias laid out against distance is the file's attn_rel_b looked up by llama.cpp's buckets."""
     tables = position_tables(model.net, max_distance=200)
     assert tables.n_buckets == N_BUCKETS
-    g = open_gguf(path)
+    g = open_gguf(t5_q8_path)
     try:
         for stack, table in (("enc", tables.encoder), ("dec", tables.decoder)):
             raw = np.ascontiguousarray(g.rows(f"{stack}.blk.0.attn_rel_b.weight")).view(np.float32).reshape(N_BUCKETS, N_HEADS)
