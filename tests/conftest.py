@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# The fixtures hold llama.cpp's AVX-512 build's bits: the ggml numerics follow that build in every test (and in the
+# CLI processes the tests start), whatever CPU runs the suite; the AVX2 tests ask for that build's order themselves.
+os.environ["GGUF_LENS_BITS"] = "avx512"
+
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 

@@ -3,7 +3,11 @@
 Run with a Python that has llama-cpp-python (a development tool, never a runtime dependency), built from
 its sdist as README.md's "Golden fixtures" section says:
 
-    /path/to/llvenv/bin/python tools/make_golden.py --models-dir DIR
+    /path/to/llvenv/bin/python tools/make_golden.py --models-dir DIR [--isa avx2]
+
+--isa avx2 takes a llama-cpp-python built with AVX2 flags only (no AVX-512; README.md, "Golden fixtures") and
+writes golden_<model>_avx2.*: that build's numbers, which differ from the AVX-512 build's in the last bits
+(engine.kernels.isa). The build's own system info is checked against --isa and stored in the JSON.
 
 For each catalog model it tokenizes tests/fixtures/prose.txt as a whole document (BOS when the model's
 metadata adds one), runs every position through llama.cpp with the default f16 KV cache and again with an
@@ -51,12 +55,33 @@ def run(path: Path, text: str, add_bos: bool, cache_type: int, threads: int) -> 
     return ids, logits
 
 
+def build_isa() -> tuple[str, str]:
+    """('avx512' or 'avx2' or 'other', the system-info line) of the llama.cpp this Python loads."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    isa = "avx512" if "AVX512 = 1" in info else "avx2" if "AVX2 = 1" in info else "other"
+    return isa, info.strip()
+
+
+def check_isa(wanted: str) -> str:
+    """The system-info line, after checking that the llama.cpp build is the `wanted` one (else SystemExit)."""
+    isa, info = build_isa()
+    if isa != wanted:
+        raise SystemExit(f"this llama.cpp is an {isa} build, not {wanted}: {info}")
+    return info
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models-dir", required=True, type=Path)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isa", choices=("avx512", "avx2"), default="avx512",
+                    help="the build the llama.cpp in use must be; avx2 writes golden_<model>_avx2.*")
     args = ap.parse_args()
     text = (FIXTURES / "prose.txt").read_text(encoding="utf-8")
+    system_info = check_isa(args.isa)
+    suffix = "" if args.isa == "avx512" else f"_{args.isa}"
     import llama_cpp
 
     for key, filename in MODELS.items():
@@ -80,8 +105,10 @@ def main() -> int:
             summary[f"{tag}_ppl"] = math.exp(float(nll.mean()))
             out["ids"] = np.asarray(ids, dtype=np.int32)
         summary["n_tokens"] = int(out["ids"].size)
-        np.savez_compressed(FIXTURES / f"golden_{key}.npz", **out)
-        (FIXTURES / f"golden_{key}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        if args.isa != "avx512":  # the AVX-512 files stay as they were made
+            summary["system_info"] = system_info
+        np.savez_compressed(FIXTURES / f"golden_{key}{suffix}.npz", **out)
+        (FIXTURES / f"golden_{key}{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(key, json.dumps(summary))
     return 0
 

@@ -234,8 +234,14 @@ def tap(path: Path, later: int, cache: str, text: str) -> dict[str, np.ndarray]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models-dir", required=True, type=Path)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--isa", choices=("avx512", "avx2"), default="avx512",
+                    help="the build the llama.cpp in use must be; avx2 writes tests/fixtures/taps_avx2 by default")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    from tools.make_golden import check_isa
+
+    check_isa(args.isa)
+    args.out = args.out or (OUT if args.isa == "avx512" else OUT.with_name(f"taps_{args.isa}"))
     args.out.mkdir(parents=True, exist_ok=True)
     text = PROSE.read_text(encoding="utf-8")
     for key, (filename, later) in MODELS.items():

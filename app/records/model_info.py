@@ -104,7 +104,8 @@ def _token(tok: Any, tid: int | None) -> str:
 
 
 def compute_note(model: Any) -> str:
-    """Where the products run, for the status bar: 'cupy', 'CPU · numba kernels' (llama.cpp's numbers),
+    """Where the products run, for the status bar: 'cupy', 'CPU (AVX2) · numba kernels' (llama.cpp's numbers, those of
+    its build for that CPU; 'CPU (AVX2, AVX-512 bits) · …' where GGUF_LENS_BITS chose the other build's),
     'CPU · NumPy fallback (why)' or 'CPU · float32 BLAS' (the textbook numerics)."""
     name = str(getattr(model.backend, "name", "numpy"))
     if name != "numpy":
@@ -112,10 +113,13 @@ def compute_note(model: Any) -> str:
     if getattr(model, "numerics", "ggml") != "ggml":
         return "CPU · float32 BLAS"
     from engine.kernels.dispatch import compiled, kernel_note  # noqa: PLC0415 - numpy and numba only
-    from engine.kernels.isa import describe  # noqa: PLC0415
+    from engine.kernels.isa import BUILDS, describe  # noqa: PLC0415
 
-    isa = describe().target
-    shown = {"avx512": "AVX-512", "avx2": "AVX2", "aarch64": "ARM"}.get(isa, "")
+    info = describe()
+    names = {"avx512": "AVX-512", "avx2": "AVX2", "aarch64": "ARM"}
+    shown = names.get(info.target, "")
+    if shown and info.target in ("avx512", "avx2") and not info.matches_host_build:  # GGUF_LENS_BITS chose the other
+        shown += f", {names[next(k for k, v in BUILDS.items() if v == info.bits_of)]} bits"
     return f"CPU{f' ({shown})' if shown and compiled() else ''} · {kernel_note()}"
 
 

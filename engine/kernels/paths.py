@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from engine.quant.types import GGMLType
 
-from engine.kernels import pages
+from engine.kernels import isa, pages
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -90,14 +90,15 @@ def tinyblas_gemm(qtype: GGMLType) -> Callable[[np.ndarray, np.ndarray, F32], No
     from engine.kernels.floats import tinyblas  # noqa: PLC0415 - compiled kernels only
 
     if qtype in (_T.F16, _T.F32):
-        return tinyblas.gemm
+        return lambda w, x, out: tinyblas.gemm(w, x, out, isa.w8())
     return tinyblas.gemm_bf16 if qtype == _T.BF16 and tinyblas.bf16_available() else None
 
 
 def tinyblas_takes(n_rows: int, n: int, n_out: int, qtype: GGMLType = _T.F32) -> bool:
     """Whether llama.cpp takes tinyBLAS for a float batch: two rows or more, weight rows in fours, rows in
-    sixteens (BF16: in 32s, tinyBLAS<32, __m512, __m512bh>'s step)."""
-    return n_rows >= 2 and n_out % 4 == 0 and n % (32 if qtype == _T.BF16 else 16) == 0
+    sixteens (BF16: in 32s, tinyBLAS<32, __m512, __m512bh>'s step; the AVX2 build's F32 / F16: in eights)."""
+    step = 32 if qtype == _T.BF16 else isa.lanes()
+    return n_rows >= 2 and n_out % 4 == 0 and n % step == 0
 
 
 def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable] | None:
@@ -147,12 +148,11 @@ TILED_IQ = ("IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S",
 
 
 def takes_q2_k_x8(qtype: GGMLType, n_rows: int) -> bool:
-    """Q2_K rows in eights on a CPU with AVX-512 (llama.cpp's q2_K_8x8 repack; without AVX-512 it does not)."""
+    """Q2_K rows in eights where the numerics follow llama.cpp's x86 AVX-512 build (its q2_K_8x8 repack; its AVX2
+    build does not repack them; engine.kernels.isa), on x86."""
     if qtype != _T.Q2_K or n_rows % 8:
         return False
-    from engine.kernels.simd import host_has  # noqa: PLC0415 - compiled kernels only
-
-    return host_has("avx512f")
+    return isa.bits() == "avx512" and isa.target() in isa.BUILDS
 
 
 def takes_tiled(qtype: GGMLType, n_rows: int) -> bool:

@@ -12,6 +12,9 @@ Which kernel ggml_compute_forward_mul_mat runs for each product decides the summ
   _mm512_fmadd_ps over 16-float steps, then _mm512_reduce_add_ps. With an F16 cache, q (for K*q) and the
   softmax weights (for V*w) are first rounded to fp16.
 
+That is the AVX-512 build. The AVX2 build (engine.kernels.isa.lanes() == 8) has vec_dot's four accumulators 8
+lanes wide (32-float steps) and tinyBLAS<8, __m256>, which takes a product when its row length is a multiple of 8.
+
 Inputs use the engine's layout: q (Hq, T, d); keys / values (Hkv, S, d) as float32 (an F32 cache) or
 float16 (an F16 cache); query head h reads KV head h // (Hq / Hkv), as ggml broadcasts.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import isa
 from engine.kernels.floats import vec_dot as legacy_floats
 from engine.kernels.activations import (
     HAVE_NUMBA,
@@ -36,9 +40,9 @@ from engine.ops.ggml import soft_max
 
 F32 = npt.NDArray[np.float32]
 KV_PAD = 256  # llama_kv_cache::get_n_kv pads n_kv to a multiple of 256 (capped by the cache size)
-LANES = 16  # tinyBLAS<16, __m512, ...>: KN
+LANES = 16  # tinyBLAS<16, __m512, ...>: KN (8 in the AVX2 build)
 
-__all__ = ["attention", "kq", "kqv", "kv_length", "lanes16_dot"]
+__all__ = ["attention", "kq", "kqv", "kv_length", "lanes_dot"]
 
 
 def kv_length(n_used: int, kv_size: int | None = None) -> int:
@@ -54,52 +58,56 @@ def kv_length(n_used: int, kv_size: int | None = None) -> int:
 
 
 @njit(cache=True, parallel=True)
-def _lanes16(w, yt, out):
-    """out (m, r) = tinyBLAS dot of rows w (r, k) with the columns of yt (k, m), k a multiple of 16.
+def _lanes_kernel(w, yt, out, lanes):
+    """out (m, r) = tinyBLAS dot of rows w (r, k) with the columns of yt (k, m), k a multiple of lanes (16 or 8).
 
     The columns are the innermost loop (contiguous in yt), so LLVM vectorises across outputs while each
-    output keeps its own 16 lanes and its own order."""
+    output keeps its own lanes and its own order."""
     r_rows, k = w.shape
     m = yt.shape[1]
     for r in prange(r_rows):
-        acc = np.zeros((LANES, m), np.float32)
-        for c in range(0, k, LANES):
-            for lane in range(LANES):
+        acc = np.zeros((lanes, m), np.float32)
+        for c in range(0, k, lanes):
+            for lane in range(lanes):
                 wv = w[r, c + lane]
                 for i in range(m):
                     acc[lane, i] = fma32(wv, yt[c + lane, i], acc[lane, i])
-        for i in range(m):
-            t0, t1 = acc[0, i] + acc[8, i], acc[1, i] + acc[9, i]
-            t2, t3 = acc[2, i] + acc[10, i], acc[3, i] + acc[11, i]
-            t4, t5 = acc[4, i] + acc[12, i], acc[5, i] + acc[13, i]
-            t6, t7 = acc[6, i] + acc[14, i], acc[7, i] + acc[15, i]
-            u0, u1, u2, u3 = t0 + t4, t1 + t5, t2 + t6, t3 + t7
+        if lanes == 16:  # _mm512_reduce_add_ps: the 256-bit halves first
+            for lane in range(8):
+                for i in range(m):
+                    acc[lane, i] = acc[lane, i] + acc[lane + 8, i]
+        for i in range(m):  # then the 128-bit halves, movehl and movehdup (hsum(__m256) in the AVX2 build)
+            u0, u1 = acc[0, i] + acc[4, i], acc[1, i] + acc[5, i]
+            u2, u3 = acc[2, i] + acc[6, i], acc[3, i] + acc[7, i]
             out[i, r] = (u0 + u2) + (u1 + u3)
 
 
-def _reduce16_np(v: F32) -> F32:
-    t = v[..., :8] + v[..., 8:]
-    q = t[..., :4] + t[..., 4:]
+def _reduce_np(v: F32) -> F32:
+    """One register's horizontal sum over the last axis (16: _mm512_reduce_add_ps; 8: the AVX2 hsum)."""
+    if v.shape[-1] == 16:
+        v = v[..., :8] + v[..., 8:]
+    q = v[..., :4] + v[..., 4:]
     return (q[..., 0] + q[..., 2]) + (q[..., 1] + q[..., 3])
 
 
-def lanes16_dot(w: F32, y: F32) -> F32:
-    """(m, r): tinyBLAS's dot of every row of w (r, k) with every row of y (m, k), k % 16 == 0.
+def lanes_dot(w: F32, y: F32, lanes: int = LANES) -> F32:
+    """(m, r): tinyBLAS's dot of every row of w (r, k) with every row of y (m, k), k % lanes == 0.
 
-    Lane l of one accumulator takes elements l, l + 16, l + 32, ... by fused multiply-adds; then
-    _mm512_reduce_add_ps. (fp16 operands: pass their float32 values, which is what tinyBLAS loads.)
+    Lane l of one accumulator takes elements l, l + lanes, l + 2 lanes, ... by fused multiply-adds; then the
+    register's horizontal sum (lanes 16: the AVX-512 build's _mm512_reduce_add_ps; 8: the AVX2 build's hsum).
+    (fp16 operands: pass their float32 values, which is what tinyBLAS loads.)
     """
     w = np.ascontiguousarray(w, np.float32)
     y = np.ascontiguousarray(y, np.float32)
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
     if HAVE_NUMBA:
         with KERNEL_LOCK:
-            _lanes16(w, np.ascontiguousarray(y.T), out)
+            _lanes_kernel(w, np.ascontiguousarray(y.T), out, np.int64(lanes))
         return out
-    acc = np.zeros((y.shape[0], w.shape[0], LANES), np.float32)
-    for c in range(0, w.shape[1], LANES):
-        acc = fma32_np(w[None, :, c : c + LANES], y[:, None, c : c + LANES], acc)
-    out[:] = _reduce16_np(acc)
+    acc = np.zeros((y.shape[0], w.shape[0], lanes), np.float32)
+    for c in range(0, w.shape[1], lanes):
+        acc = fma32_np(w[None, :, c : c + lanes], y[:, None, c : c + lanes], acc)
+    out[:] = _reduce_np(acc)
     return out
 
 
@@ -110,12 +118,14 @@ def _vec_dot(w: np.ndarray, y: F32) -> F32:
     """(m, r): ggml_vec_dot_f32 (w float32) or ggml_vec_dot_f16 (w float16, y rounded to fp16) of rows."""
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
     if HAVE_NUMBA and w.size * y.shape[0] < SERIAL_MACS:
+        step = np.int64(4 * isa.lanes())
         if w.dtype == np.float16:
             legacy_floats.dot_f16_serial(np.ascontiguousarray(w).view(np.uint16),
                                          quantize_f16(np.ascontiguousarray(y, np.float32)).view(np.uint16)
-                                         .reshape(y.shape[0], -1), out)
+                                         .reshape(y.shape[0], -1), out, step)
         else:
-            legacy_floats.dot_f32_serial(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(y, np.float32), out)
+            legacy_floats.dot_f32_serial(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(y, np.float32), out,
+                                         step)
         return out
     if w.dtype == np.float16:
         xq = quantize_f16(np.ascontiguousarray(y, np.float32))
@@ -136,12 +146,12 @@ def _product(w: np.ndarray, y: F32, tinyblas: bool) -> F32:
         return _vec_dot(w, y)
     if w.dtype == np.float16:  # src1 converted to F16 (vec_dot_type) before tinyBLAS<F16, F16>
         y = y.astype(np.float16).astype(np.float32)
-    return lanes16_dot(w.astype(np.float32), y)
+    return lanes_dot(w.astype(np.float32), y, isa.lanes())
 
 
 def _sgemm_takes(m: int, n: int, k: int) -> bool:
-    """llamafile_sgemm accepts (AVX-512): n >= 2 columns, k % 16 == 0, m % 4 == 0."""
-    return n >= 2 and k % LANES == 0 and m % 4 == 0
+    """llamafile_sgemm accepts (AVX-512): n >= 2 columns, k % 16 == 0, m % 4 == 0 (AVX2: k % 8 == 0)."""
+    return n >= 2 and k % isa.lanes() == 0 and m % 4 == 0
 
 
 def _padded(rows: np.ndarray, n_kv: int) -> np.ndarray:

@@ -7,32 +7,36 @@ V*w with the weights rounded to fp16, again 16 lanes per output. The NumPy path 
 array passes and conversions per layer; `attend_f16` does it per (head, query) row on numba's threads,
 reading the cache's fp16 bits where they lie. `takes` says when llama.cpp's kernels are the ones above
 (otherwise the NumPy path runs); the results are the NumPy path's bit for bit (tests hold them together).
+In the AVX2 build's order (engine.kernels.isa) everything 16 wide above is 8 wide: tinyBLAS<8>, its hsum, the
+softmax's 8-float chunks with the AVX2 v_expf.
 """
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import isa
 from engine.kernels.activations import HAVE_NUMBA
 
 F32 = npt.NDArray[np.float32]
-LANES = 16
 _NO_SINKS = np.zeros(0, np.float32)
 
 
 def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
     """Whether llama.cpp multiplies both attention products of this batch with tinyBLAS and its softmax rows
-    have no scalar tail: T >= 2, head_dim and n_kv multiples of 16."""
-    return n_queries >= 2 and head_dim % LANES == 0 and n_kv % LANES == 0
+    have no scalar tail: T >= 2, head_dim and n_kv multiples of 16 (of 8 in the AVX2 build)."""
+    lanes = isa.lanes()
+    return n_queries >= 2 and head_dim % lanes == 0 and n_kv % lanes == 0
 
 
 if HAVE_NUMBA:
     from engine.kernels.activations import f16_to_f32, f32_to_f16, njit, prange
-    from engine.kernels.floats.tinyblas import axpy16, dot16
-    from engine.ops.ggml_kernels import reduce16, reduce16_columns, v_expf1
+    from engine.kernels.floats.tinyblas import axpy8, axpy16, dot8, dot16
+    from engine.ops.ggml_kernels import reduce_columns, reduce_lanes, v_expf_lane
 
     @njit(cache=True, parallel=True)
-    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, sinks, n_kv, out):
+    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, sinks, n_kv, out, w8):
+        lanes = 8 if w8 else 16
         hq, t, d = q.shape
         group = hq // kc.shape[0]
         n_eff = min(n_kv, n_keys + 63 - (n_keys + 63) % 64)  # past the cached keys the padding adds exact zeros
@@ -49,7 +53,8 @@ if HAVE_NUMBA:
                 if not mask[i, j]:
                     e[j] = -np.inf
                     continue
-                s = dot16(kc, kv * kc.strides[0] + j * kc.strides[1], q16, 0, d)
+                at = kv * kc.strides[0] + j * kc.strides[1]
+                s = dot8(kc, at, q16, 0, d) if w8 else dot16(kc, at, q16, 0, d)
                 if softcap > np.float32(0.0):  # Gemma 2: ggml_scale by 1/cap, ggml_tanh (tanhf), ggml_scale by cap
                     s = np.float32(np.tanh(s * (np.float32(1.0) / softcap))) * softcap
                 s = s * scale
@@ -59,23 +64,27 @@ if HAVE_NUMBA:
             if sinks.shape[0] and not top > sinks[h]:  # gpt-oss: MAX(max, sink)
                 top = sinks[h]
             total = 0.0
-            for c in range(0, n_kv, LANES):
+            for c in range(0, n_kv, lanes):
                 if c >= n_keys:
                     break  # the padding: v_expf(-inf) = 0 in every later chunk
-                for lane in range(LANES):
+                for lane in range(lanes):
                     j = c + lane
-                    e[j] = v_expf1(e[j] - top) if j < n_keys else np.float32(0.0)
-                total += np.float64(reduce16(e, c))
+                    e[j] = v_expf_lane(e[j] - top, w8) if j < n_keys else np.float32(0.0)
+                total += np.float64(reduce_lanes(e, c, w8))
             if sinks.shape[0]:  # the sink's term, libm's expf (numba's float32 exp is the same call)
                 total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
             for j in range(n_keys):  # the fp16 work buffer of V*w
                 e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
-            lanes = np.zeros((LANES, d), np.float32)
+            acc = np.zeros((lanes, d), np.float32)
             for j in range(min(n_keys, n_eff)):
                 if mask[i, j]:  # a masked key's weight is 0: its fmas would add only zeros (at most a zero's sign)
-                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], e[j], lanes, (j % LANES) * d * 4, d)
-            reduce16_columns(lanes, out[h, i])  # _mm512_reduce_add_ps of each output's 16 lanes
+                    at = kv * vc.strides[0] + j * vc.strides[1]
+                    if w8:
+                        axpy8(vc, at, e[j], acc, (j % 8) * d * 4, d)
+                    else:
+                        axpy16(vc, at, e[j], acc, (j % 16) * d * 4, d)
+            reduce_columns(acc, out[h, i], w8)  # each output's lanes reduced as one register
 
 
 def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask: npt.NDArray[np.bool_],
@@ -90,5 +99,5 @@ def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask
         k_bits, v_bits = np.ascontiguousarray(k_bits), np.ascontiguousarray(v_bits)
     _attend_f16(np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
                 np.float32(scale), np.float32(softcap or 0.0), _NO_SINKS if sinks is None else
-                np.ascontiguousarray(sinks, np.float32), n_kv, out)
+                np.ascontiguousarray(sinks, np.float32), n_kv, out, isa.w8())
     return out

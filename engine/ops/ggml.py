@@ -20,12 +20,14 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import isa
 from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
 from engine.ops.ggml_math import cosf, fma32, sinf, v_expf
 from engine.ops.ggml_math import expf as libm_expf
 
 F32 = npt.NDArray[np.float32]
-CHUNK = 16  # floats per AVX-512 register: ggml_vec_swiglu_f32 / ggml_vec_soft_max_f32 step
+# ggml_vec_swiglu_f32 and ggml_vec_soft_max_f32 step through a row in chunks of one vector register: 16 floats in the
+# AVX-512 build, 8 in the AVX2 one (engine.kernels.isa.lanes(), which every function here follows)
 
 __all__ = ["add", "geglu", "gelu_table", "rms_norm", "rope", "rope_cache", "scale", "silu", "soft_max", "swiglu",
            "swiglu_oai"]
@@ -103,11 +105,11 @@ def scale(x: npt.ArrayLike, s: float) -> F32:
 # ---- gated activations
 
 
-def silu(x: npt.ArrayLike) -> F32:
-    """ggml_vec_silu_f32's lanes: x / (1 + v_expf(0 - x)) for every element of a 16-float chunk."""
+def silu(x: npt.ArrayLike, lanes: int | None = None) -> F32:
+    """ggml_vec_silu_f32's lanes: x / (1 + v_expf(0 - x)) for every element of a 16-float (8-float) chunk."""
     x = _f32(x)
     with np.errstate(over="ignore"):
-        return x / (np.float32(1.0) + v_expf(np.float32(0.0) - x))
+        return x / (np.float32(1.0) + v_expf(np.float32(0.0) - x, lanes or isa.lanes()))
 
 
 def _silu_libm(x: F32) -> F32:
@@ -118,12 +120,14 @@ def _silu_libm(x: F32) -> F32:
 
 def silu_rows(x: npt.ArrayLike) -> F32:
     """ggml_silu on a tensor (ggml_vec_silu_f32 per row): ggml_v_silu over each row's 16-float chunks, libm's
-    scalar ggml_silu_f32 for the n % 16 left at the end (a row of one element is all leftover)."""
+    scalar ggml_silu_f32 for the n % 16 left at the end (a row of one element is all leftover); 8 and n % 8 in
+    the AVX2 build."""
     x = _f32(x)
     n = x.shape[-1]
-    body = n - n % CHUNK
+    lanes = isa.lanes()
+    body = n - n % lanes
     out = np.empty(x.shape, np.float32)
-    out[..., :body] = silu(x[..., :body])
+    out[..., :body] = silu(x[..., :body], lanes)
     out[..., body:] = _silu_libm(x[..., body:])
     return out
 
@@ -132,11 +136,13 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     """ggml_swiglu_split (ggml_vec_swiglu_f32, AVX-512): silu(gate) * up per row.
 
     The first n - n % 16 elements of a row go through ggml_v_silu (chunks of 16), the rest through the
-    scalar ggml_silu_f32 with libm's expf: the two differ in the last bits, so where a row ends matters.
+    scalar ggml_silu_f32 with libm's expf: the two differ in the last bits, so where a row ends matters. The AVX2
+    build: chunks of 8 and its own v_expf.
     """
     g, u = _f32(gate), _f32(up)
     n = g.shape[-1]
-    body = n - n % CHUNK
+    lanes = isa.lanes()
+    body = n - n % lanes
     shape = np.broadcast_shapes(g.shape, u.shape)
     out = np.empty(shape, np.float32)
     if _compiled() and body:
@@ -146,10 +152,10 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
         o2 = np.empty(g2.shape, np.float32)
         kernel = gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks
         with KERNEL_LOCK:
-            kernel(g2, u2, o2, body)
+            kernel(g2, u2, o2, body, np.bool_(lanes == 8))
         out[..., :body] = o2.reshape(shape)[..., :body]
     else:
-        out[..., :body] = silu(g[..., :body]) * u[..., :body]
+        out[..., :body] = silu(g[..., :body], lanes) * u[..., :body]
     if body < n:
         out[..., body:] = _silu_libm(g[..., body:]) * u[..., body:]
     return out
@@ -225,9 +231,11 @@ def geglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
 
 
 def _reduce16(v: F32) -> F32:
-    """_mm512_reduce_add_ps over the last axis (16) in GCC's order: halves added down to one lane."""
-    t = v[..., :8] + v[..., 8:]
-    q = t[..., :4] + t[..., 4:]
+    """_mm512_reduce_add_ps over the last axis (16) in GCC's order: halves added down to one lane; over 8, the
+    AVX2 build's horizontal sum (128-bit halves added, then movehl and movehdup): the same last two steps."""
+    if v.shape[-1] == 16:
+        v = v[..., :8] + v[..., 8:]
+    q = v[..., :4] + v[..., 4:]
     return (q[..., 0] + q[..., 2]) + (q[..., 1] + q[..., 3])
 
 
@@ -239,7 +247,8 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
     joins the double sum after the row's own terms; the sink carries no value, so the weights sum to less than 1.
 
     w = scores * scale (+ mask, additive 0 / -inf, or a bool array where True means visible); then
-    ggml_vec_soft_max_f32: e = v_expf(w - max) per 16-float chunk, each chunk reduced in float and
+    ggml_vec_soft_max_f32: e = v_expf(w - max) per 16-float chunk (8 and the AVX2 v_expf in that build,
+    engine.kernels.isa.lanes()), each chunk reduced in float and
     added to a double sum (a leftover tail: libm expf, added one by one); finally e * float(1.0 / sum).
     The row length is the KV cache's n_kv (llama.cpp pads it, masking the padding): pass the padded
     scores to get llama.cpp's chunks.
@@ -251,7 +260,8 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             m = np.where(m, np.float32(0.0), np.float32(-np.inf))
         w = w + _f32(m)
     n = w.shape[-1]
-    body = n - n % CHUNK
+    lanes = isa.lanes()
+    body = n - n % lanes
     with np.errstate(invalid="ignore", over="ignore"):
         mx = np.max(w, axis=-1, keepdims=True)
         if sinks is not None:
@@ -269,12 +279,12 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             sums = np.empty(d2.shape[0], np.float64)
             kernel = gk.soft_max_chunks_serial if d2.size < gk.SERIAL_ELEMENTS else gk.soft_max_chunks
             with KERNEL_LOCK:
-                kernel(d2, e2, sums, body)
+                kernel(d2, e2, sums, body, np.bool_(lanes == 8))
             e = e2.reshape(w.shape)
             total = sums.reshape(w.shape[:-1])
         else:
-            e[..., :body] = v_expf(d[..., :body])
-            chunks = _reduce16(e[..., :body].reshape(*w.shape[:-1], body // CHUNK, CHUNK)).astype(np.float64)
+            e[..., :body] = v_expf(d[..., :body], lanes)
+            chunks = _reduce16(e[..., :body].reshape(*w.shape[:-1], body // lanes, lanes)).astype(np.float64)
             total = np.cumsum(chunks, axis=-1)[..., -1] if body else np.zeros(w.shape[:-1])
         if body < n:
             e[..., body:] = _expf(d[..., body:])

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.activations import f32_to_f16, fma32, njit, prange
+from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, njit, prange
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -42,6 +42,41 @@ def v_expf1(x):
     if math.isnan(n):  # NaN in, NaN out
         return j
     return np.float32(np.float64(j) * _POW2[int(n) + 192])  # exact in double, rounded once (as VSCALEFPS)
+
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, forceinline=True)
+def _u32(v):
+    """The low 32 bits of an integer (numba widens integer arithmetic; a 32-bit lane wraps)."""
+    return np.uint32(np.uint64(v) & _MASK32)
+
+
+@njit(cache=True, forceinline=True)
+def v_expf8_1(x):
+    """One lane of the AVX2 ggml_v_expf: see engine.ops.ggml_math.v_expf8."""
+    z = fma32(x, _LOG2E, _R)
+    n = z - _R
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    e = _u32(np.uint64(f32_bits(z)) << np.uint64(23))
+    u = b * b
+    j = fma32(fma32(fma32(_P0, b, _P1), u, fma32(_P2, b, _P3)), u, _P4 * b)
+    if not abs(n) > 126:  # NaN too: the compare is ordered
+        k = bits_f32(_u32(np.uint64(e) + np.uint64(0x3F800000)))
+        return fma32(j, k, k)
+    g = np.uint64(0x82000000) if n <= 0 else np.uint64(0)
+    s1 = bits_f32(_u32(g + np.uint64(0x7F000000)))
+    if abs(n) > 192:
+        return s1 * s1
+    s2 = bits_f32(_u32(np.uint64(e) - g))
+    return fma32(s2, j, s2) * s1
+
+
+@njit(cache=True, forceinline=True)
+def v_expf_lane(x, w8):
+    """One lane of ggml_v_expf of the AVX2 build (w8) or the AVX-512 one."""
+    return v_expf8_1(x) if w8 else v_expf1(x)
 
 
 @njit(cache=True)
@@ -82,6 +117,35 @@ def reduce16(a, o):
 
 
 @njit(cache=True, forceinline=True)
+def hsum8(a, o):
+    """The AVX2 build's horizontal sum of a[o:o + 8] (tinyBLAS's hsum, soft_max's chunk sum): the two 128-bit halves
+    added, then movehl and movehdup: (t0 + t2) + (t1 + t3) with t_k = a[k] + a[k + 4]."""
+    t0, t1, t2, t3 = a[o] + a[o + 4], a[o + 1] + a[o + 5], a[o + 2] + a[o + 6], a[o + 3] + a[o + 7]
+    return (t0 + t2) + (t1 + t3)
+
+
+@njit(cache=True, forceinline=True)
+def reduce_lanes(a, o, w8):
+    """One register's horizontal sum at a[o]: hsum8 (AVX2 build, w8) or reduce16 (AVX-512)."""
+    return hsum8(a, o) if w8 else reduce16(a, o)
+
+
+@njit(cache=True, forceinline=True)
+def reduce_columns(a, dst, w8):
+    """dst[c] = one register's horizontal sum of a[0:lanes, c] for every column (reduce16_columns, or hsum8's order
+    over a[0:8] with w8); a is overwritten."""
+    if not w8:
+        reduce16_columns(a, dst)
+        return
+    d = a.shape[1]
+    for k in range(4):
+        for c in range(d):
+            a[k, c] = a[k, c] + a[k + 4, c]
+    for c in range(d):
+        dst[c] = (a[0, c] + a[2, c]) + (a[1, c] + a[3, c])
+
+
+@njit(cache=True, forceinline=True)
 def reduce16_columns(a, dst):
     """dst[c] = _mm512_reduce_add_ps of a[0:16, c] for every column c (GCC's order, as reduce16), all columns at
     once; a is overwritten. The V*w products keep one 16-lane accumulator per output in a column of a."""
@@ -97,25 +161,28 @@ def reduce16_columns(a, dst):
 
 
 @njit(cache=True, parallel=True)
-def soft_max_chunks(d, e, sums, body):
+def soft_max_chunks(d, e, sums, body, w8):
     """e[:, :body] = v_expf(d[:, :body]); sums[r] = the double sum of each 16-float chunk's
-    _mm512_reduce_add_ps, chunk after chunk (ggml_vec_soft_max_f32 without its scalar tail)."""
+    _mm512_reduce_add_ps, chunk after chunk (ggml_vec_soft_max_f32 without its scalar tail); with w8 the AVX2
+    build's: 8-float chunks, its v_expf and hsum8."""
+    lanes = 8 if w8 else 16
     for r in prange(d.shape[0]):
         total = 0.0
-        for c in range(0, body, 16):
-            for k in range(16):
-                e[r, c + k] = v_expf1(d[r, c + k])
-            total += np.float64(reduce16(e[r], c))
+        for c in range(0, body, lanes):
+            for k in range(lanes):
+                e[r, c + k] = v_expf_lane(d[r, c + k], w8)
+            total += np.float64(reduce_lanes(e[r], c, w8))
         sums[r] = total
 
 
 @njit(cache=True, parallel=True)
-def swiglu_chunks(g, u, out, body):
-    """out[:, :body] = x / (1 + v_expf(0 - x)) * up: ggml_v_silu then the multiply, lane by lane."""
+def swiglu_chunks(g, u, out, body, w8):
+    """out[:, :body] = x / (1 + v_expf(0 - x)) * up: ggml_v_silu then the multiply, lane by lane (the AVX2
+    build's v_expf with w8)."""
     for r in prange(g.shape[0]):
         for i in range(body):
             x = g[r, i]
-            out[r, i] = (x / (_ONE + v_expf1(_ZERO - x))) * u[r, i]
+            out[r, i] = (x / (_ONE + v_expf_lane(_ZERO - x, w8))) * u[r, i]
 
 
 # the same loops on the calling thread, for the few rows of a decode step (thread start-up costs more than the work)

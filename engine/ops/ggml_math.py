@@ -2,9 +2,9 @@
 
 ggml's non-matrix ops call two kinds of elementary functions:
 
-- its own SIMD exponential, ggml_v_expf (vec.h, the AVX-512 variant): a degree-5 polynomial on the
-  reduced argument built from fused multiply-adds, scaled with _mm512_scalef_ps, used for 16-float
-  chunks in SiLU and softmax;
+- its own SIMD exponential, ggml_v_expf (vec.h): a degree-5 polynomial on the reduced argument built from
+  fused multiply-adds, used for 16-float chunks in SiLU and softmax (AVX-512 build: scaled with
+  _mm512_scalef_ps) or 8-float ones (AVX2 build: scaled through the exponent bits, `v_expf8`);
 - the C library's float functions: expf for leftover elements, cosf/sinf for the RoPE table, tanhf
   for the GELU table. glibc (2.28 and later, the ARM optimized-routines algorithms, selected at run
   time in their FMA-compiled variants on CPUs with FMA) does not round these correctly: measured on
@@ -28,7 +28,7 @@ from engine.kernels.legacy.ref import fma32_ref
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 
-__all__ = ["cosf", "expf", "fma32", "fma64", "sinf", "v_expf"]
+__all__ = ["cosf", "expf", "fma32", "fma64", "sinf", "v_expf", "v_expf8"]
 
 fma32 = fma32_ref  # float32 a * b + c rounded once (as _mm512_fmadd_ps / vfmadd231ss)
 
@@ -69,7 +69,7 @@ def fma64(a: npt.ArrayLike, b: npt.ArrayLike, c: npt.ArrayLike) -> F64:
         return (th + bits.view(np.float64).reshape(np.shape(v))).astype(np.float64)
 
 
-# ---- ggml_v_expf, AVX-512 variant (vec.h)
+# ---- ggml_v_expf (vec.h): the AVX-512 variant, and the AVX2 one
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -79,13 +79,16 @@ _P = [np.float32(float.fromhex(h)) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "
                                               "0x1.ffffecp-1")]
 
 
-def v_expf(x: npt.ArrayLike) -> F32:
-    """exp(x) per element as ggml_v_expf computes each lane of a 16-float chunk (lanes are independent).
+def v_expf(x: npt.ArrayLike, lanes: int = 16) -> F32:
+    """exp(x) per element as ggml_v_expf computes each lane (lanes are independent): the AVX-512 variant for
+    lanes=16, the AVX2 one (v_expf8) for lanes=8.
 
     n = round(x / ln2) by the 1.5 * 2^23 trick, b = x - n ln2 in two fused steps, a polynomial in b and
     b^2 from fused multiply-adds, then scalef by 2^n (exact in float64, rounded once to float32, as
     VSCALEFPS rounds, subnormals included). |n| > 192 gives 0 (x < 0) or +inf.
     """
+    if lanes == 8:
+        return v_expf8(x)
     x = np.asarray(x, np.float32)
     one = np.float32(1.0)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -97,6 +100,32 @@ def v_expf(x: npt.ArrayLike) -> F32:
         res = (j.astype(np.float64) * np.exp2(np.where(np.abs(n) <= 192, n, 0).astype(np.float64))).astype(np.float32)
         out = np.where(np.abs(n) > 192, np.where(n <= 0, np.float32(0.0), np.float32(np.inf)), res)
     return out.astype(np.float32).reshape(np.shape(x))
+
+
+def v_expf8(x: npt.ArrayLike) -> F32:
+    """exp(x) per element as the AVX2 ggml_v_expf computes each lane of an 8-float chunk.
+
+    The same n and b as the AVX-512 variant, but the polynomial ends in a rounded product p4 * b instead of
+    fma(p4, b, 1), and 2^n is built in the exponent bits (k = (bits(z) << 23) + bits(1.0f)), the result being
+    fma(j, k, k). Where |n| > 126 the scale is split in two factors s1 * (s2 + s2 j), and |n| > 192 gives s1 * s1
+    (0 or +inf). All integer steps wrap as 32-bit lanes do.
+    """
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = np.asarray(fma32(x, _LOG2E, _R), np.float32)
+        n = (z - _R).astype(np.float32)
+        b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+        e = np.atleast_1d(z).view(np.uint32) << np.uint32(23)
+        k = (e + np.uint32(0x3F800000)).view(np.float32).reshape(np.shape(n))
+        u = (b * b).astype(np.float32)
+        j = fma32(fma32(fma32(_P[0], b, _P[1]), u, fma32(_P[2], b, _P[3])), u, (_P[4] * b).astype(np.float32))
+        fast = fma32(j, k, k)
+        g = np.where(np.atleast_1d(n) <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+        s1 = (g + np.uint32(0x7F000000)).view(np.float32).reshape(np.shape(n))
+        s2 = (e - g).view(np.float32).reshape(np.shape(n))
+        slow = np.where(np.abs(n) > 192, (s1 * s1).astype(np.float32), (fma32(s2, j, s2) * s1).astype(np.float32))
+        out = np.where(np.abs(n) > 126, slow, fast)
+    return np.asarray(out, np.float32).reshape(np.shape(x))
 
 
 # ---- glibc expf (sysdeps/ieee754/flt-32/e_expf.c, EXP2F_TABLE_BITS = 5), FMA variant

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
-from engine.kernels import precompile
+from engine.kernels import isa, precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import BlockProduct
 from engine.kernels.types import VEC_DOT_TYPE, act_bytes
@@ -160,12 +160,13 @@ class DecodePlan:
         self.act = np.zeros((1, a.hidden_dim), np.float32)
         self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
         self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
-        self.ok = a.hidden_dim % 16 == 0 or all(lay.moe is not None for lay in self.layers)
+        self.hidden_dim = a.hidden_dim
+        self.moe_only = all(lay.moe is not None for lay in self.layers)
 
     @staticmethod
     def _key(model: DecoderModel) -> tuple[int]:
         """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap)."""
-        return (Linear.swaps,)
+        return (Linear.swaps, isa.bits())
 
     def _layer(self, index: int, layer: Layer) -> _Layer | None:
         if not isinstance(layer, Layer) or not isinstance(layer.ffn, (DenseFFN, MoEFFN)):
@@ -208,8 +209,11 @@ class DecodePlan:
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
+        if not self.ok or cache.qtype != GGMLType.F16:
+            return False
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
-        return self.ok and cache.qtype == GGMLType.F16 and pos + 1 <= n_kv - n_kv % 16
+        lanes = isa.lanes()  # a softmax / SiLU chunk of the build whose order the numerics follow
+        return (self.hidden_dim % lanes == 0 or self.moe_only) and pos + 1 <= n_kv - n_kv % lanes
 
     def step(self, x0: F32, cache: KVCache, pos: int, recorder: Recorder | None) -> F32:
         """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
@@ -221,6 +225,7 @@ class DecodePlan:
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
         rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.attend, ggml_step.glu_quant
+        w8 = isa.w8()
         with KERNEL_LOCK:
             for i, lay in enumerate(self.layers):
                 rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
@@ -235,7 +240,7 @@ class DecodePlan:
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf)
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf, w8)
                 if recorder is not None:
                     recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                     recorder.record_input(lay.names[1], o.copy())
@@ -255,7 +260,7 @@ class DecodePlan:
                         recorder.record_input(lay.names[2], h.copy())
                     for run in lay.ffn_runs:
                         run()
-                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
+                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf, w8)
                     if recorder is not None:
                         recorder.record_input(lay.names[3], self.act.copy())
                     lay.down.run()

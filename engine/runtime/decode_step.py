@@ -15,7 +15,8 @@ bit for bit (tests hold them to each other and to llama.cpp's tensors):
 
 Activation types are ggml type ids (engine.quant.types.GGMLType): F32, F16, BF16, Q8_0, Q8_1, Q8_K; -1 for none.
 The caller (engine.runtime.decode_plan) checks the shapes these assume (a multiple of 16 for the GLU rows, the
-softmax row without a scalar tail) and runs the NumPy path otherwise.
+softmax row without a scalar tail) and runs the NumPy path otherwise. `w8` selects the AVX2 build's order
+(engine.kernels.isa): 8-float softmax and SiLU chunks with its v_expf, vec_dot_f16's 4 x 8 accumulators.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ if HAVE_NUMBA:
     )
     from engine.kernels.floats.vec_dot import _dot_f16_row
     from engine.kernels.q8k import quantize_q8_k_into
-    from engine.kernels.floats.tinyblas import axpy16
-    from engine.ops.ggml_kernels import reduce16, reduce16_columns, v_expf1
+    from engine.kernels.floats.tinyblas import axpy8, axpy16
+    from engine.ops.ggml_kernels import reduce16_columns, reduce_lanes, v_expf_lane
 
     _ONE = np.float32(1.0)
     _ZERO = np.float32(0.0)
@@ -120,7 +121,7 @@ if HAVE_NUMBA:
 
     @njit(cache=True)
     def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
-               sinks, q_rot, o, vdt, xq):
+               sinks, q_rot, o, vdt, xq, w8):
         """Attention of the token at `pos` for one layer.
 
         q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
@@ -129,8 +130,10 @@ if HAVE_NUMBA:
         after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
         cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale); sinks (Hq,) or
         empty: gpt-oss's one logit per head in each softmax row's maximum and sum (no value). q_rot (Hq, d)
-        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt.
+        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt; w8 the AVX2 build's order.
         """
+        lanes = 8 if w8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
+        step = 4 * lanes
         inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
         hkv, _, d = kc.shape
         hq = q.shape[0] // d
@@ -148,13 +151,13 @@ if HAVE_NUMBA:
             for t in range(d):
                 kc[h, pos, t] = f32_to_f16(kr[t])
                 vc[h, pos, t] = f32_to_f16(v[h * d + t])
-        body = n_kv - n_kv % 16
+        body = n_kv - n_kv % lanes
         scores = np.zeros(n_kv, np.float32)
         w16 = np.zeros(n_kv, np.float32)
         q16 = np.empty(d, np.float32)
-        acc = np.empty(64, np.float32)
-        lanes = np.empty((64, d), np.float32)
-        red = np.empty((16, d), np.float32)
+        acc = np.empty(step, np.float32)
+        part = np.empty((step, d), np.float32)
+        red = np.empty((lanes, d), np.float32)
         out = o[0]
         for h in range(hq):
             kv = h // group
@@ -178,36 +181,45 @@ if HAVE_NUMBA:
             if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
                 top = sinks[h]
             total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
-            for c in range(lo - lo % 16, min(body, n_used + 15 - (n_used + 15) % 16), 16):
-                for i in range(16):
+            for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
+                for i in range(lanes):
                     j = c + i
-                    scores[j] = v_expf1(scores[j] - top) if lo <= j < n_used else _ZERO
-                total += np.float64(reduce16(scores, c))
+                    scores[j] = v_expf_lane(scores[j] - top, w8) if lo <= j < n_used else _ZERO
+                total += np.float64(reduce_lanes(scores, c, w8))
             if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
                 total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
             for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
                 w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
             n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
-            body64 = n_eff - n_eff % 64
-            lanes[:] = 0.0
-            for j in range(lo, min(n_used, body64)):  # V^T rows dotted with the weights: lane j % 64, one fma each
-                lane = j % 64
+            body_steps = n_eff - n_eff % step
+            part[:] = 0.0
+            for j in range(lo, min(n_used, body_steps)):  # V^T rows dotted with the weights: lane j % step, one fma
+                lane = j % step
                 wj = w16[j]
-                if d % 16 == 0:  # the same fmas as 512-bit vector code (numba leaves this loop scalar)
-                    axpy16(vc, kv * vc.strides[0] + j * vc.strides[1], wj, lanes, lane * lanes.strides[0], d)
+                at = kv * vc.strides[0] + j * vc.strides[1]
+                if d % 16 == 0:  # the same fmas as vector code (numba leaves this loop scalar)
+                    axpy16(vc, at, wj, part, lane * part.strides[0], d)
+                elif d % 8 == 0:
+                    axpy8(vc, at, wj, part, lane * part.strides[0], d)
                 else:
                     for t in range(d):
-                        lanes[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, lanes[lane, t])
-            for i in range(16):  # GGML_F32x16_REDUCE of the four accumulators, every output at once
+                        part[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, part[lane, t])
+            q1, q2, q3 = lanes, 2 * lanes, 3 * lanes
+            for i in range(lanes):  # GGML_F32x16_REDUCE / _F32x8_REDUCE: the four accumulators, every output at once
                 for t in range(d):
-                    red[i, t] = (lanes[i, t] + lanes[32 + i, t]) + (lanes[16 + i, t] + lanes[48 + i, t])
+                    red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
             head = out[h * d : (h + 1) * d]
-            reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
-            if max(lo, body64) < min(n_used, n_eff):  # a scalar tail past the last 64-key step: added in double
+            if w8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
+                for t in range(d):
+                    head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
+                        ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
+            else:
+                reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
+            if max(lo, body_steps) < min(n_used, n_eff):  # a scalar tail past the last step: added in double
                 for t in range(d):
                     s64 = np.float64(head[t])
-                    for j in range(max(lo, body64), min(n_used, n_eff)):
+                    for j in range(max(lo, body_steps), min(n_used, n_eff)):
                         s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
                     head[t] = np.float32(s64)
             for j in range(lo, n_used):
@@ -216,14 +228,14 @@ if HAVE_NUMBA:
         quantize_into(vdt, o, xq)
 
     @njit(cache=True)
-    def glu_quant(gate, up, kind, table, act, vdt, xq):
-        """act (1, n) = SwiGLU (ggml_v_silu lanes) or GeGLU (the fp16 GELU table) of gate and up (n,), n % 16 == 0;
-        then quantized as vdt into xq."""
+    def glu_quant(gate, up, kind, table, act, vdt, xq, w8):
+        """act (1, n) = SwiGLU (ggml_v_silu lanes, the AVX2 build's with w8) or GeGLU (the fp16 GELU table) of gate
+        and up (n,), n % 16 == 0 (n % 8 with w8); then quantized as vdt into xq."""
         y = act[0]
         for i in range(gate.shape[0]):
             x = gate[i]
             if kind == SWIGLU:
-                y[i] = (x / (_ONE + v_expf1(_ZERO - x))) * up[i]
+                y[i] = (x / (_ONE + v_expf_lane(_ZERO - x, w8))) * up[i]
             elif x <= np.float32(-10.0):
                 y[i] = _ZERO
             elif x >= np.float32(10.0):

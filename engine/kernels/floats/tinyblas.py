@@ -13,7 +13,10 @@ products here are explicit 512-bit vector code.
 
   dot16(a, ao, b, bo, n)          one output: rows at byte offsets ao of a and bo of b (fp16 bits or float32)
   axpy16(v, vo, w, acc, ao, n)    acc[c] = fma(fp16 v[c], w, acc[c]) (V*w's lanes in the prompt attention)
-  gemm(w, x, out)                 out (m, r) = tinyBLAS of weight rows w (r, n) with rows x (m, n), same dtype
+  gemm(w, x, out, w8)             out (m, r) = tinyBLAS of weight rows w (r, n) with rows x (m, n), same dtype
+
+The AVX2 build runs tinyBLAS<8, __m256>: the same walk eight values at a time, reduced by its hsum (the 128-bit
+halves added, then movehl / movehdup); dot8, axpy8 and gemm(..., w8=True) follow it (engine.kernels.isa).
 
 BF16 x BF16 with AVX512_BF16 (tinyBLAS<32, __m512, __m512bh>): one 16-lane accumulator per output, 32 values a
 step through VDPBF16PS itself (lane l: the products of elements 2l + 1 and 2l, denormals read as zero and
@@ -34,12 +37,12 @@ LANES = 16
 _F16X = vec(F32, LANES)
 
 
-def _lanes(b, p, i, half: bool):
-    """Element 16 * i of the data at p as <16 x float>: fp16 bits (vcvtph2ps) or float32."""
+def _lanes(b, p, i, half: bool, n_lanes: int = LANES):
+    """Element n_lanes * i of the data at p as <n_lanes x float>: fp16 bits (vcvtph2ps) or float32."""
     if half:
-        raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * LANES))]), vec(I16, LANES))
-        return b.fpext(b.bitcast(raw, vec(ir.HalfType(), LANES)), _F16X)
-    return load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 4 * LANES))]), _F16X)
+        raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * n_lanes))]), vec(I16, n_lanes))
+        return b.fpext(b.bitcast(raw, vec(ir.HalfType(), n_lanes)), vec(F32, n_lanes))
+    return load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 4 * n_lanes))]), vec(F32, n_lanes))
 
 
 def _is_half(aryty) -> bool:
@@ -49,43 +52,65 @@ def _is_half(aryty) -> bool:
 def _reduce16(b, a):
     """_mm512_reduce_add_ps in GCC's order: (a[k] + a[k + 8]), then + 4 apart, then (u0 + u2) + (u1 + u3)."""
     t = b.fadd(shuffle(b, a, range(8)), shuffle(b, a, range(8, 16)))
-    u = b.fadd(shuffle(b, t, range(4)), shuffle(b, t, range(4, 8)))
+    return _reduce8(b, t)
+
+
+def _reduce8(b, a):
+    """tinyBLAS's hsum(__m256) (and the tail of _reduce16): the 128-bit halves added, then (u0 + u2) + (u1 + u3)."""
+    u = b.fadd(shuffle(b, a, range(4)), shuffle(b, a, range(4, 8)))
     lane = [b.extract_element(u, ir.Constant(I32, n)) for n in range(4)]
     return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
 
 
-@intrinsic
-def dot16(typingctx, a, ao, bb, bo, n):
-    """tinyBLAS's value of one output: a's row at byte ao and b's at byte bo, n values (n % 16 == 0)."""
-    def codegen(context, b, signature, args):
-        a_, ao_, b_, bo_, n_ = args
-        pa = byte_ptr(context, b, signature.args[0], a_, ao_)
-        pb = byte_ptr(context, b, signature.args[2], b_, bo_)
-        half_a, half_b = _is_half(signature.args[0]), _is_half(signature.args[2])
-        acc = cgutils.alloca_once_value(b, ir.Constant(_F16X, None))
-        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, LANES))) as loop:
-            av, bv = _lanes(b, pa, loop.index, half_a), _lanes(b, pb, loop.index, half_b)
-            b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [av, bv, b.load(acc)]), acc)
-        return _reduce16(b, b.load(acc))
+def _dot(n_lanes: int):
+    """An intrinsic dot<n_lanes>(a, ao, b, bo, n): tinyBLAS<n_lanes>'s value of one output, a's row at byte ao and b's
+    at byte bo, n values (n % n_lanes == 0): one accumulator of n_lanes floats, then its horizontal sum."""
+    vt, fma = vec(F32, n_lanes), f"llvm.fma.v{n_lanes}f32"
+    reduce = _reduce16 if n_lanes == 16 else _reduce8
 
-    return types.float32(a, ao, bb, bo, n), codegen
+    def dot(typingctx, a, ao, bb, bo, n):
+        def codegen(context, b, signature, args):
+            a_, ao_, b_, bo_, n_ = args
+            pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+            pb = byte_ptr(context, b, signature.args[2], b_, bo_)
+            half_a, half_b = _is_half(signature.args[0]), _is_half(signature.args[2])
+            acc = cgutils.alloca_once_value(b, ir.Constant(vt, None))
+            with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, n_lanes))) as loop:
+                av, bv = _lanes(b, pa, loop.index, half_a, n_lanes), _lanes(b, pb, loop.index, half_b, n_lanes)
+                b.store(call_intrinsic(b, fma, vt, [av, bv, b.load(acc)]), acc)
+            return reduce(b, b.load(acc))
+
+        return types.float32(a, ao, bb, bo, n), codegen
+
+    dot.__name__ = dot.__qualname__ = f"dot{n_lanes}"
+    return intrinsic(dot)
 
 
-@intrinsic
-def axpy16(typingctx, v, vo, w, acc, ao, n):
-    """acc[c] = fma(fp16 v[c], w, acc[c]) for the n values of v's row at byte vo and acc's at byte ao."""
-    def codegen(context, b, signature, args):
-        v_, vo_, w_, acc_, ao_, n_ = args
-        pv = byte_ptr(context, b, signature.args[0], v_, vo_)
-        pa = byte_ptr(context, b, signature.args[3], acc_, ao_)
-        wv = shuffle(b, b.insert_element(ir.Constant(_F16X, None), w_, ir.Constant(I32, 0)), [0] * LANES)
-        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, LANES))) as loop:
-            pc = b.bitcast(b.gep(pa, [b.mul(loop.index, ir.Constant(I64, 4 * LANES))]), _F16X.as_pointer())
-            vv = _lanes(b, pv, loop.index, True)
-            b.store(call_intrinsic(b, "llvm.fma.v16f32", _F16X, [vv, wv, b.load(pc, align=4)]), pc, align=4)
-        return context.get_dummy_value()
+def _axpy(n_lanes: int):
+    """An intrinsic axpy<n_lanes>(v, vo, w, acc, ao, n): acc[c] = fma(fp16 v[c], w, acc[c]) for the n values of v's
+    row at byte vo and acc's at byte ao, n_lanes at a time (the V*w lanes of the prompt attention)."""
+    vt, fma = vec(F32, n_lanes), f"llvm.fma.v{n_lanes}f32"
 
-    return types.void(v, vo, w, acc, ao, n), codegen
+    def axpy(typingctx, v, vo, w, acc, ao, n):
+        def codegen(context, b, signature, args):
+            v_, vo_, w_, acc_, ao_, n_ = args
+            pv = byte_ptr(context, b, signature.args[0], v_, vo_)
+            pa = byte_ptr(context, b, signature.args[3], acc_, ao_)
+            wv = shuffle(b, b.insert_element(ir.Constant(vt, None), w_, ir.Constant(I32, 0)), [0] * n_lanes)
+            with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, n_lanes))) as loop:
+                pc = b.bitcast(b.gep(pa, [b.mul(loop.index, ir.Constant(I64, 4 * n_lanes))]), vt.as_pointer())
+                vv = _lanes(b, pv, loop.index, True, n_lanes)
+                b.store(call_intrinsic(b, fma, vt, [vv, wv, b.load(pc, align=4)]), pc, align=4)
+            return context.get_dummy_value()
+
+        return types.void(v, vo, w, acc, ao, n), codegen
+
+    axpy.__name__ = axpy.__qualname__ = f"axpy{n_lanes}"
+    return intrinsic(axpy)
+
+
+dot16, dot8 = _dot(16), _dot(8)
+axpy16, axpy8 = _axpy(16), _axpy(8)
 
 
 class _BFloat(ir.types._BaseFloatType):
@@ -160,12 +185,15 @@ def bf16_available() -> bool:
 
 
 @njit(cache=True, parallel=True)
-def gemm(w, x, out):
+def gemm(w, x, out, w8):
     """out[t, r] = tinyBLAS of weight row r with activation row t: both fp16 bits (uint16) or both float32,
-    C-contiguous, rows of n values with n % 16 == 0."""
+    C-contiguous, rows of n values with n % 16 == 0 (AVX-512 build), or n % 8 == 0 with w8 (AVX2 build, 8 lanes)."""
     r_n, n = w.shape
     m = x.shape[0]
     for task in prange((r_n + 15) // 16):
         for t in range(m):
             for r in range(task * 16, min(r_n, task * 16 + 16)):
-                out[t, r] = dot16(w, r * w.strides[0], x, t * x.strides[0], n)
+                if w8:
+                    out[t, r] = dot8(w, r * w.strides[0], x, t * x.strides[0], n)
+                else:
+                    out[t, r] = dot16(w, r * w.strides[0], x, t * x.strides[0], n)

@@ -13,8 +13,11 @@ ggml_vec_dot_bf16 on AVX512_BF16 runs _mm512_dpbf16_ps on 64 elements at a time 
 denormal results flushed to zero (VDPBF16PS: "DAZ in, FTZ out, RNE"). The two are reduced and
 added in double, then the leftovers as double products.
 
-These orders are what this project's fixtures were made with (tools/make_kernel_fixtures.py);
-other builds of ggml (AVX2 only, NEON) add in other orders and differ in the last bits.
+These orders are what this project's fixtures were made with (tools/make_kernel_fixtures.py). The AVX2 build
+(GGML_F32_STEP = 32) keeps four 8-float accumulators instead, adds them the same way and reduces the one left
+with two hadds: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). The F32 and F16 products take that order
+when their step is 32 (`step`, 4 * engine.kernels.isa.lanes(); the scratch `acc` of the row functions has the
+step's length). Its BF16 product is not followed here (the AVX-512 one runs); NEON adds in other orders again.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import numpy as np
 
 from engine.kernels.activations import bits_f32, f16_to_f32, fma32, njit, prange, prefer_512
 
-STEP = 64  # GGML_F32_STEP on AVX-512: four 16-lane accumulators
+STEP = 64  # GGML_F32_STEP on AVX-512: four 16-lane accumulators (32 on AVX2: four 8-lane ones)
 ROWS = 16  # rows per parallel task
 _FLT_MIN = np.float32(1.17549435e-38)
 
@@ -44,7 +47,13 @@ def _reduce16(a, o):
 
 @njit(cache=True, forceinline=True)
 def _reduce_steps(acc):
-    """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16."""
+    """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16; for an
+    acc of 32, GGML_F32x8_REDUCE: the same pairs of 8-lane accumulators, then two hadds."""
+    if acc.shape[0] == 32:
+        for lane in range(8):
+            acc[lane] = (acc[lane] + acc[16 + lane]) + (acc[8 + lane] + acc[24 + lane])
+        t0, t1, t2, t3 = acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]
+        return (t0 + t1) + (t2 + t3)
     for lane in range(16):
         acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
     return _reduce16(acc, np.int64(0))
@@ -52,13 +61,14 @@ def _reduce_steps(acc):
 
 @njit(cache=True)
 def _dot_f32_row(w, y, acc):
-    """ggml_vec_dot_f32 of float32 rows w and y (n,), acc a (64,) scratch."""
+    """ggml_vec_dot_f32 of float32 rows w and y (n,), acc a (64,) scratch (AVX-512 order) or (32,) (AVX2)."""
     prefer_512()
     n = w.shape[0]
-    body = n - n % STEP
+    step = acc.shape[0]
+    body = n - n % step
     acc[:] = 0.0
-    for c in range(0, body, STEP):
-        for lane in range(STEP):
+    for c in range(0, body, step):
+        for lane in range(step):
             acc[lane] = fma32(w[c + lane], y[c + lane], acc[lane])
     s = _reduce_steps(acc)
     for e in range(body, n):  # vec.cpp's `sumf += x[i]*y[i]`: this build rounds the product, then adds
@@ -68,13 +78,15 @@ def _dot_f32_row(w, y, acc):
 
 @njit(cache=True)
 def _dot_f16_row(w, y, acc):
-    """ggml_vec_dot_f16 of an fp16 row w (uint16 bits) with y (the fp16 activation widened to float32)."""
+    """ggml_vec_dot_f16 of an fp16 row w (uint16 bits) with y (the fp16 activation widened to float32); acc as
+    for _dot_f32_row."""
     prefer_512()
     n = w.shape[0]
-    body = n - n % STEP
+    step = acc.shape[0]
+    body = n - n % step
     acc[:] = 0.0
-    for c in range(0, body, STEP):
-        for lane in range(STEP):
+    for c in range(0, body, step):
+        for lane in range(step):
             acc[lane] = fma32(f16_to_f32(w[c + lane]), y[c + lane], acc[lane])
     s = np.float64(_reduce_steps(acc))
     for e in range(body, n):
@@ -124,19 +136,21 @@ def _bf16(bits):
 
 
 @njit(cache=True, parallel=True)
-def dot_f32(w, y, out):
-    """out (m, n_rows) = ggml_vec_dot_f32 of float32 rows w (n_rows, n) with activations y (m, n)."""
+def dot_f32(w, y, out, step):
+    """out (m, n_rows) = ggml_vec_dot_f32 of float32 rows w (n_rows, n) with activations y (m, n); step 64 (AVX-512
+    order) or 32 (AVX2)."""
     n_rows = w.shape[0]
     for t in prange((n_rows + ROWS - 1) // ROWS):
-        acc = np.empty(STEP, np.float32)
+        acc = np.empty(step, np.float32)
         for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
             for i in range(y.shape[0]):
                 out[i, r] = _dot_f32_row(w[r], y[i], acc)
 
 
 @njit(cache=True, parallel=True)
-def dot_f16(w, yq, out):
-    """out (m, n_rows) = ggml_vec_dot_f16 of fp16 rows w (n_rows, n) uint16 with fp16 activations yq (m, n) uint16."""
+def dot_f16(w, yq, out, step):
+    """out (m, n_rows) = ggml_vec_dot_f16 of fp16 rows w (n_rows, n) uint16 with fp16 activations yq (m, n) uint16;
+    step as for dot_f32."""
     n_rows = w.shape[0]
     m, n = yq.shape
     y = np.empty((m, n), np.float32)
@@ -144,30 +158,30 @@ def dot_f16(w, yq, out):
         for e in range(n):
             y[i, e] = f16_to_f32(yq[i, e])
     for t in prange((n_rows + ROWS - 1) // ROWS):
-        acc = np.empty(STEP, np.float32)
+        acc = np.empty(step, np.float32)
         for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
             for i in range(m):
                 out[i, r] = _dot_f16_row(w[r], y[i], acc)
 
 
 @njit(cache=True)
-def dot_f32_serial(w, y, out):
+def dot_f32_serial(w, y, out, step):
     """dot_f32 on the calling thread: for the small products of attention, where starting threads costs more."""
-    acc = np.empty(STEP, np.float32)
+    acc = np.empty(step, np.float32)
     for r in range(w.shape[0]):
         for i in range(y.shape[0]):
             out[i, r] = _dot_f32_row(w[r], y[i], acc)
 
 
 @njit(cache=True)
-def dot_f16_serial(w, yq, out):
+def dot_f16_serial(w, yq, out, step):
     """dot_f16 on the calling thread (see dot_f32_serial)."""
     m, n = yq.shape
     y = np.empty((m, n), np.float32)
     for i in range(m):
         for e in range(n):
             y[i, e] = f16_to_f32(yq[i, e])
-    acc = np.empty(STEP, np.float32)
+    acc = np.empty(step, np.float32)
     for r in range(w.shape[0]):
         for i in range(m):
             out[i, r] = _dot_f16_row(w[r], y[i], acc)

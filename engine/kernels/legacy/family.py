@@ -36,6 +36,7 @@ from engine.quant.types import GGMLType
 from engine.kernels.legacy import dequant as legacy_dequant
 from engine.kernels.floats import vec_dot as legacy_floats
 from engine.kernels.legacy import products as legacy_products
+from engine.kernels import isa
 from engine.kernels.activations import HAVE_NUMBA
 from engine.kernels.legacy.ref import dot_ref
 from engine.kernels.legacy.repack import Repacked, repack, unpack_planes
@@ -72,17 +73,28 @@ def _sources(blocks: Weight) -> tuple[np.ndarray, np.ndarray, bool]:
     return _read_only(blocks), _DUMMY_PLANES, False
 
 
+def _float_dot(qtype: GGMLType | int) -> Callable[[np.ndarray, np.ndarray, F32], None]:
+    """vec_dot of a float type in the order of the build engine.kernels.isa names (F32 and F16: the step of its
+    four accumulators; BF16: the AVX-512 order)."""
+    if qtype == _T.BF16:
+        return legacy_floats.dot_bf16
+    dot, step = (legacy_floats.dot_f32 if qtype == _T.F32 else legacy_floats.dot_f16), np.int64(4 * isa.lanes())
+    return lambda w, y, out: dot(w, y, out, step)
+
+
+def _float_view(qtype: GGMLType | int) -> type:
+    return np.float32 if qtype == _T.F32 else np.uint16
+
+
 def _product(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> None:
     """out (m, n_rows) = vec_dot of every row with every activation row of xq (m, bytes)."""
     if not HAVE_NUMBA:
-        out[:] = dot_ref(qtype, _raw(blocks), xq)
+        out[:] = dot_ref(qtype, _raw(blocks), xq, 4 * isa.lanes())
         return
     target = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
     xq = _read_only(xq)
     if qtype in (_T.F32, _T.F16, _T.BF16):
-        dot = {_T.F32: legacy_floats.dot_f32, _T.F16: legacy_floats.dot_f16, _T.BF16: legacy_floats.dot_bf16}[qtype]
-        view = np.float32 if qtype == _T.F32 else np.uint16
-        dot(_read_only(blocks).view(view), xq.view(view), target)
+        _float_dot(qtype)(_read_only(blocks).view(_float_view(qtype)), xq.view(_float_view(qtype)), target)
     else:
         raw, planes, planar = _sources(blocks)
         legacy_products.product(int(qtype), raw, planes, planar, blocks.shape[0], xq, target)
@@ -96,8 +108,7 @@ def bind_gemv(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> Callab
     Compiled kernels only; the caller holds KERNEL_LOCK."""
     xq = _read_only(xq)  # a read-only view of the caller's buffer: the kernels' one specialisation
     if qtype in (_T.F32, _T.F16, _T.BF16):
-        dot = {_T.F32: legacy_floats.dot_f32, _T.F16: legacy_floats.dot_f16, _T.BF16: legacy_floats.dot_bf16}[qtype]
-        view = np.float32 if qtype == _T.F32 else np.uint16
+        dot, view = _float_dot(qtype), _float_view(qtype)
         w, y = _read_only(blocks).view(view), xq.view(view)
         return lambda: dot(w, y, out)
     raw, planes, planar = _sources(blocks)

@@ -99,14 +99,21 @@ def _reduce16(v: F32) -> F32:
     return (u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])
 
 
-def _float_dot(qtype: GGMLType, w: F32, y: F32) -> F32:
-    """ggml_vec_dot_f32 / _f16 of float rows w (r, n) with y (m, n) (values already widened) -> (m, r)."""
+def _float_dot(qtype: GGMLType, w: F32, y: F32, step: int = STEP) -> F32:
+    """ggml_vec_dot_f32 / _f16 of float rows w (r, n) with y (m, n) (values already widened) -> (m, r); step 64 for
+    the AVX-512 build's four 16-lane accumulators, 32 for the AVX2 build's four 8-lane ones (GGML_F32x8_REDUCE)."""
     n = w.shape[1]
-    body = n - n % STEP
-    acc = np.zeros((len(y), len(w), STEP), np.float32)
-    for c in range(0, body, STEP):
-        acc = fma32_ref(w[None, :, c : c + STEP], y[:, None, c : c + STEP], acc)
-    s = _reduce16((acc[..., 0:16] + acc[..., 32:48]) + (acc[..., 16:32] + acc[..., 48:64]))
+    body = n - n % step
+    acc = np.zeros((len(y), len(w), step), np.float32)
+    for c in range(0, body, step):
+        acc = fma32_ref(w[None, :, c : c + step], y[:, None, c : c + step], acc)
+    q = step // 4
+    acc = (acc[..., 0:q] + acc[..., 2 * q : 3 * q]) + (acc[..., q : 2 * q] + acc[..., 3 * q : 4 * q])
+    if step == 32:
+        t = acc[..., 0:4] + acc[..., 4:8]
+        s = (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+    else:
+        s = _reduce16(acc)
     if qtype == _T.F32:
         for e in range(body, n):
             s = s + w[None, :, e] * y[:, None, e]
@@ -143,8 +150,9 @@ def _bf16_dot(w_bits: npt.NDArray[np.uint16], y_bits: npt.NDArray[np.uint16]) ->
     return s.astype(np.float32)
 
 
-def dot_ref(qtype: GGMLType, blocks: U8, xq: U8) -> F32:
-    """ggml-cpu's vec_dot of every row of raw `blocks` (n_rows, row_bytes) with activations xq (m, bytes) -> (m, n_rows)."""
+def dot_ref(qtype: GGMLType, blocks: U8, xq: U8, step: int = STEP) -> F32:
+    """ggml-cpu's vec_dot of every row of raw `blocks` (n_rows, row_bytes) with activations xq (m, bytes) -> (m, n_rows);
+    step: the float products' (see _float_dot)."""
     qtype = GGMLType(int(qtype))
     blocks = np.asarray(blocks)
     xq = np.atleast_2d(np.asarray(xq))
@@ -153,10 +161,10 @@ def dot_ref(qtype: GGMLType, blocks: U8, xq: U8) -> F32:
         for r0 in range(0, len(blocks), _ROW_CHUNK):
             part = blocks[r0 : r0 + _ROW_CHUNK]
             if qtype == _T.F32:
-                val = _float_dot(qtype, np.ascontiguousarray(part).view(np.float32), xq.view(np.float32))
+                val = _float_dot(qtype, np.ascontiguousarray(part).view(np.float32), xq.view(np.float32), step)
             elif qtype == _T.F16:
                 val = _float_dot(qtype, np.ascontiguousarray(part).view("<f2").astype(np.float32),
-                                 xq.view("<f2").astype(np.float32))
+                                 xq.view("<f2").astype(np.float32), step)
             elif qtype == _T.BF16:
                 val = _bf16_dot(np.ascontiguousarray(part).view("<u2"), xq.view("<u2"))
             else:

@@ -169,3 +169,23 @@ def test_gemma3_run_marks_local_layers() -> None:
     glob = make_head_record(m, rec, cache, 5, 1, None, texts)
     assert (local.window, glob.window) == (512, None) and local.group_heads == (0, 1, 2, 3)
     np.testing.assert_allclose(local.weights.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_the_status_note_names_the_kernels_target_and_whose_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'CPU (AVX2) · numba kernels' where the bits are the AVX2 build's; the other build's bits are said."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from app.records.model_info import compute_note  # noqa: PLC0415
+    from engine.kernels.dispatch import compiled  # noqa: PLC0415
+
+    if not compiled():
+        pytest.skip("the compiled kernels are not in use")
+    model = SimpleNamespace(backend=SimpleNamespace(name="numpy"), numerics="ggml")
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma,+f16c")
+    monkeypatch.delenv("GGUF_LENS_BITS", raising=False)
+    assert compute_note(model).startswith("CPU (AVX2) · ")
+    monkeypatch.setenv("GGUF_LENS_BITS", "avx512")
+    assert compute_note(model).startswith("CPU (AVX2, AVX-512 bits) · ")
+    model.numerics = "float32"
+    assert compute_note(model) == "CPU · float32 BLAS"

@@ -35,8 +35,8 @@ RUNS = [("smollm2", "f32"), ("smollm2", "f16"), ("gemma3", "f32"), ("gemma3", "f
 
 
 class Tap:
-    def __init__(self, model: str, cache: str):
-        self.z = np.load(TAPS / f"{model}_{cache}.npz")
+    def __init__(self, model: str, cache: str, folder: Path = TAPS):
+        self.z = np.load(folder / f"{model}_{cache}.npz")
         self.meta = json.loads(str(self.z["meta"]))
         self.model, self.cache = model, cache
         self.hp = self.meta["hparams"]
@@ -94,8 +94,8 @@ class Tap:
 
 
 @cache
-def tap(model: str, cache: str) -> Tap:
-    return Tap(model, cache)
+def tap(model: str, cache: str, folder: Path = TAPS) -> Tap:
+    return Tap(model, cache, folder)
 
 
 def assert_bits(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
