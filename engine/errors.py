@@ -44,5 +44,10 @@ class FetchError(LensError):
 
 
 def _short(value: object, limit: int = 80) -> str:
+    """repr(value) in at most `limit` characters: a long one keeps its start and its end (a path keeps its file
+    name) with "…" between."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) // 2
+    return text[: limit - 1 - tail] + "…" + text[-tail:]

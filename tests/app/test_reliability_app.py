@@ -664,7 +664,12 @@ CHANGED_CHILD = textwrap.dedent(r"""
                roles=[m.role for m in msgs], last=msgs[-1].content, last_error=msgs[-1].error)
     w.close()
     out["threads"] = len(w.engine.threads())
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps(out), flush=True)
+    # everything is checked by now (the window closed, its threads joined, the chats saved): leave without the
+    # interpreter's last clean-up, where a window kept in a global like this one is destroyed after Python began to
+    # shut down and its plots' Python event handlers crash shiboken (SIGSEGV about one run in three under load;
+    # the app itself drops its window when main() returns, before that clean-up)
+    os._exit(0)
 """)
 
 

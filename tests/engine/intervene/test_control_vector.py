@@ -7,6 +7,7 @@ bad files are refused by name and nothing is applied.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import subprocess
@@ -43,7 +44,18 @@ def ref() -> dict:
     return {"npz": np.load(FIXTURES / "smollm2.npz"), "meta": json.loads((FIXTURES / "smollm2.json").read_text())}
 
 
-def _logits(path: Path, ids: list[int], vec: cv.ControlVector | None, start: int = 1) -> np.ndarray:
+@functools.lru_cache(maxsize=4)
+def plain_logits(path: Path, ids: tuple[int, ...]) -> np.ndarray:
+    """The model's own logits over the fixture's prompt and decode steps, without any file: every case's control
+    run (computed once per model and process; read-only)."""
+    out = _logits(path, list(ids), None, _plain=False)
+    out.flags.writeable = False
+    return out
+
+
+def _logits(path: Path, ids: list[int], vec: cv.ControlVector | None, start: int = 1, _plain: bool = True) -> np.ndarray:
+    if vec is None and _plain:
+        return plain_logits(path, tuple(ids))
     model = load_model(path, numerics="ggml")
     try:
         if vec is not None:

@@ -41,6 +41,10 @@ def ref() -> dict:
 
 
 def _logits(path: Path, ids: list[int], adapters: list[tuple[Path, float]], numerics: str = "ggml") -> np.ndarray:
+    if not adapters and numerics == "ggml":  # the control run, shared with the control-vector tests
+        from tests.engine.intervene.test_control_vector import plain_logits  # noqa: PLC0415
+
+        return plain_logits(path, tuple(ids))
     model = load_model(path, numerics=numerics)
     try:
         lora.apply(model, [lora.load(model, p, s) for p, s in adapters])

@@ -149,8 +149,9 @@ def test_compiled_step_and_prompt_equal_the_numpy_path(tiny: dict[str, Path], na
 @pytest.mark.parametrize("key,fixture", [("smollm2", "smollm2_path"), ("gemma3", "gemma3_path")])
 def test_the_catalog_models_give_the_avx2_builds_logits(key: str, fixture: str,
                                                         request: pytest.FixtureRequest) -> None:
-    """The golden prose through the whole model, F16 and F32 caches: the AVX2 build's top-128 log-probabilities
-    at every position, bit for bit (the logits are its logits: the same float64 log-softmax makes the same bits)."""
+    """The golden prose through the whole model with the default F16 cache: the AVX2 build's top-128 log-probabilities
+    at every position, bit for bit (the logits are its logits: the same float64 log-softmax makes the same bits). The
+    F32 cache's products are held to that build's taps above (its golden file has them too)."""
     import json  # noqa: PLC0415
 
     z = np.load(FIXTURES / f"golden_{key}_avx2.npz")
@@ -160,7 +161,7 @@ def test_the_catalog_models_give_the_avx2_builds_logits(key: str, fixture: str,
         ids = z["ids"].tolist()
         assert model.tokenizer.encode(FIXTURES.joinpath("prose.txt").read_text(encoding="utf-8"), add_special=True,
                                       parse_special=False) == ids
-        for cache in ("f16", "f32"):
+        for cache in ("f16",):
             logits = prefill(model, ids, model.new_cache(1024, cache.upper()), all_logits=True, chunk_size=512)
             logp = log_softmax(logits)
             top = np.take_along_axis(logp, z[f"{cache}_top_ids"].astype(np.int64), axis=-1).astype(np.float32)
