@@ -20,6 +20,7 @@ from engine.kernels.activations import HAVE_NUMBA
 
 F32 = npt.NDArray[np.float32]
 _NO_SINKS = np.zeros(0, np.float32)
+W8 = False  # the AVX2 build's order: True in _ATTEND[True] (engine.kernels.activations.lane_variants)
 
 
 def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
@@ -30,13 +31,12 @@ def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
 
 
 if HAVE_NUMBA:
-    from engine.kernels.activations import f16_to_f32, f32_to_f16, njit, prange
+    from engine.kernels.activations import f16_to_f32, f32_to_f16, lane_variants, prange
     from engine.kernels.floats.tinyblas import axpy8, axpy16, dot8, dot16
     from engine.ops.ggml_kernels import reduce_columns, reduce_lanes, v_expf_lane
 
-    @njit(cache=True, parallel=True)
-    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, sinks, n_kv, out, w8):
-        lanes = 8 if w8 else 16
+    def _attend_f16(q, kc, vc, n_keys, mask, scale, softcap, sinks, n_kv, out):
+        lanes = 8 if W8 else 16
         hq, t, d = q.shape
         group = hq // kc.shape[0]
         n_eff = min(n_kv, n_keys + 63 - (n_keys + 63) % 64)  # past the cached keys the padding adds exact zeros
@@ -54,7 +54,7 @@ if HAVE_NUMBA:
                     e[j] = -np.inf
                     continue
                 at = kv * kc.strides[0] + j * kc.strides[1]
-                s = dot8(kc, at, q16, 0, d) if w8 else dot16(kc, at, q16, 0, d)
+                s = dot8(kc, at, q16, 0, d) if W8 else dot16(kc, at, q16, 0, d)
                 if softcap > np.float32(0.0):  # Gemma 2: ggml_scale by 1/cap, ggml_tanh (tanhf), ggml_scale by cap
                     s = np.float32(np.tanh(s * (np.float32(1.0) / softcap))) * softcap
                 s = s * scale
@@ -69,8 +69,8 @@ if HAVE_NUMBA:
                     break  # the padding: v_expf(-inf) = 0 in every later chunk
                 for lane in range(lanes):
                     j = c + lane
-                    e[j] = v_expf_lane(e[j] - top, w8) if j < n_keys else np.float32(0.0)
-                total += np.float64(reduce_lanes(e, c, w8))
+                    e[j] = v_expf_lane(e[j] - top, W8) if j < n_keys else np.float32(0.0)
+                total += np.float64(reduce_lanes(e, c, W8))
             if sinks.shape[0]:  # the sink's term, libm's expf (numba's float32 exp is the same call)
                 total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
@@ -80,11 +80,13 @@ if HAVE_NUMBA:
             for j in range(min(n_keys, n_eff)):
                 if mask[i, j]:  # a masked key's weight is 0: its fmas would add only zeros (at most a zero's sign)
                     at = kv * vc.strides[0] + j * vc.strides[1]
-                    if w8:
+                    if W8:
                         axpy8(vc, at, e[j], acc, (j % 8) * d * 4, d)
                     else:
                         axpy16(vc, at, e[j], acc, (j % 16) * d * 4, d)
-            reduce_columns(acc, out[h, i], w8)  # each output's lanes reduced as one register
+            reduce_columns(acc, out[h, i], W8)  # each output's lanes reduced as one register
+
+    _ATTEND = lane_variants(_attend_f16, cache=True, parallel=True)
 
 
 def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask: npt.NDArray[np.bool_],
@@ -97,7 +99,7 @@ def attend_f16(q: F32, k_bits: np.ndarray, v_bits: np.ndarray, n_keys: int, mask
     out = np.empty(q.shape, np.float32)
     if k_bits.strides[2] != 2 or v_bits.strides[2] != 2:  # the kernel reads each row's d values as one run
         k_bits, v_bits = np.ascontiguousarray(k_bits), np.ascontiguousarray(v_bits)
-    _attend_f16(np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
+    _ATTEND[bool(isa.w8())](np.ascontiguousarray(q, np.float32), k_bits, v_bits, n_keys, np.ascontiguousarray(mask),
                 np.float32(scale), np.float32(softcap or 0.0), _NO_SINKS if sinks is None else
-                np.ascontiguousarray(sinks, np.float32), n_kv, out, isa.w8())
+                np.ascontiguousarray(sinks, np.float32), n_kv, out)
     return out

@@ -150,9 +150,9 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
 
         g2, u2 = _rows(np.broadcast_to(g, shape)), _rows(np.broadcast_to(u, shape))
         o2 = np.empty(g2.shape, np.float32)
-        kernel = gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks
+        kernel = (gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks)[lanes == 8]
         with KERNEL_LOCK:
-            kernel(g2, u2, o2, body, np.bool_(lanes == 8))
+            kernel(g2, u2, o2, body)
         out[..., :body] = o2.reshape(shape)[..., :body]
     else:
         out[..., :body] = silu(g[..., :body], lanes) * u[..., :body]
@@ -277,9 +277,9 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             d2 = _rows(d)
             e2 = np.empty(d2.shape, np.float32)
             sums = np.empty(d2.shape[0], np.float64)
-            kernel = gk.soft_max_chunks_serial if d2.size < gk.SERIAL_ELEMENTS else gk.soft_max_chunks
+            kernel = (gk.soft_max_chunks_serial if d2.size < gk.SERIAL_ELEMENTS else gk.soft_max_chunks)[lanes == 8]
             with KERNEL_LOCK:
-                kernel(d2, e2, sums, body, np.bool_(lanes == 8))
+                kernel(d2, e2, sums, body)
             e = e2.reshape(w.shape)
             total = sums.reshape(w.shape[:-1])
         else:

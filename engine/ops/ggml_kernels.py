@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, njit, prange
+from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, lane_variants, njit, prange
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -160,34 +160,38 @@ def reduce16_columns(a, dst):
         dst[c] = (a[0, c] + a[2, c]) + (a[1, c] + a[3, c])
 
 
-@njit(cache=True, parallel=True)
-def soft_max_chunks(d, e, sums, body, w8):
+W8 = False  # the AVX2 build's order: True in the [True] variants below (lane_variants)
+
+
+def _soft_max_chunks(d, e, sums, body):
     """e[:, :body] = v_expf(d[:, :body]); sums[r] = the double sum of each 16-float chunk's
-    _mm512_reduce_add_ps, chunk after chunk (ggml_vec_soft_max_f32 without its scalar tail); with w8 the AVX2
+    _mm512_reduce_add_ps, chunk after chunk (ggml_vec_soft_max_f32 without its scalar tail); with W8 the AVX2
     build's: 8-float chunks, its v_expf and hsum8."""
-    lanes = 8 if w8 else 16
+    lanes = 8 if W8 else 16
     for r in prange(d.shape[0]):
         total = 0.0
         for c in range(0, body, lanes):
             for k in range(lanes):
-                e[r, c + k] = v_expf_lane(d[r, c + k], w8)
-            total += np.float64(reduce_lanes(e[r], c, w8))
+                e[r, c + k] = v_expf_lane(d[r, c + k], W8)
+            total += np.float64(reduce_lanes(e[r], c, W8))
         sums[r] = total
 
 
-@njit(cache=True, parallel=True)
-def swiglu_chunks(g, u, out, body, w8):
+def _swiglu_chunks(g, u, out, body):
     """out[:, :body] = x / (1 + v_expf(0 - x)) * up: ggml_v_silu then the multiply, lane by lane (the AVX2
-    build's v_expf with w8)."""
+    build's v_expf with W8)."""
     for r in prange(g.shape[0]):
         for i in range(body):
             x = g[r, i]
-            out[r, i] = (x / (_ONE + v_expf_lane(_ZERO - x, w8))) * u[r, i]
+            out[r, i] = (x / (_ONE + v_expf_lane(_ZERO - x, W8))) * u[r, i]
 
 
-# the same loops on the calling thread, for the few rows of a decode step (thread start-up costs more than the work)
-soft_max_chunks_serial = njit(cache=True)(soft_max_chunks.py_func)
-swiglu_chunks_serial = njit(cache=True)(swiglu_chunks.py_func)
+# {w8: kernel} in each build's order, on numba's threads and (for the few rows of a decode step, where starting
+# threads costs more than the work) on the calling one
+soft_max_chunks = lane_variants(_soft_max_chunks, cache=True, parallel=True)
+swiglu_chunks = lane_variants(_swiglu_chunks, cache=True, parallel=True)
+soft_max_chunks_serial = lane_variants(_soft_max_chunks, cache=True)
+swiglu_chunks_serial = lane_variants(_swiglu_chunks, cache=True)
 SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially
 
 

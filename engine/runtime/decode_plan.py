@@ -224,8 +224,8 @@ class DecodePlan:
         x, h, eps, q_rot, o = self.x, self.h, self.eps, self.q_rot, self.o
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
-        rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.attend, ggml_step.glu_quant
-        w8 = isa.w8()
+        w8 = bool(isa.w8())
+        rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.ATTEND[w8], ggml_step.GLU_QUANT[w8]
         with KERNEL_LOCK:
             for i, lay in enumerate(self.layers):
                 rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
@@ -240,7 +240,7 @@ class DecodePlan:
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf, w8)
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf)
                 if recorder is not None:
                     recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                     recorder.record_input(lay.names[1], o.copy())
@@ -260,7 +260,7 @@ class DecodePlan:
                         recorder.record_input(lay.names[2], h.copy())
                     for run in lay.ffn_runs:
                         run()
-                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf, w8)
+                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
                     if recorder is not None:
                         recorder.record_input(lay.names[3], self.act.copy())
                     lay.down.run()

@@ -15,8 +15,9 @@ bit for bit (tests hold them to each other and to llama.cpp's tensors):
 
 Activation types are ggml type ids (engine.quant.types.GGMLType): F32, F16, BF16, Q8_0, Q8_1, Q8_K; -1 for none.
 The caller (engine.runtime.decode_plan) checks the shapes these assume (a multiple of 16 for the GLU rows, the
-softmax row without a scalar tail) and runs the NumPy path otherwise. `w8` selects the AVX2 build's order
-(engine.kernels.isa): 8-float softmax and SiLU chunks with its v_expf, vec_dot_f16's 4 x 8 accumulators.
+softmax row without a scalar tail) and runs the NumPy path otherwise. ATTEND and GLU_QUANT hold both builds'
+orders (engine.kernels.isa; [True]: the AVX2 build's 8-float softmax and SiLU chunks with its v_expf, vec_dot_f16's
+4 x 8 accumulators), `attend` and `glu_quant` are the AVX-512 ones.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from engine.kernels.activations import HAVE_NUMBA
 from engine.quant.types import GGMLType
 
 F32_T, F16_T, BF16_T = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
+W8 = False  # the order of the AVX2 build: True in the variants lane_variants makes of attend and glu_quant
 Q8_0_T, Q8_1_T, Q8_K_T = int(GGMLType.Q8_0), int(GGMLType.Q8_1), int(GGMLType.Q8_K)
 SWIGLU, GEGLU = 0, 1
 
@@ -35,6 +37,7 @@ if HAVE_NUMBA:
         _nb_quantize_f16,
         _nb_quantize_q8,
         f16_to_f32,
+        lane_variants,
         f32_to_f16,
         fma32,
         njit,
@@ -119,9 +122,8 @@ if HAVE_NUMBA:
             dst[do + a] = fma32(x0, c, -(x1 * s))
             dst[do + b] = fma32(x0, s, x1 * c)
 
-    @njit(cache=True)
-    def attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
-               sinks, q_rot, o, vdt, xq, w8):
+    def _attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
+                sinks, q_rot, o, vdt, xq):
         """Attention of the token at `pos` for one layer.
 
         q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
@@ -130,9 +132,10 @@ if HAVE_NUMBA:
         after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
         cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale); sinks (Hq,) or
         empty: gpt-oss's one logit per head in each softmax row's maximum and sum (no value). q_rot (Hq, d)
-        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt; w8 the AVX2 build's order.
+        gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt. W8: the AVX2 build's order
+        (ATTEND[True]; engine.kernels.activations.lane_variants).
         """
-        lanes = 8 if w8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
+        lanes = 8 if W8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
         step = 4 * lanes
         inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
         hkv, _, d = kc.shape
@@ -184,8 +187,8 @@ if HAVE_NUMBA:
             for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
                 for i in range(lanes):
                     j = c + i
-                    scores[j] = v_expf_lane(scores[j] - top, w8) if lo <= j < n_used else _ZERO
-                total += np.float64(reduce_lanes(scores, c, w8))
+                    scores[j] = v_expf_lane(scores[j] - top, W8) if lo <= j < n_used else _ZERO
+                total += np.float64(reduce_lanes(scores, c, W8))
             if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
                 total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
@@ -210,7 +213,7 @@ if HAVE_NUMBA:
                 for t in range(d):
                     red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
             head = out[h * d : (h + 1) * d]
-            if w8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
+            if W8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
                 for t in range(d):
                     head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
                         ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
@@ -227,15 +230,14 @@ if HAVE_NUMBA:
                 w16[j] = _ZERO
         quantize_into(vdt, o, xq)
 
-    @njit(cache=True)
-    def glu_quant(gate, up, kind, table, act, vdt, xq, w8):
-        """act (1, n) = SwiGLU (ggml_v_silu lanes, the AVX2 build's with w8) or GeGLU (the fp16 GELU table) of gate
-        and up (n,), n % 16 == 0 (n % 8 with w8); then quantized as vdt into xq."""
+    def _glu_quant(gate, up, kind, table, act, vdt, xq):
+        """act (1, n) = SwiGLU (ggml_v_silu lanes, the AVX2 build's with W8) or GeGLU (the fp16 GELU table) of gate
+        and up (n,), n % 16 == 0 (n % 8 with W8); then quantized as vdt into xq."""
         y = act[0]
         for i in range(gate.shape[0]):
             x = gate[i]
             if kind == SWIGLU:
-                y[i] = (x / (_ONE + v_expf_lane(_ZERO - x, w8))) * up[i]
+                y[i] = (x / (_ONE + v_expf_lane(_ZERO - x, W8))) * up[i]
             elif x <= np.float32(-10.0):
                 y[i] = _ZERO
             elif x >= np.float32(10.0):
@@ -243,3 +245,7 @@ if HAVE_NUMBA:
             else:
                 y[i] = table[f32_to_f16(x)] * up[i]
         quantize_into(vdt, act, xq)
+
+    ATTEND = lane_variants(_attend, cache=True)
+    GLU_QUANT = lane_variants(_glu_quant, cache=True)
+    attend, glu_quant = ATTEND[False], GLU_QUANT[False]

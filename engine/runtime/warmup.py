@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from engine.kernels import pages, precompile
+from engine.kernels import isa, pages, precompile
 from engine.kernels.dispatch import compiled, warm_up
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _compile_split(model: DecoderModel, weights: set[tuple[GGMLType, int]], prog
     compiles the rest; True when that ran."""
     from engine.runtime import decode_step as ggml_step  # noqa: PLC0415 - with compiled kernels only
 
-    helper = precompile.start(weights, ggml_step.attend)
+    helper = precompile.start(weights, ggml_step.ATTEND[bool(isa.w8())])
     if helper is None:
         return False
     with precompile.dry_products():
