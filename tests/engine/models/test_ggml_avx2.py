@@ -25,7 +25,7 @@ from engine.ops.attention_ggml import attention, kq, kqv
 from engine.ops.ggml import geglu, soft_max, swiglu
 from engine.quant.types import GGMLType
 from tests.engine.golden import FIXTURES, log_softmax
-from tests.engine.models.test_ggml_decode import _same_bits, _steps
+from tests.engine.models.test_ggml_decode import GEMMA_TINY, _same_bits, _steps
 from tests.engine.models.test_ggml_ops import RUNS, TAPS, assert_bits, differs, kernels, layers, tap  # noqa: F401
 from tests.engine.models.test_ggml_prefill import _chunks
 from tests.tiny_models import make_tiny_llama
@@ -120,10 +120,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("avx2")
     smol = spec("smollm2-135m-instruct", dim=64, hidden=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24,
                 n_vocab=300, n_ctx=512)
-    gemma = spec("gemma3-270m", dim=64, hidden=256, n_layers=6, n_heads=2, n_kv_heads=1, head_dim=128,
-                 n_vocab=300, n_ctx=512, window=8)
     return {"smollm2-types": write_synthetic(tmp / "smol.gguf", smol, seed=1),
-            "gemma3-types": write_synthetic(tmp / "gemma.gguf", gemma, seed=2),
+            "gemma3-types": write_synthetic(tmp / "gemma.gguf", GEMMA_TINY, seed=2),
             "llama-f16": make_tiny_llama(tmp / "f16.gguf", qtype=GGMLType.F16, hidden=136)}
 
 

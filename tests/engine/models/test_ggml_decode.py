@@ -21,17 +21,20 @@ T = GGMLType
 pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled decode step needs numba")
 
 
+# Gemma 3's layout at test size: a sliding window of 8, one KV head of width 128 (the AVX2 tests use it too)
+GEMMA_TINY = spec("gemma3-270m", dim=64, hidden=256, n_layers=6, n_heads=2, n_kv_heads=1, head_dim=128, n_vocab=300,
+                  n_ctx=512, window=8)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Small models with the catalog models' architectures and tensor types, and a few more types."""
     tmp = tmp_path_factory.mktemp("decode")
     smol = spec("smollm2-135m-instruct", dim=64, hidden=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                 n_vocab=300, n_ctx=512)
-    gemma = spec("gemma3-270m", dim=64, hidden=256, n_layers=6, n_heads=2, n_kv_heads=1, head_dim=128,
-                 n_vocab=300, n_ctx=512, window=8)
     return {
         "smollm2-types": write_synthetic(tmp / "smol.gguf", smol, seed=1),
-        "gemma3-types": write_synthetic(tmp / "gemma.gguf", gemma, seed=2),
+        "gemma3-types": write_synthetic(tmp / "gemma.gguf", GEMMA_TINY, seed=2),
         "llama-q4_0-untied": make_tiny_llama(tmp / "q4_0.gguf", qtype=T.Q4_0, tied=False),
         "llama-q5_1": make_tiny_llama(tmp / "q5_1.gguf", qtype=T.Q5_1),
         "llama-q8_0": make_tiny_llama(tmp / "q8_0.gguf", qtype=T.Q8_0),
