@@ -23,10 +23,8 @@ parallel kernels at once, so a caller that may run kernels from more than one th
 from __future__ import annotations
 
 import contextlib
-import types
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -141,24 +139,6 @@ else:  # pragma: no cover
     prange = range
     fma32 = f16_to_f32 = f32_to_f16 = f32_bits = bits_f32 = None
     u8_and = u8_shr = u8_to_f32 = i8_to_f32 = prefer_512 = None
-
-
-def lane_variants(py_func: Callable[..., Any], **options: Any) -> dict[bool, Any]:
-    """{False: the AVX-512 build's order, True: the AVX2 build's}: two compiled copies of py_func, whose global W8 is
-    the constant False or True (engine.kernels.isa). numba folds a branch on a global constant before compiling, so
-    each copy holds one order's code, half the compile of one function with both behind an argument; each copy
-    has its own name (`<name>_avx512`, `<name>_avx2`) and so its own entries in numba's cache."""
-    out = {}
-    for w8, suffix in ((False, "avx512"), (True, "avx2")):
-        scope = dict(py_func.__globals__)
-        scope["W8"] = w8
-        fn = types.FunctionType(py_func.__code__, scope, f"{py_func.__name__}_{suffix}", py_func.__defaults__,
-                                py_func.__closure__)
-        fn.__qualname__ = f"{py_func.__qualname__}_{suffix}"
-        fn.__module__ = py_func.__module__
-        fn.__doc__ = py_func.__doc__
-        out[w8] = njit(**options)(fn)
-    return out
 
 
 # ---- numba kernels

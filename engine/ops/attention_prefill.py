@@ -20,7 +20,7 @@ from engine.kernels.activations import HAVE_NUMBA
 
 F32 = npt.NDArray[np.float32]
 _NO_SINKS = np.zeros(0, np.float32)
-W8 = False  # the AVX2 build's order: True in _ATTEND[True] (engine.kernels.activations.lane_variants)
+W8 = False  # the AVX2 build's order: True in _ATTEND[True] (engine.kernels.variants.lane_variants)
 
 
 def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
@@ -31,7 +31,8 @@ def takes(n_queries: int, head_dim: int, n_kv: int) -> bool:
 
 
 if HAVE_NUMBA:
-    from engine.kernels.activations import f16_to_f32, f32_to_f16, lane_variants, prange
+    from engine.kernels.activations import f16_to_f32, f32_to_f16, prange
+    from engine.kernels.variants import lane_variants
     from engine.kernels.floats.tinyblas import axpy8, axpy16, dot8, dot16
     from engine.ops.ggml_kernels import reduce_columns, reduce_lanes, v_expf_lane
 

@@ -37,12 +37,12 @@ if HAVE_NUMBA:
         _nb_quantize_f16,
         _nb_quantize_q8,
         f16_to_f32,
-        lane_variants,
         f32_to_f16,
         fma32,
         njit,
     )
     from engine.kernels.floats.vec_dot import _dot_f16_row
+    from engine.kernels.variants import lane_variants
     from engine.kernels.q8k import quantize_q8_k_into
     from engine.kernels.floats.tinyblas import axpy8, axpy16
     from engine.ops.ggml_kernels import reduce16_columns, reduce_lanes, v_expf_lane
@@ -133,7 +133,7 @@ if HAVE_NUMBA:
         cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale); sinks (Hq,) or
         empty: gpt-oss's one logit per head in each softmax row's maximum and sum (no value). q_rot (Hq, d)
         gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt. W8: the AVX2 build's order
-        (ATTEND[True]; engine.kernels.activations.lane_variants).
+        (ATTEND[True]; engine.kernels.variants.lane_variants).
         """
         lanes = 8 if W8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
         step = 4 * lanes

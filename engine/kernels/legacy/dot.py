@@ -165,9 +165,12 @@ def _f16(pl, o, j):
     return f16_to_f32(np.uint16(pl[o + _U(j * G)]) | (np.uint16(pl[o + _U((j + 1) * G)]) << np.uint16(8)))
 
 
-@njit(cache=True)
-def _dot_group(kind, pl, size, yd, ys, yf, i, acc):
-    """Accumulate activation i against every block of one group's planes into acc (ACC*G,).
+KIND = Q4_0  # the weight type: a constant in each compiled copy of _dot_group (engine.kernels.variants)
+
+
+def _dot_group(pl, size, yd, ys, yf, i, acc):
+    """Accumulate activation i against every block of one group's planes into acc (ACC*G,), for weights of type
+    KIND (a plain function: engine.kernels.legacy.products compiles a copy per type, KIND a constant in each).
 
     pl is the group's planes flattened: byte j of block b of row r at (b * size + j) * G + r. All
     indices are unsigned constants plus r, so numba emits no negative-index fix-up and LLVM sees
@@ -183,23 +186,23 @@ def _dot_group(kind, pl, size, yd, ys, yf, i, acc):
         dy = yd[i, b]
         sy = ys[i, b]
         base = _U(b) * _U(size * G)
-        if kind == Q4_0 or kind == Q4_0_X8:
+        if KIND == Q4_0 or KIND == Q4_0_X8:
             c = _offsets(y, np.float32(-8.0))
             for r in range(_U(G)):
                 o = base + r
                 l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(2), y, c)
-                if kind == Q4_0:
+                if KIND == Q4_0:
                     _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
                 else:  # llama.cpp's repacked q4_0_8x8: the lanes' exact sum, one fma into lane 0 (the rest stay +0)
                     isum = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
                     acc[r] = fma32(isum, _f16(pl, o, _I(0)) * dy, acc[r])
-        elif kind == Q4_1:
+        elif KIND == Q4_1:
             for r in range(_U(G)):
                 o = base + r
                 l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(4), y, zeros)
                 _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
                 _add_summs(acc, r, _f16(pl, o, _I(2)), sy)
-        elif kind == Q5_0:
+        elif KIND == Q5_0:
             c = _offsets(y, np.float32(-16.0))
             yb = _yb32(y)
             for r in range(_U(G)):
@@ -207,7 +210,7 @@ def _dot_group(kind, pl, size, yd, ys, yf, i, acc):
                 l0, l1, l2, l3, l4, l5, l6, l7 = _nibble_block(pl, o, _I(6), y, c)
                 l0, l1, l2, l3, l4, l5, l6, l7 = _bit_lanes(pl, o, _I(2), yb, l0, l1, l2, l3, l4, l5, l6, l7)
                 _add_lanes(acc, r, _f16(pl, o, _I(0)) * dy, l0, l1, l2, l3, l4, l5, l6, l7)
-        elif kind == Q5_1:
+        elif KIND == Q5_1:
             yb = _yb32(y)
             for r in range(_U(G)):
                 o = base + r

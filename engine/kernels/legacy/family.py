@@ -112,12 +112,12 @@ def bind_gemv(qtype: GGMLType | int, blocks: Weight, xq: U8, out: F32) -> Callab
         w, y = _read_only(blocks).view(view), xq.view(view)
         return lambda: dot(w, y, out)
     raw, planes, planar = _sources(blocks)
-    fn, kind, n = legacy_products.product, int(qtype), blocks.shape[0]
-    return lambda: fn(kind, raw, planes, planar, n, xq, out)
+    fn, n = legacy_products.PRODUCT[int(qtype)], blocks.shape[0]
+    return lambda: fn(raw, planes, planar, n, xq, out)
 
 
 def kind_gemv(kind: int) -> Callable[[Weight, U8, F32], None]:
-    """The one-row product for a kernel type id of legacy_products.product (legacy_dot.Q4_0_X8 too)."""
+    """The one-row product for a kernel type id of legacy_products.PRODUCT (legacy_dot.Q4_0_X8 too)."""
 
     def gemv(blocks: Weight, xq: U8, out: F32) -> None:
         _product(kind, blocks, xq.reshape(1, -1), out.reshape(1, -1))

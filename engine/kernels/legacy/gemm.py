@@ -17,6 +17,7 @@ The integer lanes are exact (|weight| <= 128 and |quant| <= 127 keep every vpmad
 results equal gemv / gemm of legacy.py bit for bit. The weights are read as (n_rows, row_bytes) raw blocks.
 
   gemm_int(kind, blocks, xq, out)    blocks (n_rows, nb * size) uint8, xq (m, nb * 34 | 36), out (m, n_rows)
+  GEMM_INT[kind](blocks, xq, out)    the same: a compiled copy per type (engine.kernels.variants), made on first use
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from engine.quant.types import GGMLType
 from engine.kernels.activations import f16_to_f32
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.kquant.dot import _fma, _hsum8, _splat
+from engine.kernels.variants import per_kind, specialise
 from engine.kernels.simd import (
     F32,
     I8,
@@ -237,8 +239,9 @@ def _tile_intrinsic(kind: int):
     return intrinsic(typer)
 
 
-_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0, _tile_q4_0_x8 = (_tile_intrinsic(k) for k in KINDS)
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
+KIND = _Q4_0  # a constant in each compiled copy of _gemm_int (GEMM_INT)
+_tile = None  # each copy's row-tile intrinsic of its KIND
 
 
 @njit(cache=True, error_model="numpy")
@@ -256,11 +259,10 @@ def _scales(xq, nb, act):
     return sc
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def gemm_int(kind, blocks, xq, out):
-    """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (the type id as `kind`)."""
-    size = 18 if kind == _Q4_0 or kind == _Q4_0_X8 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
-    act = 36 if kind == _Q4_1 or kind == _Q5_1 else 34
+def _gemm_int(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a, for weights of type KIND."""
+    size = 18 if KIND == _Q4_0 or KIND == _Q4_0_X8 else 20 if KIND == _Q4_1 else 22 if KIND == _Q5_0 else 24 if KIND == _Q5_1 else 34
+    act = 36 if KIND == _Q4_1 or KIND == _Q5_1 else 34
     nb = blocks.shape[1] // size
     sc = _scales(xq, nb, act)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
@@ -271,16 +273,18 @@ def gemm_int(kind, blocks, xq, out):
             for r in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
                 k = min(TILE, m - a0)
                 at, wo, xo, so = u64(a0) * os + u64(4 * r), u64(r) * rs, u64(a0) * xs, u64(a0 // TILE) * ts
-                if kind == _Q4_0:
-                    _tile_q4_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                elif kind == _Q4_1:
-                    _tile_q4_1(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                elif kind == _Q5_0:
-                    _tile_q5_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                elif kind == _Q5_1:
-                    _tile_q5_1(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                elif kind == _Q8_0:
-                    _tile_q8_0(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
-                else:
-                    _tile_q4_0_x8(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
+                _tile(blocks, wo, nb, xq, xo, xs, k, out, at, os, sc, so, bs)
     return out
+
+
+@per_kind(KINDS)
+def GEMM_INT(kind: int):  # noqa: N802 - a table, read as GEMM_INT[kind]
+    """The compiled batch kernel of one type: _gemm_int with KIND and its tile intrinsic fixed."""
+    name = "q4_0_x8" if kind == Q4_0_X8 else GGMLType(kind).name.lower()
+    return specialise(_gemm_int, name, {"KIND": kind, "_tile": _tile_intrinsic(kind)}, cache=True, parallel=True,
+                      error_model="numpy")
+
+
+def gemm_int(kind, blocks, xq, out):
+    """GEMM_INT[kind](blocks, xq, out): out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a."""
+    return GEMM_INT[kind](blocks, xq, out)

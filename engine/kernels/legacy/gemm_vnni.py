@@ -16,6 +16,8 @@ summs = fma(fp16(m_w), fp16(s_x), summs), out = hsum_float_8(acc) (+ summs); Q4_
 one fma of the block's exact integer sum per activation.
 
   gemm_int_vnni(kind, blocks, xq, out)    as legacy_gemm.gemm_int; only where numba targets AVX512-VNNI
+  GEMM_INT_VNNI[kind](blocks, xq, out)    the same: a compiled copy per type (engine.kernels.variants), made on
+                                          first use, so a first start compiles the model's types only
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from engine.quant.types import GGMLType
 from engine.kernels.kquant.dot import _hsum8, _splat
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.legacy.gemm import _SPEC, KINDS, TILE, _block_sums, _i64, _scales
+from engine.kernels.variants import per_kind, specialise
 from engine.kernels.simd import (
     F32,
     I8,
@@ -166,9 +169,11 @@ def _tile_intrinsic(kind: int, nt: int):
     return intrinsic(typer)
 
 
-_tile_q4_0, _tile_q4_1, _tile_q5_0, _tile_q5_1, _tile_q8_0, _tile_q4_0_x8 = (_tile_intrinsic(k, NT) for k in KINDS)
-_short_q4_0, _short_q4_1, _short_q5_0, _short_q5_1, _short_q8_0, _short_q4_0_x8 = (_tile_intrinsic(k, 1) for k in KINDS)
 _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0, _Q4_0_X8 = KINDS
+KIND = _Q4_0  # a constant in each compiled copy of _gemm_int_vnni (GEMM_INT_VNNI)
+
+
+_tile = _short = None  # each copy's full-tile and short-tile intrinsics of its KIND (GEMM_INT_VNNI)
 
 
 @njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
@@ -194,12 +199,11 @@ def _pack(xq, nb, act, offset):
     return xp, cp
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def gemm_int_vnni(kind, blocks, xq, out):
-    """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (the type id as `kind`)."""
-    size = 18 if kind == _Q4_0 or kind == _Q4_0_X8 else 20 if kind == _Q4_1 else 22 if kind == _Q5_0 else 24 if kind == _Q5_1 else 34
-    act = 36 if kind == _Q4_1 or kind == _Q5_1 else 34
-    offset = 8 if kind == _Q4_0 or kind == _Q4_0_X8 else 16 if kind == _Q5_0 else 128 if kind == _Q8_0 else 0
+def _gemm_int_vnni(blocks, xq, out):
+    """out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a, for weights of type KIND."""
+    size = 18 if KIND == _Q4_0 or KIND == _Q4_0_X8 else 20 if KIND == _Q4_1 else 22 if KIND == _Q5_0 else 24 if KIND == _Q5_1 else 34
+    act = 36 if KIND == _Q4_1 or KIND == _Q5_1 else 34
+    offset = 8 if KIND == _Q4_0 or KIND == _Q4_0_X8 else 16 if KIND == _Q5_0 else 128 if KIND == _Q8_0 else 0
     nb = blocks.shape[1] // size
     xp, cp = _pack(xq, nb, act, offset)
     sc = _scales(xq, nb, act)
@@ -216,42 +220,23 @@ def gemm_int_vnni(kind, blocks, xq, out):
             for r in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
                 at, wo = u64(a0) * os + u64(4 * r), u64(r) * rs
                 if t < full:
-                    _tile(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+                    _tile(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
                 else:
-                    _short(kind, blocks, wo, nb, xp, xo, cp, co, min(k, TILE), out, at, os, sc, so, bs, xs, cs, ts)
+                    _short(blocks, wo, nb, xp, xo, cp, co, min(k, TILE), out, at, os, sc, so, bs, xs, cs, ts)
                     if k > TILE:
-                        _short(kind, blocks, wo, nb, xp, xo + xs, cp, co + cs, k - TILE, out, at + u64(TILE) * os, os,
+                        _short(blocks, wo, nb, xp, xo + xs, cp, co + cs, k - TILE, out, at + u64(TILE) * os, os,
                                sc, so + ts, bs, xs, cs, ts)
     return out
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _tile(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts):
-    if kind == _Q4_0:
-        _tile_q4_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q4_1:
-        _tile_q4_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q5_0:
-        _tile_q5_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q5_1:
-        _tile_q5_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q8_0:
-        _tile_q8_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    else:
-        _tile_q4_0_x8(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+@per_kind(KINDS)
+def GEMM_INT_VNNI(kind: int):  # noqa: N802 - a table, read as GEMM_INT_VNNI[kind]
+    """The compiled batch kernel of one type: _gemm_int_vnni with KIND and its two tile intrinsics fixed."""
+    name = "q4_0_x8" if kind == Q4_0_X8 else GGMLType(kind).name.lower()
+    scope = {"KIND": kind, "_tile": _tile_intrinsic(kind, NT), "_short": _tile_intrinsic(kind, 1)}
+    return specialise(_gemm_int_vnni, name, scope, cache=True, parallel=True, error_model="numpy")
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _short(kind, blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts):
-    if kind == _Q4_0:
-        _short_q4_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q4_1:
-        _short_q4_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q5_0:
-        _short_q5_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q5_1:
-        _short_q5_1(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    elif kind == _Q8_0:
-        _short_q8_0(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
-    else:
-        _short_q4_0_x8(blocks, wo, nb, xp, xo, cp, co, k, out, at, os, sc, so, bs, xs, cs, ts)
+def gemm_int_vnni(kind, blocks, xq, out):
+    """GEMM_INT_VNNI[kind](blocks, xq, out): out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a."""
+    return GEMM_INT_VNNI[kind](blocks, xq, out)

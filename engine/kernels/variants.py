@@ -1,0 +1,88 @@
+"""Compiled copies of one kernel with some of its globals fixed, so that each copy holds only the code it runs.
+
+numba folds a branch on a global constant before it compiles (its dead-branch pruning reads globals as
+constants), but not a branch on an argument, even a literal one. A kernel written for several weight types or
+both ISA orders behind an argument therefore compiles every type's code at once, seconds each at a first start.
+A copy whose global (`KIND`, `W8`) is a constant compiles one type's code only; each copy has its own name
+(`<name>_<suffix>`) and so its own entries in numba's on-disk cache, and copies are made when first asked for,
+so a model compiles the copies of the types it holds and no others.
+
+  specialise(py_func, suffix, scope, **njit_options)   one copy, the globals in `scope` replaced
+  lane_variants(py_func, **njit_options)               {False: AVX-512 order, True: AVX2 order} (global W8)
+  per_kind(kinds)(build)                               a lazily filled {type id: copy} made by build(kind)
+  serial_until_late(kernel)                            a parallel kernel, or its serial copy before the late ones
+"""
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from engine.kernels.activations import njit
+
+
+def specialise(py_func: Callable[..., Any], suffix: str, scope: Mapping[str, Any], **options: Any) -> Any:
+    """A numba dispatcher (njit with `options`) of a copy of the plain function py_func whose module globals
+    named in `scope` hold the given values (constants, or other copies it calls), named `<name>_<suffix>`.
+    The module must be fully imported before the copy is made: its globals are read then."""
+    glob = dict(py_func.__globals__)
+    glob.update(scope)
+    fn = types.FunctionType(py_func.__code__, glob, f"{py_func.__name__}_{suffix}", py_func.__defaults__,
+                            py_func.__closure__)
+    fn.__qualname__ = f"{py_func.__qualname__}_{suffix}"
+    fn.__module__ = py_func.__module__
+    fn.__doc__ = py_func.__doc__
+    return njit(**options)(fn)
+
+
+def lane_variants(py_func: Callable[..., Any], tag: str = "", **options: Any) -> dict[bool, Any]:
+    """{False: the AVX-512 build's order, True: the AVX2 build's}: two compiled copies of py_func, whose global W8 is
+    the constant False or True (engine.kernels.isa), `<name>_avx512` and `<name>_avx2` (`<name>_<tag>_avx512` ...
+    with a tag: copies with other options, a serial one beside a parallel one, need names of their own, or numba's
+    cache would hand one the other's code)."""
+    pre = f"{tag}_" if tag else ""
+    return {w8: specialise(py_func, pre + suffix, {"W8": w8}, **options) for w8, suffix in ((False, "avx512"),
+                                                                                             (True, "avx2"))}
+
+
+def serial_until_late(kernel: Any) -> Callable[..., Any]:
+    """A callable running the parallel compiled `kernel` once the late kernels may run (engine.kernels.precompile),
+    and before that a serial copy of it, `<name>_serial` (the same bits on the calling thread; numba's parallel
+    loop costs more to compile than the rest of a small kernel, and a first start's first prompt is short)."""
+    from engine.kernels import precompile  # noqa: PLC0415 - kept out of this module's import for the helpers
+
+    serial: list[Any] = []
+
+    def run(*args: Any) -> Any:
+        if precompile.late_ready():
+            return kernel(*args)
+        if not serial:
+            serial.append(specialise(kernel.py_func, "serial", {}, cache=True))
+        return serial[0](*args)
+
+    run.__name__, run.__doc__ = kernel.__name__, kernel.__doc__
+    return run
+
+
+class PerKind(Mapping[int, Any]):
+    """{type id: compiled copy}, each made by `build(kind)` the first time it is asked for (and kept)."""
+
+    def __init__(self, build: Callable[[int], Any], kinds: tuple[int, ...]):
+        self._build, self._kinds = functools.cache(build), tuple(kinds)
+
+    def __getitem__(self, kind: int) -> Any:
+        if int(kind) not in self._kinds:
+            raise KeyError(kind)
+        return self._build(int(kind))
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+
+def per_kind(kinds: tuple[int, ...]) -> Callable[[Callable[[int], Any]], PerKind]:
+    """Decorator: `build(kind)` becomes a PerKind over these type ids."""
+    return lambda build: PerKind(build, kinds)
