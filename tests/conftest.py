@@ -9,6 +9,10 @@ import pytest
 # The fixtures hold llama.cpp's AVX-512 build's bits: the ggml numerics follow that build in every test (and in the
 # CLI processes the tests start), whatever CPU runs the suite; the AVX2 tests ask for that build's order themselves.
 os.environ["GGUF_LENS_BITS"] = "avx512"
+# On a cold kernel cache (a fresh clone) a model's warm-up compiles every kernel before it returns, so that every
+# test sees the paths of a warm start (the compiled decode step above all); the background compile of a first start
+# has tests of its own (tests/engine/kernels/test_late_kernels.py, test_precompile.py), which ask for it.
+os.environ["GGUF_LENS_LATE_KERNELS"] = "now"
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"

@@ -76,6 +76,9 @@ class StatusPanel(QStatusBar):
                                 "its full context: 2 × layers × context × KV heads × head_dim × bytes per value")
         self.path = _segment("the attention path of the last prefill: plain, or tiled (online softmax) for long prompts")
         self.memory = _segment("resident memory of the app")
+        self.late = _segment("A first start: the faster kernels (the compiled decode step, the prompt attention, the "
+                             "AVX512-VNNI batch kernels) compile in a background process and are cached for later "
+                             "starts. Until they are ready, tokens take a slower path that gives the same numbers.")
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(220)
         self.progress.setRange(0, 1000)
@@ -86,8 +89,10 @@ class StatusPanel(QStatusBar):
         for w in (self.progress_label, self.progress, self.cancel):
             self.addWidget(w)
             w.hide()
-        for w in (self.model, self.backend, self.speed, self.ctx, self.kv, self.kv_cost, self.path, self.memory):
+        for w in (self.late, self.model, self.backend, self.speed, self.ctx, self.kv, self.kv_cost, self.path,
+                  self.memory):
             self.addPermanentWidget(w)
+        self.late.hide()
         state.model_changed.connect(self._model)
         state.backend_changed.connect(self._backend)
         state.tok_s_changed.connect(self._speed)
@@ -107,8 +112,18 @@ class StatusPanel(QStatusBar):
         self._path(state.attention_path)
         self.timer = QTimer(self, interval=1000)
         self.timer.timeout.connect(lambda: setattr(state, "memory_bytes", process_memory()))
+        self.timer.timeout.connect(self.show_late)
         self.timer.start()
         state.memory_bytes = process_memory()
+
+    def show_late(self) -> None:
+        """While a first start's background compile runs (engine.kernels.precompile): how long it has run."""
+        from engine.kernels import precompile  # noqa: PLC0415
+
+        running = precompile.late_status()
+        self.late.setVisible(running is not None)
+        if running is not None:
+            self.late.setText(f"compiling faster kernels · {running:.0f} s")
 
     def _model(self, info: object) -> None:
         """The model's name (a file of the user's: its file name) and, in the tooltip, its file; a new model has

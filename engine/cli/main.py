@@ -41,12 +41,26 @@ def _load(args: argparse.Namespace, warm: bool = True):
                 sys.stderr.write("\r\033[K")
     model = load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
                        numerics=getattr(args, "numerics", "ggml"))
+    if late_note() is not None:
+        print(f"note: {late_note()}", file=sys.stderr)
     try:
         _intervene(args, model)
     except LensError:
         model.close()
         raise
     return model
+
+
+def late_note() -> str | None:
+    """What a first start still compiles in the background, if it does (engine.kernels.precompile), else None."""
+    from engine.kernels import precompile  # noqa: PLC0415
+
+    running = precompile.late_status()
+    if running is None:
+        return None
+    return (f"first start: faster kernels (decode step, prompt attention, VNNI batches) are compiling in the "
+            f"background ({running:.0f} s so far) and are cached for the next start; until they are ready tokens "
+            f"take a slower path with the same numbers")
 
 
 def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001

@@ -306,7 +306,7 @@ class BlockProduct:
             out = np.empty((t, self.n_out), np.float32)
         if precompile.is_dry():  # the first start's dry pass (engine.kernels.precompile): no product kernel runs
             out[:] = 0.0
-        elif t == 1 and self.gemv is not None:
+        elif t == 1 and self.gemv is not None and (self.batch is None or precompile.late_ready()):
             xq = act.bytes_for(self.qtype).reshape(-1)
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
@@ -314,7 +314,7 @@ class BlockProduct:
             x = act.bytes_for(self.qtype).view(np.float32 if self.qtype == _T.F32 else np.uint16).reshape(t, -1)
             with KERNEL_LOCK:
                 self.float_batch(np.asarray(self.weight).view(x.dtype).reshape(self.n_out, -1), x, out)
-        elif self.batch is not None and self.raw_parts is not None:
+        elif self.batch is not None and self.raw_parts is not None:  # one row too while the gemv compiles
             xq = act.bytes_for(self.qtype)
             if len(self.raw_parts) == 1:
                 with KERNEL_LOCK:
@@ -433,9 +433,11 @@ def _released(repack: Callable[[U8], object], stacked: Callable[[], U8], parts: 
 
 
 def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callable[[float], None] | None = None,
-            ) -> None:
+            legacy_rows: tuple[int, ...] = (1, 2, GEMV_MAX_ROWS + 1)) -> None:
     """Compile (or load from numba's cache) every kernel these weights use, before the first token: weight types
     (as 16-row weights), or (type, rows) pairs, since the row count picks Q8_0's x16 and Q4_K's repacked paths.
+    Each product runs on 1, 2 and 17 rows (the one-row product, the batch kernels up to and past one call); the
+    legacy quants on `legacy_rows` (their one-row product is a late kernel, engine.kernels.precompile).
 
     Arrays are read-only like the memory map, so the specialisations built here are the ones the model calls.
     """
@@ -450,7 +452,7 @@ def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callab
         blocks = np.zeros((n_rows, TYPES[qtype].row_bytes(n)), np.uint8)
         blocks.flags.writeable = False
         product = BlockProduct(qtype, blocks, n)
-        for rows in (1, 2, GEMV_MAX_ROWS + 1):
-            product(np.zeros((rows, n), np.float32))
+        for m in legacy_rows if int(qtype) in paths.LEGACY_INT else (1, 2, GEMV_MAX_ROWS + 1):
+            product(np.zeros((m, n), np.float32))
     if progress is not None:
         progress(1.0)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from engine.quant.types import GGMLType
 
-from engine.kernels import isa, pages
+from engine.kernels import isa, pages, precompile
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -41,15 +41,26 @@ def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> Non
     q8_0_x16().gemv_q8_0_x16(weight[0], weight[1], xq, out)
 
 
+def late_or(late: Callable, early: Callable) -> Callable:
+    """`late` (a faster kernel of the same bits) once the late kernels may run (engine.kernels.precompile), `early`
+    before: on a first start the AVX512-VNNI batch kernels compile in the background, the plainer ones (a second
+    or more each to compile instead of three to six) serve the first prompt."""
+    def product(*args: Any) -> Any:
+        return (late if precompile.late_ready() else early)(*args)
+
+    product.__name__, product.__doc__ = getattr(late, "__name__", "product"), late.__doc__
+    return product
+
+
 def legacy_batch() -> Callable[[int, U8, U8, F32], F32]:
     """The integer batch kernel of the legacy quants: legacy_gemm_vnni's where the CPU has AVX512-VNNI (the
-    same bits in fewer instructions), legacy_gemm's elsewhere."""
+    same bits in fewer instructions; legacy_gemm's while it compiles), legacy_gemm's elsewhere."""
+    from engine.kernels.legacy.gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
+
     if q8_0_x16() is not None:  # numba's target has AVX512-VNNI
         from engine.kernels.legacy.gemm_vnni import gemm_int_vnni  # noqa: PLC0415 - compiled kernels only
 
-        return gemm_int_vnni
-    from engine.kernels.legacy.gemm import gemm_int  # noqa: PLC0415 - compiled kernels only
-
+        return late_or(gemm_int_vnni, gemm_int)
     return gemm_int
 
 
@@ -65,7 +76,7 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
     if q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's batches, the same bits
         from engine.kernels.kquant.vnni import gemm_q4_k_8x8_vnni  # noqa: PLC0415 - compiled kernels only
 
-        return weight, kquant_repack.gemv_q4_k_8x8, gemm_q4_k_8x8_vnni
+        return weight, kquant_repack.gemv_q4_k_8x8, late_or(gemm_q4_k_8x8_vnni, kquant_repack.gemm_q4_k_8x8)
     return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
 
 
@@ -124,22 +135,20 @@ def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable
 def tiled_gemm(qtype: GGMLType) -> Callable:
     """The tiled gemm of a plain-buffer weight (batches of TILED_MIN_ROWS rows or more): Q3_K..Q6_K in
     kquant_tiled, Q2_K and the Q8_K i-quants in iquant_tiled."""
-    if qtype == _T.IQ4_XS and q8_0_x16() is not None:  # AVX512-VNNI: kquant_vnni's band kernel, the same bits
-        from engine.kernels.kquant.vnni import gemm_tiled_iq4_xs_vnni  # noqa: PLC0415 - compiled kernels only
-
-        return gemm_tiled_iq4_xs_vnni
     if qtype.name in TILED_IQ:
         from engine.kernels.iquant.tiled import KINDS, gemm_tiled  # noqa: PLC0415 - compiled kernels only
 
         kind = KINDS[qtype.name]
-        return lambda blocks, xq, out: gemm_tiled(kind, blocks, xq, out)
-    if qtype in (_T.Q4_K, _T.Q5_K, _T.Q6_K) and q8_0_x16() is not None:  # AVX512-VNNI: the same bits, faster
+        plain = lambda blocks, xq, out: gemm_tiled(kind, blocks, xq, out)  # noqa: E731
+    else:
+        from engine.kernels.kquant import tiled as kquant_tiled  # noqa: PLC0415 - compiled kernels only
+
+        plain = getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
+    if qtype in (_T.Q4_K, _T.Q5_K, _T.Q6_K, _T.IQ4_XS) and q8_0_x16() is not None:  # AVX512-VNNI: the same bits
         from engine.kernels.kquant import vnni as kquant_vnni  # noqa: PLC0415 - compiled kernels only
 
-        return getattr(kquant_vnni, f"gemm_tiled_{qtype.name.lower()}_vnni")
-    from engine.kernels.kquant import tiled as kquant_tiled  # noqa: PLC0415 - compiled kernels only
-
-    return getattr(kquant_tiled, f"gemm_tiled_{qtype.name.lower()}")
+        return late_or(getattr(kquant_vnni, f"gemm_tiled_{qtype.name.lower()}_vnni"), plain)
+    return plain
 
 
 # the types of ggml-cpu's tiled path that iquant_tiled computes (Q2_K: with AVX-512 llama.cpp repacks rows in

@@ -11,11 +11,21 @@ product kernel, so the pass compiles the other half. Then the real warm-up finds
 cache. Nothing of this runs when the cache is warm, on one core, or with GGUF_LENS_PRECOMPILE=0; if
 the helper fails or hangs, this process compiles what is missing itself (only slower).
 
+The *late* kernels are those a model can run without, since another path gives the same bits: the compiled
+decode step (the op-by-op step), the compiled prompt attention (its NumPy path), the legacy quants' one-row
+products (their batch kernel on one row) and the AVX512-VNNI batch kernels (the plainer ones of engine.kernels.paths,
+which compile in a fraction of the time). On a cold cache they compile in one more background process started
+after the dry pass (`start_late`), while the first token is computed without them; `late_ready()` tells the
+engine when they may run, and `late_status()` what a front end shows meanwhile. A late helper still running
+when this process exits is stopped (what it finished stays cached). GGUF_LENS_LATE_KERNELS=now compiles them
+in the warm-up instead, before the first token.
+
 Two processes writing numba's cache is safe: each index file is replaced atomically, and an entry
 lost to a race is compiled again the next time.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -34,11 +44,11 @@ log = logging.getLogger(__name__)
 
 WAIT_LIMIT_S = 600.0  # a helper still compiling after this long is stopped; this process compiles the rest
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the engine package
-# the helper's whole program: compile (or load) the product kernels of the weights named as TYPE:ROWS
-_HELPER = "import sys; from engine.kernels.dispatch import warm_up; from engine.quant.types import GGMLType; " \
-          "warm_up({(GGMLType[a.split(':')[0]], int(a.split(':')[1])) for a in sys.argv[1:]})"
+# the helper's whole program: compile (or load) the product kernels of the weights named as TYPE:ROWS (helper_main)
+_HELPER = "import sys; from engine.kernels.precompile import helper_main; helper_main(sys.argv[1:])"
 
 _state = threading.local()
+_late: list[Helper] = []  # the background compile of the late kernels, while it runs
 
 
 def is_dry() -> bool:
@@ -56,6 +66,77 @@ def dry_products() -> Iterator[None]:
         _state.dry = False
 
 
+@contextlib.contextmanager
+def without_late() -> Iterator[None]:
+    """Within: late_ready() is False on this thread (the dry pass before the first token compiles no late kernel)."""
+    _state.no_late = True
+    try:
+        yield
+    finally:
+        _state.no_late = False
+
+
+def late_in_background() -> bool:
+    """Whether a cold start compiles the late kernels in the background (GGUF_LENS_LATE_KERNELS=background, the
+    default) or before the warm-up returns (=now: every path of a warm start from the first token)."""
+    return os.environ.get("GGUF_LENS_LATE_KERNELS", "background").strip().lower() != "now"
+
+
+def late_ready() -> bool:
+    """Whether the late kernels may run now: False inside without_late() and while a background process compiles
+    them (numba's cache has them once it is done)."""
+    if getattr(_state, "no_late", False):
+        return False
+    if _late and _late[0].done():
+        _late.clear()
+    return not _late
+
+
+def late_status() -> float | None:
+    """Seconds since the background compile of the late kernels began, while it runs; None otherwise."""
+    if not _late or _late[0].done():
+        return None
+    return time.monotonic() - _late[0].started
+
+
+def wait_late(limit: float = WAIT_LIMIT_S) -> bool:
+    """Wait for the background compile of the late kernels (True when none runs or it succeeded)."""
+    if not _late:
+        return True
+    ok = _late[0].wait(limit=limit)
+    _late.clear()
+    return ok
+
+
+def start_late(program: str, args: list[str]) -> Helper | None:
+    """Start `python -c program *args` compiling the late kernels in the background (see the module's text)."""
+    helper = _spawn(program, [args], "the late kernels (decode step, prompt attention, one-row products, VNNI batches)")
+    if helper is not None:
+        _late[:] = [helper]
+        log.info("compiling the decode kernels in the background; the first tokens take the slower path")
+    return helper
+
+
+@atexit.register
+def _stop_late() -> None:
+    for helper in _late:
+        helper.stop()
+
+
+def helper_main(names: list[str]) -> None:
+    """A product helper's work: the products of the weights named TYPE:ROWS, those a first token needs when the
+    late kernels compile in the background (not the legacy quants' one-row products, not the VNNI batches), else
+    all of them."""
+    from engine.kernels.dispatch import GEMV_MAX_ROWS, warm_up  # noqa: PLC0415 - the helper process only
+
+    weights = {(GGMLType[a.split(":")[0]], int(a.split(":")[1])) for a in names}
+    if late_in_background():
+        with without_late():
+            warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
+    else:
+        warm_up(weights)
+
+
 def is_cached(dispatcher: Any) -> bool:
     """Whether numba's on-disk cache holds a current entry of this compiled function (False when unsure)."""
     try:
@@ -67,26 +148,42 @@ def is_cached(dispatcher: Any) -> bool:
 class Helper:
     """The helper processes compiling the product kernels (one per kernel family, see `start`)."""
 
-    def __init__(self, procs: list[tuple[subprocess.Popen[bytes], list[str], Any]]):
-        self.procs, self.started = procs, time.monotonic()
+    def __init__(self, procs: list[tuple[subprocess.Popen[bytes], list[str], Any]], what: str):
+        self.procs, self.started, self.what = procs, time.monotonic(), what
         self.names = [n for _, names, _ in procs for n in names]
+        self.ok: bool | None = None  # None while any runs
+
+    def done(self) -> bool:
+        """Whether every helper has exited (then its outcome is logged, once)."""
+        if self.ok is None and all(proc.poll() is not None for proc, _, _ in self.procs):
+            self.ok = self._finish()
+        return self.ok is not None
+
+    def stop(self) -> None:
+        """Stop every helper still running (what each finished stays in numba's cache)."""
+        for proc, _, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self.ok is None:
+            for _, _, errors in self.procs:
+                errors.close()
+            self.ok = False
 
     def wait(self, progress: Callable[[float], None] | None = None, limit: float = WAIT_LIMIT_S) -> bool:
         """Wait until every helper is done (progress gets a rising fraction meanwhile); True when all succeeded."""
-        while any(proc.poll() is None for proc, _, _ in self.procs):
+        while not self.done():
             elapsed = time.monotonic() - self.started
             if elapsed > limit:
                 log.warning("the kernel compile helper took over %.0f s; compiling here instead", limit)
-                for proc, _, _ in self.procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
-                for _, _, errors in self.procs:
-                    errors.close()
+                self.stop()
                 return False
             if progress is not None:
                 progress(min(0.95, elapsed / 30.0))
             time.sleep(0.1)
+        return bool(self.ok)
+
+    def _finish(self) -> bool:
         ok = True
         for proc, _, errors in self.procs:
             if proc.returncode != 0:
@@ -97,7 +194,7 @@ class Helper:
                             proc.returncode, tail)
             errors.close()
         where = "a second process" if len(self.procs) == 1 else f"{len(self.procs)} more processes"
-        log.info("product kernels for %s compiled in %s in %.1f s", ", ".join(self.names), where,
+        log.info("%s compiled in %s in %.1f s", self.what or "product kernels for " + ", ".join(self.names), where,
                  time.monotonic() - self.started)
         return ok
 
@@ -115,21 +212,27 @@ def families(names: list[str]) -> list[list[str]]:
 
 
 def start(weights: Iterable[tuple[GGMLType, int]], probe: Any) -> Helper | None:
-    """Start the helpers compiling the products of these (weight type, rows) when `probe` (a compiled function
+    """Start the helpers compiling the batch products of these (weight type, rows) when `probe` (a compiled function
     every forward pass runs) is not in numba's cache and there are two cores or more; None otherwise."""
     if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2 or is_cached(probe):
         return None
     names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in set(weights))
+    return _spawn(_HELPER, families(names), "")
+
+
+def _spawn(program: str, groups: list[list[str]], what: str) -> Helper | None:
+    """One `python -c program *group` process per group, its errors kept in a temporary file; `what` names the
+    kernels in the log (empty: the product kernels of the groups' weights)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
     procs: list[tuple[subprocess.Popen[bytes], list[str], Any]] = []
-    for group in families(names):
+    for group in groups:
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the helper's lifetime, closed by wait()
         try:
-            proc = subprocess.Popen([sys.executable, "-c", _HELPER, *group], env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([sys.executable, "-c", program, *group], env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=errors)
         except OSError as err:
             errors.close()
             log.info("no second process for the kernel compile (%s)", err)
             break
         procs.append((proc, group, errors))
-    return Helper(procs) if procs else None
+    return Helper(procs, what) if procs else None

@@ -20,10 +20,13 @@ float16 (an F16 cache); query head h reads KV head h // (Hq / Hkv), as ggml broa
 """
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels import isa
+from engine.kernels import isa, precompile
 from engine.kernels.floats import vec_dot as legacy_floats
 from engine.kernels.activations import (
     HAVE_NUMBA,
@@ -82,6 +85,14 @@ def _lanes_kernel(w, yt, out, lanes):
             out[i, r] = (u0 + u2) + (u1 + u3)
 
 
+@functools.cache
+def _lanes_serial() -> Any:
+    """_lanes_kernel compiled without numba's parallel loop (the same bits, on the calling thread)."""
+    from engine.kernels.variants import specialise  # noqa: PLC0415 - compiled kernels only
+
+    return specialise(_lanes_kernel.py_func, "serial", {}, cache=True)
+
+
 def _reduce_np(v: F32) -> F32:
     """One register's horizontal sum over the last axis (16: _mm512_reduce_add_ps; 8: the AVX2 hsum)."""
     if v.shape[-1] == 16:
@@ -101,8 +112,10 @@ def lanes_dot(w: F32, y: F32, lanes: int = LANES) -> F32:
     y = np.ascontiguousarray(y, np.float32)
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
     if HAVE_NUMBA:
+        # on numba's threads; on this one while the late kernels compile (a first start: a third of the compile)
+        kernel = _lanes_kernel if precompile.late_ready() else _lanes_serial()
         with KERNEL_LOCK:
-            _lanes_kernel(w, np.ascontiguousarray(y.T), out, np.int64(lanes))
+            kernel(w, np.ascontiguousarray(y.T), out, np.int64(lanes))
         return out
     acc = np.zeros((y.shape[0], w.shape[0], lanes), np.float32)
     for c in range(0, w.shape[1], lanes):

@@ -76,7 +76,7 @@ def rms_norm(x: npt.ArrayLike, weight: npt.ArrayLike | None, eps: float) -> F32:
     x = _f32(x)
     n = x.shape[-1]
     if _compiled() and x.ndim >= 1 and x.size >= 4 * n and n:  # a batch of rows: the compiled twin, the same bits
-        from engine.ops.ggml_kernels import rms_norm_rows  # noqa: PLC0415
+        from engine.ops.ggml_kernels import rms_norm_rows_early as rms_norm_rows  # noqa: PLC0415
 
         rows = _rows(x)
         out = np.empty(rows.shape, np.float32)
@@ -214,7 +214,7 @@ def geglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
     """
     g, u = _f32(gate), _f32(up)
     if _compiled() and g.shape == u.shape and g.ndim >= 1 and g.size >= 4096:
-        from engine.ops.ggml_kernels import geglu_rows  # noqa: PLC0415
+        from engine.ops.ggml_kernels import geglu_rows_early as geglu_rows  # noqa: PLC0415
 
         g2, u2 = _rows(g), _rows(u)
         out = np.empty(g2.shape, np.float32)

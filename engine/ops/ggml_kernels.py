@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, lane_variants, njit, prange
+from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, njit, prange
+from engine.kernels.variants import lane_variants, serial_until_late
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -190,8 +191,8 @@ def _swiglu_chunks(g, u, out, body):
 # threads costs more than the work) on the calling one
 soft_max_chunks = lane_variants(_soft_max_chunks, cache=True, parallel=True)
 swiglu_chunks = lane_variants(_swiglu_chunks, cache=True, parallel=True)
-soft_max_chunks_serial = lane_variants(_soft_max_chunks, cache=True)
-swiglu_chunks_serial = lane_variants(_swiglu_chunks, cache=True)
+soft_max_chunks_serial = lane_variants(_soft_max_chunks, "serial", cache=True)
+swiglu_chunks_serial = lane_variants(_swiglu_chunks, "serial", cache=True)
 SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially
 
 
@@ -240,3 +241,8 @@ def geglu_rows(g, u, table, out):
                 out[r, i] = x * u[r, i]
             else:
                 out[r, i] = table[f32_to_f16(x)] * u[r, i]
+
+
+# serial copies before the late kernels (engine.kernels.precompile): the parallel loop is most of their compile
+rms_norm_rows_early = serial_until_late(rms_norm_rows)
+geglu_rows_early = serial_until_late(geglu_rows)

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.cache import KVCache
+from engine.kernels import precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import NUMERICS, activation_values, compiled, quantize_activation
 from engine.models.rope import NO_SCALING, apply_rope, rope_angles
@@ -170,6 +171,8 @@ class GgmlNumerics(Float32Numerics):
                 or getattr(model, "control", None)
                 or getattr(model, "lora_adapters", None) or getattr(model, "hooks", None)):
             return None  # ablated heads, a control vector, LoRA adapters (engine.intervene): op by op
+        if not precompile.late_ready():
+            return None  # the step's kernels compile in the background (engine.kernels.precompile): op by op
         from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only
 
         plan = plan_for(model, self)
@@ -260,7 +263,8 @@ class GgmlNumerics(Float32Numerics):
             masks[window] = reference.causal_mask(pos, end, window)
         n_kv = attention_ggml.kv_length(end, cache.n_ctx)
         rows = cache.rows(layer)
-        if stored[0].dtype == np.float16 and attention_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled():
+        if (stored[0].dtype == np.float16 and attention_prefill.takes(q.shape[1], q.shape[2], n_kv) and compiled()
+                and precompile.late_ready()):  # else the NumPy path: the same bits, while the kernel compiles
             with KERNEL_LOCK:  # tinyBLAS products and the softmax in one compiled call, the same bits
                 return attention_prefill.attend_f16(q, rows[0], rows[1], end, masks[window], scale, n_kv, softcap, sinks)
         out, _ = attention_ggml.attention(q, stored[0], stored[1], masks[window], scale, n_kv=n_kv, softcap=softcap,

@@ -1,23 +1,27 @@
 """Getting a model ready for its first token: the CPU kernels compiled (or loaded from numba's cache) and the
 repacked weight copies built, or, for float32 numerics, the dequantized weights.
 
-ggml numerics: `dispatch.warm_up` compiles the product kernels of the model's weight types, then a two-token
+ggml numerics: `dispatch.warm_up` compiles the product kernels of the model's weight types, then a four-token
 prompt and one decode step compile the rest of a forward pass and build every product's repacked copy. On a cold
-cache with two cores or more the products compile in a second process meanwhile (engine.kernels.precompile)
-while a dry pass here compiles the rest, so the first start takes about half as long.
+cache with two cores or more (engine.kernels.precompile) the batch products compile in a second process while a
+dry pass here compiles what a prompt needs; then one more process compiles the *late* kernels in the background
+(`compile_late`: the decode step, the prompt attention, the legacy one-row products, each of which has a path of
+the same bits), and the first token does not wait for them.
 """
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from engine.kernels import isa, pages, precompile
-from engine.kernels.dispatch import compiled, warm_up
+from engine.kernels.dispatch import GEMV_MAX_ROWS, compiled, warm_up
+from engine.quant.types import GGMLType
 
 if TYPE_CHECKING:
     from engine.models.decoder import DecoderModel
-    from engine.quant.types import GGMLType
 
 Progress = Callable[[float], None]
 
@@ -29,7 +33,8 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
 
     weights = {(lin.weight.qtype, lin.weight.n_rows) for lin in model.linears().values()}
     split = compiled() and _compile_split(model, weights, part(0.0, 0.6))
-    warm_up(weights, part(0.6 if split else 0.0, 0.7))
+    late = split and precompile.late_status() is not None  # the late kernels compile in the background
+    warm_up(weights, part(0.6 if split else 0.0, 0.7), **({"legacy_rows": BATCH_ROWS} if late else {}))
     if compiled():
         # the products' repacked copies are built and the prompt and decode-step kernels compiled (or loaded)
         # now, not at the first real token; after them LLVM's code (libllvmlite.so, ~80 MiB resident since its
@@ -43,15 +48,18 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
         progress(1.0)
 
 
+WARM_PROMPT = 4  # tokens: the batch kernels that take four rows or more (RMSNorm's) are among those it compiles
+
+
 def warm_pass(model: DecoderModel) -> None:
-    """A two-token prompt, then one decode step, on a KV cache of its own (a model with its own pass, such as an
+    """A four-token prompt, then one decode step, on a KV cache of its own (a model with its own pass, such as an
     encoder-decoder's that encodes first, runs that)."""
     own = getattr(model, "warm_pass", None)
     if own is not None:
         own()
         return
     cache = model.new_cache(min(256, model.args.n_ctx))
-    prompt = np.zeros(min(2, cache.n_ctx), np.int64)
+    prompt = np.zeros(min(WARM_PROMPT, cache.n_ctx), np.int64)
     model.forward(prompt, cache)
     cache.commit(prompt.tolist())
     if cache.length < cache.n_ctx:
@@ -59,17 +67,54 @@ def warm_pass(model: DecoderModel) -> None:
 
 
 def _compile_split(model: DecoderModel, weights: set[tuple[GGMLType, int]], progress: Progress | None) -> bool:
-    """On a cold kernel cache, the product kernels compile in a second process while a dry forward pass here
-    compiles the rest; True when that ran."""
+    """On a cold kernel cache, the products a first token needs compile in a second process while a dry forward
+    pass here compiles the rest of them; then the late kernels start compiling in the background. True when that
+    ran."""
     from engine.runtime import decode_step as ggml_step  # noqa: PLC0415 - with compiled kernels only
 
     helper = precompile.start(weights, ggml_step.ATTEND[bool(isa.w8())])
     if helper is None:
         return False
-    with precompile.dry_products():
+    path = _file_of(model) if precompile.late_in_background() else None
+    with precompile.dry_products(), precompile.without_late() if path is not None else contextlib.nullcontext():
         warm_pass(model)
     helper.wait(progress)
+    if path is not None:  # not before: on two cores a third process would slow the first helper down
+        names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in weights)
+        precompile.start_late(LATE_PROGRAM, [str(path), *names])
     return True
+
+
+BATCH_ROWS = (2, GEMV_MAX_ROWS + 1)  # the legacy quants' rows before the first token (one row: a late kernel)
+# the late helper's program: compile_late(model file, TYPE:ROWS ...)
+LATE_PROGRAM = "import sys; from engine.runtime.warmup import compile_late; compile_late(sys.argv[1], sys.argv[2:])"
+
+
+def _file_of(model: DecoderModel) -> Path | None:
+    """The GGUF file a model was built from (the late helper builds it again), if it has one."""
+    gguf = getattr(getattr(model, "weights", None), "gguf", None)
+    path = getattr(gguf, "path", None)
+    return Path(path) if path is not None and getattr(model, "is_encoder_decoder", False) is False else None
+
+
+def compile_late(path: str, names: list[str]) -> None:
+    """The late helper's work (a process of its own): a dry four-token prompt and decode step of the model in `path`
+    with every kernel allowed, then the products of the weights named TYPE:ROWS (the VNNI batches and one-row
+    products among them)."""
+    from engine.gguf import open_gguf  # noqa: PLC0415 - the helper process only
+    from engine.models.registry import model_class  # noqa: PLC0415
+    from engine.models.weights import Weights  # noqa: PLC0415
+    from engine.runtime.numerics import numerics_for  # noqa: PLC0415 - numerics imports this module
+    from engine.tensor import DenseBudget  # noqa: PLC0415
+
+    gguf = open_gguf(path)
+    cls = model_class(str(gguf.metadata["general.architecture"]))
+    args = cls.args_from_metadata(gguf.metadata, gguf.tensors["token_embd.weight"].shape[1])
+    net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
+    with precompile.dry_products():
+        warm_pass(net)
+    # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
+    warm_up({(GGMLType[a.split(":")[0]], int(a.split(":")[1])) for a in names})
 
 
 def dequantize_all(model: DecoderModel, progress: Progress | None) -> None:

@@ -239,6 +239,24 @@ def test_status_bar_follows_state(qtbot) -> None:
     assert not bar.progress.isVisibleTo(bar)
 
 
+def test_status_bar_shows_a_first_starts_background_compile(qtbot) -> None:
+    from engine.kernels import precompile  # noqa: PLC0415
+
+    bar = StatusPanel(AppState(Settings()))
+    qtbot.addWidget(bar)
+    bar.show_late()
+    assert not bar.late.isVisibleTo(bar)
+    helper = precompile.start_late("import time; time.sleep(120)", [])
+    try:
+        bar.show_late()  # the bar's one-second timer calls it
+        assert bar.late.isVisibleTo(bar) and bar.late.text().startswith("compiling faster kernels · ")
+        assert "same numbers" in bar.late.toolTip()
+    finally:
+        helper.stop()
+    bar.show_late()
+    assert not bar.late.isVisibleTo(bar)
+
+
 def test_escape_key_stops(qtbot) -> None:
     view = ChatView()
     qtbot.addWidget(view)

@@ -1,0 +1,172 @@
+"""A first start's late kernels (engine.kernels.precompile): compiled in the background while the first tokens take
+paths of the same bits; and the per-type and per-option compiled copies (engine.kernels.variants) that keep a first
+start's compile to the model's own types."""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from engine.kernels import precompile, variants
+from engine.kernels.dispatch import compiled
+from engine.model import load_model
+from engine.quant.types import GGMLType
+from tests.tiny_models import make_tiny_llama
+
+needs_kernels = pytest.mark.skipif(not compiled(), reason="needs the compiled (numba) kernels")
+_T = GGMLType
+
+
+def test_without_late_holds_on_this_thread_only():
+    assert precompile.late_ready()
+    seen = {}
+    with precompile.without_late():
+        assert not precompile.late_ready()
+        other = threading.Thread(target=lambda: seen.setdefault("other", precompile.late_ready()))
+        other.start()
+        other.join()
+    assert seen["other"] is True
+    assert precompile.late_ready()
+
+
+def test_a_late_helper_holds_the_late_kernels_until_it_ends():
+    helper = precompile.start_late("import time; time.sleep(1.0)", [])
+    assert helper is not None
+    try:
+        assert not precompile.late_ready()
+        assert precompile.late_status() is not None and precompile.late_status() >= 0.0
+        assert precompile.wait_late(limit=60)
+    finally:
+        helper.stop()
+    assert precompile.late_ready() and precompile.late_status() is None
+
+
+def test_a_failed_late_helper_frees_the_late_kernels():
+    precompile.start_late("import sys; sys.exit(3)", [])
+    assert precompile.wait_late(limit=60) is False
+    assert precompile.late_ready()  # the kernels compile here when first used
+
+
+def test_a_late_helper_is_stopped_at_exit():
+    helper = precompile.start_late("import time; time.sleep(120)", [])
+    assert helper is not None
+    precompile._stop_late()  # what atexit runs
+    assert all(proc.poll() is not None for proc, _, _ in helper.procs)
+    assert helper.done() and helper.ok is False
+    assert precompile.late_ready()
+
+
+def test_the_cli_names_a_running_background_compile():
+    from engine.cli.main import late_note  # noqa: PLC0415
+
+    assert late_note() is None
+    helper = precompile.start_late("import time; time.sleep(120)", [])
+    try:
+        assert "compiling in the background" in (late_note() or "")
+    finally:
+        helper.stop()
+    assert late_note() is None
+
+
+def test_per_kind_copies_are_made_once_and_only_when_asked():
+    made = []
+
+    @variants.per_kind((1, 2, 3))
+    def table(kind: int) -> str:
+        made.append(kind)
+        return f"copy {kind}"
+
+    assert made == [] and list(table) == [1, 2, 3] and len(table) == 3
+    assert table[2] == "copy 2" and table[2] == "copy 2"
+    assert made == [2]
+    with pytest.raises(KeyError):
+        table[7]
+
+
+@needs_kernels
+def test_every_compiled_copy_has_a_name_of_its_own():
+    """numba's cache files are named by the function's qualified name: two copies under one name (a serial and a
+    parallel one, or two types) would load each other's code."""
+    from engine.kernels.legacy import gemm, gemm_vnni, products  # noqa: PLC0415
+    from engine.ops import ggml_kernels as gk  # noqa: PLC0415
+    from engine.runtime import decode_step  # noqa: PLC0415
+
+    names = [products.PRODUCT[k].py_func.__qualname__ for k in products.KINDS]
+    names += [gemm.GEMM_INT[k].py_func.__qualname__ for k in gemm.KINDS]
+    names += [gemm_vnni.GEMM_INT_VNNI[k].py_func.__qualname__ for k in gemm.KINDS]
+    for table in (gk.soft_max_chunks, gk.soft_max_chunks_serial, gk.swiglu_chunks, gk.swiglu_chunks_serial,
+                  decode_step.ATTEND, decode_step.GLU_QUANT):
+        names += [table[w8].py_func.__qualname__ for w8 in (False, True)]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert products.PRODUCT[int(_T.Q4_1)].py_func.__qualname__ == "_product_q4_1"
+    assert gk.soft_max_chunks_serial[True].py_func.__qualname__ == "_soft_max_chunks_serial_avx2"
+
+
+@needs_kernels
+@pytest.mark.parametrize(("kind", "kept", "gone"), [(_T.Q8_0, "_int8_lane", "_nibble_block"),
+                                                    (_T.Q4_1, "_nibble_block", "_int8_lane")])
+def test_a_type_copy_holds_that_type_only(kind, kept, gone):
+    """A copy of the legacy dot for one type is typed without the other types' code (numba folds the branches on its
+    constant KIND before typing): what keeps a first start's compile to the model's types."""
+    from engine.kernels.legacy import dot  # noqa: PLC0415
+
+    copy = variants.specialise(dot._dot_group, f"probe_{kind.name.lower()}", {"KIND": int(kind)})  # not cached
+    f32 = np.zeros((1, 1), np.float32)
+    copy(np.zeros(0, np.uint8), np.int64(34), f32, f32, np.zeros((1, 1, 32), np.float32), np.int64(0),
+         np.zeros(9 * 64, np.float32))
+    typed = io.StringIO()
+    copy.inspect_types(file=typed)
+    ir = typed.getvalue()  # the source lines, each followed by its typed IR (none under a pruned branch)
+    assert f"global({kept}" in ir and f"global({gone}" not in ir
+
+
+# every weight type whose first start takes another path: legacy one-row products through the batch kernel and the
+# plain batch kernels (Q4_0 in eights: the q4_0_8x8 numbers), Q4_K's repacked plain gemm, Q6_K's plain tiled kernel
+CASES = [(_T.Q4_0, 64, 128), (_T.Q4_1, 64, 128), (_T.Q5_0, 64, 128), (_T.Q8_0, 64, 128), (_T.Q4_K, 256, 512),
+         (_T.Q6_K, 256, 512)]
+
+
+@needs_kernels
+@pytest.mark.parametrize(("qtype", "dim", "hidden"), CASES, ids=[c[0].name for c in CASES])
+def test_a_model_gives_the_same_bits_before_and_after_the_late_kernels(tmp_path, monkeypatch, qtype, dim, hidden):
+    """A nine-token prompt (the tiled and batch paths) and three decode steps: before the late kernels (op by op,
+    the NumPy prompt attention, the plain batch kernels) every logit equals the one with them (the compiled step)."""
+    from engine.runtime.decode_plan import DecodePlan  # noqa: PLC0415
+
+    steps = []
+    real_step = DecodePlan.step
+    monkeypatch.setattr(DecodePlan, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
+    path = make_tiny_llama(tmp_path / "m.gguf", qtype=qtype, dim=dim, hidden=hidden)
+    ids = np.array([5, 60, 61, 9, 70, 3, 8, 21, 33], np.int64)
+
+    def run(late: bool) -> tuple[list[np.ndarray], int]:
+        model = load_model(path)
+        steps.clear()
+        with contextlib.nullcontext() if late else precompile.without_late():
+            cache = model.new_cache(64)
+            out = [np.asarray(model.forward(ids, cache))]
+            cache.commit(ids.tolist())
+            for t in (11, 12, 13):
+                out.append(np.asarray(model.forward(np.array([t], np.int64), cache)))
+                cache.commit([t])
+        model.close()
+        return out, len(steps)
+
+    with_late, compiled_steps = run(True)
+    without, none = run(False)
+    assert compiled_steps == 3 and none == 0  # the compiled step ran only with the late kernels
+    for a, b in zip(with_late, without, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_the_helper_programs_compile(tmp_path):
+    """The two helper programs are valid Python (they run in processes of their own, never imported here)."""
+    from engine.runtime import warmup  # noqa: PLC0415
+
+    compile(precompile._HELPER, "<helper>", "exec")
+    compile(warmup.LATE_PROGRAM, "<late>", "exec")
+    assert sys.executable
