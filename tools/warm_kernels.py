@@ -6,6 +6,7 @@ the work has taken longer than QUIET_S, and the last line says how long it took.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -184,6 +185,9 @@ def _model_paths(name: str, dims: dict[str, int], progress: Callable[[str, float
 
 
 def main() -> int:
+    # every kernel now, the late ones too (a first start of the app compiles those in the background; the tests
+    # and a warm start run them from the first token)
+    os.environ["GGUF_LENS_LATE_KERNELS"] = "now"
     run(steps())  # a failing step raises: its traceback is the error to read
     return 0
 

@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 
 WAIT_LIMIT_S = 600.0  # a helper still compiling after this long is stopped; this process compiles the rest
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the engine package
-# the helper's whole program: compile (or load) the product kernels of the weights named as TYPE:ROWS (helper_main)
-_HELPER = "import sys; from engine.kernels.precompile import helper_main; helper_main(sys.argv[1:])"
+# the helper's whole program: compile (or load) the product kernels of the weights named as TYPE:ROWS
+# (engine.kernels.compile_jobs.products: a module of its own, since it imports the kernels that import this one)
+_HELPER = "import sys; from engine.kernels.compile_jobs import products; products(sys.argv[1:])"
 
 _state = threading.local()
 _late: list[Helper] = []  # the background compile of the late kernels, while it runs
@@ -87,32 +88,29 @@ def late_ready() -> bool:
     them (numba's cache has them once it is done)."""
     if getattr(_state, "no_late", False):
         return False
-    if _late and _late[0].done():
-        _late.clear()
+    _late[:] = [h for h in _late if not h.done()]
     return not _late
 
 
 def late_status() -> float | None:
     """Seconds since the background compile of the late kernels began, while it runs; None otherwise."""
-    if not _late or _late[0].done():
-        return None
-    return time.monotonic() - _late[0].started
+    running = [h for h in _late if not h.done()]
+    return time.monotonic() - min(h.started for h in running) if running else None
 
 
 def wait_late(limit: float = WAIT_LIMIT_S) -> bool:
-    """Wait for the background compile of the late kernels (True when none runs or it succeeded)."""
-    if not _late:
-        return True
-    ok = _late[0].wait(limit=limit)
+    """Wait for the background compile of the late kernels (True when none runs or every one succeeded)."""
+    ok = all([h.wait(limit=limit) for h in list(_late)])
     _late.clear()
     return ok
 
 
 def start_late(program: str, args: list[str]) -> Helper | None:
-    """Start `python -c program *args` compiling the late kernels in the background (see the module's text)."""
+    """Start `python -c program *args` compiling the late kernels in the background (see the module's text); one
+    started for an earlier model goes on (what it compiles is cached for every model)."""
     helper = _spawn(program, [args], "the late kernels (decode step, prompt attention, one-row products, VNNI batches)")
     if helper is not None:
-        _late[:] = [helper]
+        _late.append(helper)
         log.info("compiling the decode kernels in the background; the first tokens take the slower path")
     return helper
 
@@ -121,20 +119,6 @@ def start_late(program: str, args: list[str]) -> Helper | None:
 def _stop_late() -> None:
     for helper in _late:
         helper.stop()
-
-
-def helper_main(names: list[str]) -> None:
-    """A product helper's work: the products of the weights named TYPE:ROWS, those a first token needs when the
-    late kernels compile in the background (not the legacy quants' one-row products, not the VNNI batches), else
-    all of them."""
-    from engine.kernels.dispatch import GEMV_MAX_ROWS, warm_up  # noqa: PLC0415 - the helper process only
-
-    weights = {(GGMLType[a.split(":")[0]], int(a.split(":")[1])) for a in names}
-    if late_in_background():
-        with without_late():
-            warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
-    else:
-        warm_up(weights)
 
 
 def is_cached(dispatcher: Any) -> bool:

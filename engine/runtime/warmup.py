@@ -5,7 +5,7 @@ ggml numerics: `dispatch.warm_up` compiles the product kernels of the model's we
 prompt and one decode step compile the rest of a forward pass and build every product's repacked copy. On a cold
 cache with two cores or more (engine.kernels.precompile) the batch products compile in a second process while a
 dry pass here compiles what a prompt needs; then one more process compiles the *late* kernels in the background
-(`compile_late`: the decode step, the prompt attention, the legacy one-row products, each of which has a path of
+(engine.runtime.late: the decode step, the prompt attention, the legacy one-row products, each of which has a path of
 the same bits), and the first token does not wait for them.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _compile_split(model: DecoderModel, weights: set[tuple[GGMLType, int]], prog
 
 BATCH_ROWS = (2, GEMV_MAX_ROWS + 1)  # the legacy quants' rows before the first token (one row: a late kernel)
 # the late helper's program: compile_late(model file, TYPE:ROWS ...)
-LATE_PROGRAM = "import sys; from engine.runtime.warmup import compile_late; compile_late(sys.argv[1], sys.argv[2:])"
+LATE_PROGRAM = "import sys; from engine.runtime.late import compile_late; compile_late(sys.argv[1], sys.argv[2:])"
 
 
 def _file_of(model: DecoderModel) -> Path | None:
@@ -95,26 +95,6 @@ def _file_of(model: DecoderModel) -> Path | None:
     gguf = getattr(getattr(model, "weights", None), "gguf", None)
     path = getattr(gguf, "path", None)
     return Path(path) if path is not None and getattr(model, "is_encoder_decoder", False) is False else None
-
-
-def compile_late(path: str, names: list[str]) -> None:
-    """The late helper's work (a process of its own): a dry four-token prompt and decode step of the model in `path`
-    with every kernel allowed, then the products of the weights named TYPE:ROWS (the VNNI batches and one-row
-    products among them)."""
-    from engine.gguf import open_gguf  # noqa: PLC0415 - the helper process only
-    from engine.models.registry import model_class  # noqa: PLC0415
-    from engine.models.weights import Weights  # noqa: PLC0415
-    from engine.runtime.numerics import numerics_for  # noqa: PLC0415 - numerics imports this module
-    from engine.tensor import DenseBudget  # noqa: PLC0415
-
-    gguf = open_gguf(path)
-    cls = model_class(str(gguf.metadata["general.architecture"]))
-    args = cls.args_from_metadata(gguf.metadata, gguf.tensors["token_embd.weight"].shape[1])
-    net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
-    with precompile.dry_products():
-        warm_pass(net)
-    # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
-    warm_up({(GGMLType[a.split(":")[0]], int(a.split(":")[1])) for a in names})
 
 
 def dequantize_all(model: DecoderModel, progress: Progress | None) -> None:

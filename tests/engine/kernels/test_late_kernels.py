@@ -163,10 +163,29 @@ def test_a_model_gives_the_same_bits_before_and_after_the_late_kernels(tmp_path,
         assert np.array_equal(a, b)
 
 
-def test_the_helper_programs_compile(tmp_path):
-    """The two helper programs are valid Python (they run in processes of their own, never imported here)."""
+def test_the_helper_programs_name_functions_that_exist():
+    """The two helper programs (run in processes of their own) are valid Python, and what they import exists."""
+    import ast  # noqa: PLC0415
+    import importlib  # noqa: PLC0415
+
     from engine.runtime import warmup  # noqa: PLC0415
 
-    compile(precompile._HELPER, "<helper>", "exec")
-    compile(warmup.LATE_PROGRAM, "<late>", "exec")
-    assert sys.executable
+    for program in (precompile._HELPER, warmup.LATE_PROGRAM):
+        imports = [n for n in ast.walk(ast.parse(program)) if isinstance(n, ast.ImportFrom)]
+        assert [i.module for i in imports if i.module.startswith("engine")]
+        for node in imports:
+            module = importlib.import_module(node.module)
+            assert all(callable(getattr(module, alias.name)) for alias in node.names if node.module != "sys")
+
+
+def test_two_late_helpers_both_hold_and_both_stop():
+    """A second model loaded during a first start's background compile starts its own; both count."""
+    first = precompile.start_late("import time; time.sleep(120)", [])
+    second = precompile.start_late("import time; time.sleep(0.2)", [])
+    try:
+        assert not precompile.late_ready()
+        second.wait(limit=60)
+        assert not precompile.late_ready()  # the first still runs
+    finally:
+        precompile._stop_late()
+    assert first.ok is False and precompile.late_ready()
