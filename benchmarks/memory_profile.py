@@ -24,18 +24,13 @@ model's own arrays hold (repacked weights, raw copies, KV cache).
 --try applies a proposed change to this process only (monkeypatches here, no shared file is edited), so
 its saving is measured against a plain run of the same command:
 
-  drop-mapped  after a weight is repacked, release the file pages of its raw blocks (madvise MADV_DONTNEED
-               on the memmap range; they stay in the page cache, not in this process) and let the prefill
-               tiles read the repacked copy, so only one copy of each legacy-type weight stays resident
-  embd-planes  a tied model's token embedding look-ups read the rows from the output head's repacked copy
-               instead of the memmap (each looked-up row otherwise maps a whole page-cache folio, ~160 KiB
-               here: 128 random tokens made 21 MiB of the file resident)
   trim         glibc malloc_trim(0) after the load and after the first token (frees heap the temporaries left)
   lazy-kernels import only the kernel modules the model's weight types use
-  drop-libs    after warm_up, release the clean file pages of the shared libraries' read-only mappings
-               (libllvmlite.so's 80 MiB of code is almost all resident after `import llvmlite`, its static
-               constructors touch it; it is needed again only to compile): mappings that hold no anonymous
-               (relocated, copy-on-write) page, so nothing but page-cache copies is dropped
+
+What the engine itself does (measured with this script, 2026-12-04): a legacy quant's GGUF blocks leave the process
+after each batch that read them (one-row products read the repacked planes), a tied model's embedding look-ups read
+the output head's repacked copy, and LLVM's code pages go once the kernels are loaded, before the copies are made
+(engine.kernels.pages, engine.runtime.warmup).
 """
 from __future__ import annotations
 
@@ -43,7 +38,6 @@ import argparse
 import ctypes
 import gc
 import json
-import mmap
 import os
 import sys
 import time
@@ -122,170 +116,6 @@ def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
-MADV_DONTNEED = 4
-
-
-def release_pages(arr: Any) -> int:
-    """madvise(MADV_DONTNEED) the whole pages of a memmap view: drops them from RSS (clean file pages refault)."""
-    import numpy as np  # noqa: PLC0415
-
-    if not isinstance(arr, np.ndarray) or arr.size == 0:
-        return 0
-    base = arr
-    while isinstance(base, np.ndarray) and base.base is not None and not isinstance(base.base, mmap.mmap):
-        base = base.base
-    if not isinstance(base, np.memmap) and not isinstance(getattr(base, "base", None), mmap.mmap):
-        return 0  # not file-backed
-    page = mmap.PAGESIZE
-    start = arr.__array_interface__["data"][0]
-    lo = -(-start // page) * page
-    hi = (start + arr.nbytes) // page * page
-    if hi <= lo:
-        return 0
-    libc = _libc()
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) != 0:
-        return 0
-    return hi - lo
-
-
-RELEASED = [0]
-
-
-def try_drop_mapped() -> None:
-    """The change for engine/kernels/dispatch.py: a repacked BlockProduct reads only its repacked copy (prefill
-    tiles and Q4_1/Q5_1 block mins included; both already accept byte planes) and releases the raw blocks' pages."""
-    from engine.kernels import dispatch  # noqa: PLC0415
-
-    init = dispatch.BlockProduct.__init__
-
-    def __init__(self, qtype, blocks, n_in, keep_blocks=True):  # type: ignore[no-untyped-def]
-        init(self, qtype, blocks, n_in, keep_blocks)
-        if self.repacked and self.blocks is not None:
-            RELEASED[0] += release_pages(self.blocks)
-
-
-    def dequantize_tile(self, r0, r1, scratch):  # type: ignore[no-untyped-def]
-        tile = scratch[: r1 - r0]
-        if self.dequant is not None:
-            with dispatch.KERNEL_LOCK, dispatch._one_numba_thread():
-                self.dequant(self.weight if self.repacked else self.blocks, r0, r1, tile)
-        else:
-            tile[:] = dispatch.dequantize_rows(self.blocks[r0:r1], self.qtype)
-        return tile
-
-    mins = dispatch.BlockProduct._block_mins
-
-    def _block_mins(self, r0, r1):  # type: ignore[no-untyped-def]
-        if not self.repacked or self.blocks is None:
-            return mins(self, r0, r1)
-        blocks, self.blocks = self.blocks, None
-        try:
-            return mins(self, r0, r1)
-        finally:
-            self.blocks = blocks
-
-    dispatch.BlockProduct.__init__ = __init__
-    dispatch.BlockProduct.dequantize_tile = dequantize_tile
-    # and repack a few MiB of rows at a time, releasing their pages as it goes: a big table (a tied embedding)
-    # otherwise has all its raw pages and its whole repacked copy resident at once, a transient the size of it
-    from engine.kernels.legacy import family as legacy  # noqa: PLC0415
-    from engine.kernels.legacy import repack as legacy_repack
-
-    whole = legacy_repack.repack
-
-    def repack_releasing(qtype, blocks):  # type: ignore[no-untyped-def]
-        import numpy as np  # noqa: PLC0415
-
-        n_rows, row_bytes = blocks.shape
-        group = legacy_repack.ROW_GROUP
-        step = max(1, (8 << 20) // max(1, row_bytes) // group) * group  # whole groups, ~8 MiB of rows
-        if n_rows <= step:
-            return whole(qtype, blocks)
-        ts = legacy_repack.TYPES[qtype].type_size
-        planes = np.empty((-(-n_rows // group), row_bytes // ts, ts, group), np.uint8)
-        for r0 in range(0, n_rows, step):
-            part = whole(qtype, blocks[r0 : r0 + step]).planes  # an 8 MiB temporary
-            planes[r0 // group : r0 // group + part.shape[0]] = part
-            RELEASED[0] += release_pages(blocks[r0 : r0 + step])
-        return legacy_repack.Repacked(qtype, planes, n_rows, row_bytes // ts * legacy_repack.QK)
-
-    legacy.repack = repack_releasing
-    dispatch.BlockProduct._block_mins = _block_mins
-    # the fused q/k/v, gate/up stacks: their raw parts are only read once, by the concatenation
-    fused = dispatch.BlockProduct.fused.__func__
-
-    def fused_release(cls, qtype, parts, n_in):  # type: ignore[no-untyped-def]
-        product = fused(cls, qtype, parts, n_in)
-        for p in parts:
-            RELEASED[0] += release_pages(p)
-        return product
-
-    dispatch.BlockProduct.fused = classmethod(fused_release)
-
-
-def release_libraries(match: str = ".so") -> int:
-    """madvise(MADV_DONTNEED) every read-only, private file mapping of a library (name contains `match`) that has
-    no anonymous page: only clean page-cache pages go, and they come back on the next use."""
-    libc = _libc()
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    found: list[tuple[int, int, str, float]] = []
-    cur: list[Any] | None = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if head and "-" in head[0] and not head[0].endswith(":"):
-                if cur is not None and cur[3] == 0:
-                    found.append(tuple(cur[:4]))  # type: ignore[arg-type]
-                cur = None
-                if len(head) > 5 and match in head[5] and "w" not in head[1] and head[1].endswith("p"):
-                    lo, hi = (int(v, 16) for v in head[0].split("-"))
-                    cur = [lo, hi, head[5], 0.0]
-            elif cur is not None and head and head[0] == "Anonymous:":
-                cur[3] = float(head[1])
-    if cur is not None and cur[3] == 0:
-        found.append(tuple(cur[:4]))  # type: ignore[arg-type]
-    total = 0
-    for lo, hi, _name, _ in found:
-        if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0:
-            total += hi - lo
-    return total
-
-
-class PlaneRows:
-    """A tied token embedding whose look-ups gather rows from the output head's byte planes (the change for
-    the models' embed(): QTensor.rows on the repacked copy when there is one)."""
-
-    def __init__(self, qt: Any, planes: Any):
-        self.qt, self.planes = qt, planes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.qt, name)
-
-    def rows(self, ids: Any) -> Any:
-        import numpy as np  # noqa: PLC0415
-
-        from engine.quant import dequantize_rows  # noqa: PLC0415
-
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        group = self.planes.shape[3]
-        raw = self.planes[ids // group, :, :, ids % group]  # (k, nb, type_size): the rows' bytes in file order
-        return dequantize_rows(raw.reshape(len(ids), -1), self.qt.qtype)
-
-
-def try_embd_planes(model: Any) -> bool:
-    net = model.net
-    out, emb = getattr(net, "output", None), getattr(net, "tok_embd", None)
-    if out is None or emb is None or out.weight.name != emb.name:
-        return False
-    product = out.product()
-    planes = getattr(product.weight, "planes", None)
-    if planes is None:
-        return False
-    net.tok_embd = PlaneRows(emb, planes)
-    return True
-
-
 def malloc_trim() -> None:
     try:
         _libc().malloc_trim(0)
@@ -358,7 +188,7 @@ def main() -> int:
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--try", dest="changes", action="append", default=[],
-                    choices=["drop-mapped", "embd-planes", "trim", "lazy-kernels", "drop-libs"])
+                    choices=["trim", "lazy-kernels"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rep = Report(args.json)
@@ -375,8 +205,6 @@ def main() -> int:
     path = str(resolve_model(args.model)) if not args.model.endswith(".gguf") else args.model
     if "lazy-kernels" in args.changes:
         try_lazy_kernels(path)
-    if "drop-mapped" in args.changes:
-        try_drop_mapped()
     from engine.kernels import dispatch  # noqa: PLC0415
 
     dispatch._load()
@@ -388,9 +216,6 @@ def main() -> int:
         qtypes = {GGMLType(t.qtype) for t in g.tensors.values()}
     dispatch.warm_up(qtypes)
     rep.mark("warm_up: kernels compiled / cache loaded")
-    if "drop-libs" in args.changes:
-        release_libraries()
-        rep.mark("  released the libraries' clean pages")
 
     from engine.model import load_model  # noqa: PLC0415
 
@@ -404,8 +229,6 @@ def main() -> int:
 
     model = load_model(path, progress=progress)
     rep.mark("load_model done")
-    if "embd-planes" in args.changes and not try_embd_planes(model):
-        print("embd-planes: not a tied model with a repacked output head; nothing changed", file=sys.stderr)
     if "trim" in args.changes:
         malloc_trim()
         rep.mark("  malloc_trim")

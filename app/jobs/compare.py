@@ -13,9 +13,7 @@ logits are compared as its chunks come. B holds one variant at a time (Requantiz
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +36,7 @@ from app.records.compare import (
     plan_label,
 )
 from engine.errors import LensError, SettingError
+from engine.kernels.pages import trim_heap
 
 Say = Callable[[str, float], None]
 SWEEP_PRESETS = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0",
@@ -492,22 +491,6 @@ def measure_against(model: Any, ids: Sequence[int], ref: Reference, cancel: thre
     return acc.result()
 
 
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): the chunks of
-    logits and the requantizer's temporaries are freed, but glibc keeps their pages resident otherwise."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        _malloc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                _malloc_trim = ctypes.CDLL(None).malloc_trim
-            except (OSError, AttributeError):
-                pass
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 def file_reference(ws: CompareWorkspace, ids: Sequence[int], cancel: threading.Event, say: Say) -> Reference:

@@ -63,6 +63,16 @@ def release(arr: np.ndarray | None) -> int:
     return hi - lo
 
 
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): freed temporaries
+    (a load's, a comparison's chunks of logits) otherwise keep their pages resident."""
+    if _madvise() is not None:
+        try:
+            _libc.malloc_trim(0)  # type: ignore[union-attr]
+        except AttributeError:  # a libc without it (musl)
+            pass
+
+
 def release_libraries() -> int:
     """Drop the clean pages of every read-only library mapping that has no anonymous (relocated) page."""
     fn = _madvise()
@@ -129,9 +139,10 @@ def streaming() -> Iterator[None]:
         _STREAM.on = before
 
 
-def after_batch(arrays: Iterable[object]) -> None:
-    """Under streaming(): release the file-backed arrays a batch product just read."""
-    if getattr(_STREAM, "on", False):
+def after_batch(arrays: Iterable[object], always: bool = False) -> None:
+    """Release the file-backed arrays a batch product just read: under streaming(), or `always` (blocks that only
+    batches read, such as the legacy quants' GGUF blocks once one-row products read their repacked planes)."""
+    if always or getattr(_STREAM, "on", False):
         for arr in arrays:
             if isinstance(arr, np.ndarray):
                 release(arr)

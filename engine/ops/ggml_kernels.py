@@ -196,6 +196,16 @@ swiglu_chunks_serial = lane_variants(_swiglu_chunks, "serial", cache=True)
 SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially
 
 
+def load_parallel(w8: bool) -> None:
+    """Load the parallel chunk kernels of one build's order (from numba's cache, else compile them) on a few floats.
+    A short warm-up prompt runs the serial ones; without this a chat's first long prompt would load these and so
+    bring LLVM's pages back (engine.kernels.pages.release_libraries: ~50 MiB resident again). The caller holds
+    KERNEL_LOCK."""
+    a = np.zeros((1, 16), np.float32)
+    swiglu_chunks[w8](a, a, np.empty_like(a), 16)
+    soft_max_chunks[w8](a, np.empty_like(a), np.empty(1, np.float64), 16)
+
+
 @njit(cache=True)
 def rope_rows(x, cos, sin, neox, out):
     """ggml's rotate_pairs on x (R, T, d) in place of out (a copy of x): fma(x0, c, -(x1 s)), fma(x0, s, x1 c)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from engine.kernels import isa, pages, precompile
-from engine.kernels.dispatch import GEMV_MAX_ROWS, compiled, warm_up
+from engine.kernels.dispatch import GEMV_MAX_ROWS, KERNEL_LOCK, compiled, warm_up
 from engine.quant.types import GGMLType
 
 if TYPE_CHECKING:
@@ -36,14 +36,25 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
     late = split and precompile.late_status() is not None  # the late kernels compile in the background
     warm_up(weights, part(0.6 if split else 0.0, 0.7), **({"legacy_rows": BATCH_ROWS} if late else {}))
     if compiled():
-        # the products' repacked copies are built and the prompt and decode-step kernels compiled (or loaded)
-        # now, not at the first real token; after them LLVM's code (libllvmlite.so, ~80 MiB resident since its
-        # import) is needed again only to compile, so its pages go back
-        pages.release_libraries()  # before the copies are made, so the peak is not libraries + copies
+        # the prompt and decode-step kernels load (or compile) and the products' repacked copies are built now, not
+        # at the first real token. First the kernels: a dry pass (no copy made) loads the pass's own (norms, RoPE,
+        # attention, the step), then the parallel chunk kernels of a long prompt. Then LLVM's code pages go
+        # (libllvmlite.so, ~80 MiB resident since its import, and each kernel load touches ~50 MiB of it again) and
+        # the heap's free pages, and only then are the copies made: the peak is not libraries + copies
+        with precompile.dry_products():
+            warm_pass(model)
+        if precompile.late_ready():  # in numba's cache (else the late helper compiles them for the next start)
+            from engine.ops import ggml_kernels  # noqa: PLC0415 - with compiled kernels only
+
+            with KERNEL_LOCK:
+                ggml_kernels.load_parallel(isa.lanes() == 8)
+        pages.release_libraries()
+        pages.trim_heap()
         warm_pass(model)
         if progress is not None:
             progress(0.85)
         pages.release_libraries()
+        pages.trim_heap()  # the passes' temporaries (~10 MiB for SmolLM2)
     if progress is not None:
         progress(1.0)
 

@@ -72,7 +72,7 @@ class Merger:
         self.table = k.build_table(self.flat, self.offsets, self.tags, self.any_split, _MUL)
 
     @classmethod
-    def for_bpe(cls, ranks: dict[tuple[str, str], int], token_to_id: dict[str, int]) -> Merger:
+    def for_bpe(cls, ranks: Mapping[tuple[str, str], int], token_to_id: Mapping[str, int]) -> Merger:
         """From BPE merge ranks: the merged string, split where the merge splits it, lowest rank first."""
         items = list(ranks.items())
         merged = [a + b for (a, b), _ in items]

@@ -163,3 +163,16 @@ def repack_q8_0_x16(blocks: U8) -> tuple[U8, npt.NDArray[np.uint16]]:
         quants[g0 : g0 + k] = q.transpose(0, 2, 3, 1, 4).reshape(k, nb * 512)
         pages.release(blocks[g0 * ROWS : (g0 + k) * ROWS])  # these rows' file pages: the copy holds them now
     return quants, scales
+
+
+def unpack_rows(quants: U8, scales: npt.NDArray[np.uint16], ids: npt.ArrayLike) -> U8:
+    """The Q8_0 blocks (len(ids), nb * 34) of rows `ids` of a repacked copy, byte for byte the GGUF's: a tied
+    model's token embedding looks its rows up here instead of mapping the file's pages a second time."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    nb = scales.shape[1] // ROWS
+    g, j = ids // ROWS, ids % ROWS
+    out = np.empty((ids.size, nb, 34), np.uint8)
+    out[..., 0:2] = scales.reshape(-1, nb, ROWS)[g, :, j].view(np.uint8).reshape(ids.size, nb, 2)
+    q = quants.reshape(-1, nb, 8, ROWS, 4)[g, :, :, j, :]  # (ids, nb, 8, 4): lane k of each block
+    out[..., 2:] = q.reshape(ids.size, nb, 32) ^ np.uint8(0x80)
+    return out.reshape(ids.size, nb * 34)

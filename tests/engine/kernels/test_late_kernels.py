@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
 import sys
 import threading
 
@@ -189,3 +191,37 @@ def test_two_late_helpers_both_hold_and_both_stop():
     finally:
         precompile._stop_late()
     assert first.ok is False and precompile.late_ready()
+
+
+LONG_PROMPT = """
+import sys
+import numpy as np
+from numba.core import dispatcher
+from engine.model import load_model
+model = load_model(sys.argv[1])
+loaded = []
+real = dispatcher.Dispatcher.compile
+def compile_(self, sig):
+    n = len(self.overloads)
+    out = real(self, sig)
+    if len(self.overloads) > n:
+        loaded.append(self.py_func.__name__)
+    return out
+dispatcher.Dispatcher.compile = compile_
+ids = np.arange(3, 3 + 200) % 90
+model.forward(ids, model.new_cache(256))
+print("LOADED", ",".join(loaded))
+"""
+
+
+@needs_kernels
+def test_a_long_prompt_after_the_load_loads_no_kernel(tmp_path):
+    """The warm-up loads every kernel a chat's prompts run, the parallel chunk kernels of a long prompt among them:
+    a kernel loaded later would bring LLVM's code pages (~50 MiB) back into the process after the load gave them
+    back (engine.kernels.pages.release_libraries)."""
+    path = make_tiny_llama(tmp_path / "m.gguf", qtype=_T.Q4_1, dim=256, hidden=512)
+    done = subprocess.run([sys.executable, "-c", LONG_PROMPT, str(path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GGUF_LENS_LATE_KERNELS": "now"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = [s for s in done.stdout.splitlines() if s.startswith("LOADED")]
+    assert line == ["LOADED "], done.stdout

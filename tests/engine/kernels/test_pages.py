@@ -56,7 +56,8 @@ def test_spill_keeps_the_array_where_no_scratch_file_can_be_written(tmp_path: Pa
 
 @linux_only
 def test_streaming_gives_back_the_pages_a_batch_read(tmp_path: Path) -> None:
-    for qtype in (T.Q8_0, T.Q4_0, T.Q6_K):
+    # the legacy quants' batches give their blocks back always with compiled kernels (the next test)
+    for qtype in (T.Q6_K, T.F16) if compiled() else (T.Q8_0, T.Q4_0, T.Q6_K):
         blocks = pages.spill(q_blocks(qtype, 256, 2048, seed=int(qtype)), tmp_path)
         product = BlockProduct(qtype, blocks, 2048)
         x = np.random.default_rng(1).standard_normal((4, 2048)).astype(np.float32)
@@ -68,6 +69,24 @@ def test_streaming_gives_back_the_pages_a_batch_read(tmp_path: Path) -> None:
         np.testing.assert_array_equal(streamed, plain)  # and faulted in again for the next one
         product(x)
         assert resident_kib(blocks) > 0, qtype.name  # outside streaming() nothing is released
+
+
+@linux_only
+def test_a_legacy_weight_is_resident_once_in_a_chat() -> None:
+    """A prompt reads the GGUF blocks, the decode steps the repacked planes: after each batch the blocks' pages
+    leave the process (the page cache keeps them for the next prompt), so the model is not resident twice."""
+    if not compiled():
+        pytest.skip("the compiled kernels are not in use (no repack, no batch kernel)")
+    for qtype in (T.Q4_1, T.Q8_0):
+        blocks = pages.spill(q_blocks(qtype, 256, 2048, seed=int(qtype)), None)
+        product = BlockProduct(qtype, blocks, 2048)
+        x = np.random.default_rng(4).standard_normal((6, 2048)).astype(np.float32)
+        prompt = product(x)
+        assert resident_kib(blocks) == 0, qtype.name
+        step = product(x[:1])  # a decode step: the planes (made from the blocks, which are given back again)
+        assert product.repack_made and resident_kib(blocks) == 0, qtype.name
+        np.testing.assert_array_equal(product(x), prompt)  # the next prompt faults the blocks in again
+        assert resident_kib(blocks) == 0 and np.all(np.isfinite(step)), qtype.name
 
 
 def test_a_legacy_repack_waits_for_the_first_one_row_product() -> None:

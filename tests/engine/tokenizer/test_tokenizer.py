@@ -17,7 +17,7 @@ import pytest
 from engine.errors import ModelFormatError
 from engine.gguf.reader import open_gguf
 from engine.tokenizer.vocab import StreamDecoder, Tokenizer
-from engine.tokenizer.bpe import BYTE_TO_CHAR, clean_spaces, merge_word, pre_tokenizer, split_words
+from engine.tokenizer.bpe import BYTE_TO_CHAR, clean_spaces, merge_word, parse_merges, pre_tokenizer, split_words
 from tests.conftest import GEMMA3_FILE, SMOLLM2_FILE, model_path
 from tests.engine.tokenizer import corpus
 
@@ -181,6 +181,26 @@ def test_merge_word_lowest_rank_first() -> None:
     ranks = {("a", "b"): 1, ("b", "c"): 0, ("a", "bc"): 2}
     assert merge_word(list("abc"), ranks) == ["abc"]
     assert merge_word(list("abab"), {("a", "b"): 0, ("ab", "ab"): 1}) == ["abab"]
+
+
+def test_merge_ranks_are_llama_cpps_pairs() -> None:
+    """llama.cpp splits each merge at its first space after index 0 and keeps the first rank of a repeated pair;
+    the rank table answers for exactly those pairs, spaces inside either part included."""
+    merges = ["a b", "  x", "ab c d", "a b", "x  y", "nospace", " ", "q r"]
+    ranks, n_bad = parse_merges(merges)
+    pairs = {}
+    for rank, m in enumerate(merges):
+        pos = m.find(" ", 1)
+        if pos >= 0:
+            pairs.setdefault((m[:pos], m[pos + 1 :]), rank)
+    assert n_bad == 2 and dict(ranks.items()) == pairs and len(ranks) == len(pairs)
+    assert ranks.get(("a", "b")) == 0 and ranks.get((" ", "x")) == 1 and ranks.get(("ab", "c d")) == 2
+    assert ranks.get(("x", " y")) == 4
+    assert ranks.get(("ab c", "d")) is None and ("ab c", "d") not in ranks  # "ab c d" splits after "ab" only
+    assert ranks.get(("a", "c")) is None and ("a", "b") in ranks
+    with pytest.raises(KeyError):
+        ranks[("q", "x")]
+    assert merge_word(list("abcq r"), ranks) == merge_word(list("abcq r"), pairs)
 
 
 def test_clean_spaces_like_llama_cpp() -> None:
