@@ -127,6 +127,14 @@ class Ops:
             return call_intrinsic(self.b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [a, b])
         return _pairs(self.b, a, b, 32, I16, self.b.zext, self.b.sext)
 
+    def sign(self, a, b) -> ir.Value:
+        """<32 x i8>: a where b > 0, -a (wrapping) where b < 0, 0 where b == 0, as _mm256_sign_epi8."""
+        if self.avx2:
+            return call_intrinsic(self.b, "llvm.x86.avx2.psign.b", a.type, [a, b])
+        zero = ir.Constant(a.type, None)
+        neg = self.b.icmp_signed("<", b, zero)
+        return self.b.select(neg, self.b.sub(zero, a), self.b.select(self.b.icmp_signed("==", b, zero), zero, a))
+
     def madd(self, a, b) -> ir.Value:
         """<2n x i16> a, b -> <n x i32> pair sums, as _mm256_madd_epi16 / _mm_madd_epi16."""
         n = a.type.count

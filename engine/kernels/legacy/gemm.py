@@ -77,25 +77,25 @@ def _decode(kind: int, b, pw):
     lo = b.and_(v, splat_const(I8, 15, 16))
     hi = b.lshr(v, splat_const(I8, 4, 16))
     w = b.shuffle_vector(lo, hi, const_vec(I32, list(range(32))))  # bytes_from_nibbles_32: low nibbles, then high
-    if qh >= 0:  # bit i of the little-endian qh is the fifth bit of weight i
-        bits = b.insert_element(ir.Constant(vec(I32, 32), None), load(b, pw, I32, qh), ir.Constant(I32, 0))
-        bits = shuffle(b, bits, [0] * 32)
-        bits = b.and_(b.lshr(bits, const_vec(I32, list(range(32)))), splat_const(I32, 1, 32))
-        w = b.or_(w, b.shl(b.trunc(bits, V32), splat_const(I8, 4, 32)))
+    if qh >= 0:  # bit i of the little-endian qh is the fifth bit of weight i (bytes_from_bits_32, in bytes):
+        # byte i // 8 of qh into byte i, its bit i % 8 picked by a mask, 16 where it is set
+        four = b.bitcast(b.insert_element(ir.Constant(vec(I32, 8), None), load(b, pw, I32, qh), ir.Constant(I32, 0)),
+                         V32)
+        spread = shuffle(b, four, [i // 8 for i in range(32)])
+        bit = b.and_(spread, const_vec(I8, [(1 << (i % 8)) if i % 8 < 7 else -128 for i in range(32)]))
+        fifth = b.select(b.icmp_unsigned("!=", bit, ir.Constant(V32, None)), splat_const(I8, 16, 32),
+                         ir.Constant(V32, None))
+        w = b.or_(w, fifth)
     if offset:
         w = b.sub(w, splat_const(I8, offset, 32))
     return w, bool(offset)
 
 
-def _lanes(ops: Ops, b, w, signed: bool, x):
-    """<8 x i32>: lane k = sum of the products of weights 4k..4k+3 with quants 4k..4k+3 (maddubs, madd)."""
-    if signed:  # _mm256_sign_epi8(w, w) and _mm256_sign_epi8(x, w)
-        zero = ir.Constant(V32, None)
-        neg = b.icmp_signed("<", w, zero)
-        ax = b.select(neg, b.sub(zero, w), w)
-        sx = b.select(neg, b.sub(zero, x), b.select(b.icmp_signed("==", w, zero), zero, x))
-    else:
-        ax, sx = w, x
+def _lanes(ops: Ops, b, w, ax, x):
+    """<8 x i32>: lane k = sum of the products of weights 4k..4k+3 with quants 4k..4k+3 (maddubs, madd). For
+    signed weights ax is _mm256_sign_epi8(w, w) (made once per block) and the quants go through
+    _mm256_sign_epi8(x, w); else ax is w itself."""
+    sx = x if ax is w else ops.sign(x, w)
     if ops.vnni:  # one vpdpbusd: the same four-product sums, without the int16 step
         i32x8 = vec(I32, 8)
         return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i32x8,
@@ -146,6 +146,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, size))])
         w, signed = _decode(kind, b, pw)
+        ax = ops.sign(w, w) if signed else w  # once per block, for every activation
         pd = b.gep(pd0, [b.mul(loop.index, d_stride)])
         dw = half_to_float(context, b, load(b, pw, I16, 0))
         dvec = b.fmul(_splat(b, dw, TILE), load(b, pd, f16x))  # fp16(d_w) * fp16(d_x), one product per activation
@@ -158,7 +159,7 @@ def _row_tile(kind: int, context, b, pw0, nb, px0, x_stride, m, po, o_stride, pd
 
         def one(a):  # activation a alone: <8 x i32> lanes, one fma into its accumulators
             px = b.gep(px_b, [b.mul(ir.Constant(I64, a), x_stride)])
-            q = _lanes(ops, b, w, signed, load(b, px, V32, act - 32))
+            q = _lanes(ops, b, w, ax, load(b, px, V32, act - 32))
             if whole:
                 half = b.gep(b.bitcast(pairs[a // 2], vec(I32, 8).as_pointer()), [ir.Constant(I32, a % 2)])
                 b.store(q, half)
