@@ -5,24 +5,27 @@ A module apart from warmup because it builds a model, and the numerics it builds
 from __future__ import annotations
 
 from engine.gguf import open_gguf
-from engine.kernels import precompile
+from engine.kernels import isa, precompile
 from engine.kernels.compile_jobs import parse_weights
 from engine.kernels.dispatch import warm_up
 from engine.models.registry import model_class
 from engine.models.weights import Weights
+from engine.ops.ggml_kernels import load_parallel
 from engine.runtime.numerics import numerics_for
 from engine.runtime.warmup import warm_pass
 from engine.tensor import DenseBudget
 
 
 def compile_late(path: str, names: list[str]) -> None:
-    """A dry four-token prompt and decode step of the model in `path` with every kernel allowed, then the products
-    of the weights named TYPE:ROWS (the VNNI batches and one-row products among them)."""
+    """A dry four-token prompt and decode step of the model in `path` with every kernel allowed, the parallel chunk
+    kernels of a long prompt, then the products of the weights named TYPE:ROWS (the VNNI batches and one-row products
+    among them)."""
     gguf = open_gguf(path)
     cls = model_class(str(gguf.metadata["general.architecture"]))
     args = cls.args_from_metadata(gguf.metadata, gguf.tensors["token_embd.weight"].shape[1])
     net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
     with precompile.dry_products():
         warm_pass(net)
+    load_parallel(isa.lanes() == 8)  # a long prompt's chunk kernels (every later start loads them at once)
     # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
     warm_up(parse_weights(names))

@@ -225,3 +225,16 @@ def test_a_long_prompt_after_the_load_loads_no_kernel(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     line = [s for s in done.stdout.splitlines() if s.startswith("LOADED")]
     assert line == ["LOADED "], done.stdout
+
+
+@needs_kernels
+def test_the_late_helper_compiles_a_long_prompts_chunk_kernels(tmp_path, monkeypatch):
+    """A first start's background compile caches the parallel chunk kernels too: the next start's warm-up loads
+    them (engine.runtime.warmup), and would otherwise compile them before its first token."""
+    from engine.runtime import late  # noqa: PLC0415
+
+    asked = []
+    monkeypatch.setattr(late, "load_parallel", asked.append)
+    path = make_tiny_llama(tmp_path / "m.gguf", qtype=_T.Q8_0, dim=64, hidden=128)
+    late.compile_late(str(path), ["Q8_0:64"])
+    assert len(asked) == 1 and isinstance(asked[0], bool)
