@@ -63,7 +63,7 @@ def main() -> int:
         for tab, name in (("Positions", "positions"), ("Quantization", "quantization")):
             w.lens_tabs.setCurrentWidget(w.lens_slots[tab])
             if tab == "Quantization" and quant is not None:
-                quant._request(args.tensor)
+                quant.open_tensor(args.tensor)
                 _wait(app, lambda: quant.tensor is not None and quant.tensor.name == args.tensor, 60, "the tensor")
             end = time.monotonic() + 1.0
             _wait(app, lambda end=end: time.monotonic() > end, 5, "the repaint")
