@@ -326,7 +326,7 @@ def gemv_experts_mxfp4_x8(weights, xq, rows, out):
 @njit(**_KERNEL)
 def gemm_mxfp4_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_mxfp4_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
-    up to 16 activation rows."""
+    up to 16 activation rows, their block sums gathered eight at a time (simd._tile_nl_x8)."""
     nb = _check(blocks, xq, out, 17, 34)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]

@@ -33,6 +33,7 @@ from engine.quant.iquant_grids import grid_bytes, ksigns, kvalues_iq4nl
 
 from engine.kernels.kquant import dot as kquant_dot
 from engine.kernels.kquant.lanes import Block, Chunk
+from engine.kernels.kquant.repack import _row_sums
 from engine.kernels.simd import (
     F32,
     I8,
@@ -343,28 +344,43 @@ dot_iq3_xxs, dot_iq3_s = _grid_row("iq3_xxs"), _grid_row("iq3_s")
 
 def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os, fmt: _Nibbles = IQ4_NL):
     """One IQ4_NL (or MXFP4) row against m <= 16 Q8_0 rows (px0 + a * xs) as the 8x8 kernels sum it, each block's
-    weights decoded once for the m rows; result a at po + a * os."""
+    weights decoded once for the m rows; result a at po + a * os.
+
+    Per block and activation the 8x8 kernels take the block's exact integer sum, then acc = fma(float(sumi),
+    d_w * d_x, acc). Here eight activations' <8 x i32> lanes are summed at once by a transposing reduction
+    (lane a: activation a's sum) and their float steps run lane by lane on <8 x float>: the same values, without a
+    horizontal sum per activation and block. An absent activation's lanes and scale stay zero."""
     ops = Ops(context, b)
-    acc = cgutils.alloca_once(b, F32, size=16)
-    with cgutils.for_range(b, m) as act:
-        b.store(ir.Constant(F32, 0.0), b.gep(acc, [act.index]))
+    f8, i8x = vec(F32, 8), vec(I32, 8)
+    accs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in range(2)]
+    lanes = [cgutils.alloca_once_value(b, ir.Constant(i8x, None)) for _ in range(16)]
+    dxs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in range(2)]
+    live = [b.icmp_signed(">", m, ir.Constant(I64, a)) for a in range(16)]
+    ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, fmt.size))])
         plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values))
         dw = fmt.scale_w(context, b, pw)
         px_i = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
-        ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
-        with cgutils.for_range(b, m) as act:
-            px = b.gep(px_i, [b.mul(act.index, xs)])
-            x = load(b, px, V32, 2)
-            lanes = ops.madd(b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x)), ones)
-            sumi = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [lanes])
-            p = b.gep(acc, [act.index])
-            d = b.fmul(dw, half_to_float(context, b, load(b, px, I16)))
-            b.store(b.fma(b.sitofp(sumi, F32), d, b.load(p)), p)
-    with cgutils.for_range(b, m) as act:
-        dst = b.bitcast(b.gep(po, [b.mul(act.index, os)]), F32.as_pointer())
-        b.store(b.load(b.gep(acc, [act.index])), dst, align=4)
+        for g in range(2):
+            with b.if_then(live[8 * g], likely=True):
+                for j in range(8):
+                    a = 8 * g + j
+                    with b.if_then(live[a], likely=True):
+                        px = b.gep(px_i, [b.mul(ir.Constant(I64, a), xs)])
+                        x = load(b, px, V32, 2)
+                        b.store(ops.madd(b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x)), ones), lanes[a])
+                        dx = b.insert_element(b.load(dxs[g]), half_to_float(context, b, load(b, px, I16)),
+                                              ir.Constant(I32, j))
+                        b.store(dx, dxs[g])
+                sumi = _row_sums(b, [b.load(lanes[8 * g + j]) for j in range(8)])
+                d = b.fmul(kquant_dot._splat(b, dw, 8), b.load(dxs[g]))  # d_w * d_x, each rounded once
+                acc = call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(accs[g])])
+                b.store(acc, accs[g])
+    for a in range(16):
+        with b.if_then(live[a], likely=True):
+            dst = b.bitcast(b.gep(po, [b.mul(ir.Constant(I64, a), os)]), F32.as_pointer())
+            b.store(b.extract_element(b.load(accs[a // 8]), ir.Constant(I32, a % 8)), dst, align=4)
 
 
 def _tile_intrinsic(name: str, tile):
