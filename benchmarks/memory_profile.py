@@ -24,7 +24,7 @@ model's own arrays hold (repacked weights, raw copies, KV cache).
 --try applies a proposed change to this process only (monkeypatches here, no shared file is edited), so
 its saving is measured against a plain run of the same command:
 
-  trim         glibc malloc_trim(0) after the load and after the first token (frees heap the temporaries left)
+  trim         engine.kernels.pages.trim_heap (glibc's malloc_trim) after the load and after the first token
   lazy-kernels import only the kernel modules the model's weight types use
 
 What the engine itself does (measured with this script, 2026-12-04): a legacy quant's GGUF blocks leave the process
@@ -35,7 +35,6 @@ the output head's repacked copy, and LLVM's code pages go once the kernels are l
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -110,17 +109,6 @@ class Report:
 
 
 # ---- the proposed changes, applied to this process only
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def malloc_trim() -> None:
-    try:
-        _libc().malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
 
 
 def try_lazy_kernels(model_path: str) -> None:
@@ -206,6 +194,7 @@ def main() -> int:
     if "lazy-kernels" in args.changes:
         try_lazy_kernels(path)
     from engine.kernels import dispatch  # noqa: PLC0415
+    from engine.kernels.pages import trim_heap  # noqa: PLC0415
 
     dispatch._load()
     rep.mark(f"kernel modules ({'numba' if dispatch.compiled() else 'numpy fallback'})")
@@ -230,7 +219,7 @@ def main() -> int:
     model = load_model(path, progress=progress)
     rep.mark("load_model done")
     if "trim" in args.changes:
-        malloc_trim()
+        trim_heap()
         rep.mark("  malloc_trim")
     rng = np.random.default_rng(1234)
     ids = rng.integers(0, model.args.n_vocab, size=args.p).tolist()
@@ -238,7 +227,7 @@ def main() -> int:
     model.forward(ids[:1], model.new_cache(n_ctx))
     rep.mark("first token (BlockProducts, repacks built)")
     if "trim" in args.changes:
-        malloc_trim()
+        trim_heap()
         rep.mark("  malloc_trim")
     cache = model.new_cache(n_ctx)
     t = time.perf_counter()

@@ -16,7 +16,6 @@ from engine.chat.template import ChatTemplate
 from engine.errors import ModelFormatError, SettingError
 from engine.gguf import GGUFFile, open_gguf
 from engine.kernels.dispatch import NUMERICS
-from engine.kernels.pages import release_libraries
 from engine.memory import check_memory, scan_small_tensors
 from engine.models.registry import model_class
 from engine.models.args import BaseArgs
@@ -160,7 +159,6 @@ def load_model(
             notes.append(f"{arch} (encoder-decoder) runs on the CPU: the GPU path has no encoder yet")
         say("building the tokenizer", 0.05)
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
-        release_libraries()  # LLVM's code pages, touched by the import and the tokenizer's kernels: see engine.kernels.pages
         embd = gguf.tensors.get("token_embd.weight")
         if embd is None or len(embd.shape) != 2:
             raise ModelFormatError("token_embd.weight", "is missing or not 2-D")

@@ -491,8 +491,6 @@ def measure_against(model: Any, ids: Sequence[int], ref: Reference, cancel: thre
     return acc.result()
 
 
-
-
 def file_reference(ws: CompareWorkspace, ids: Sequence[int], cancel: threading.Event, say: Say) -> Reference:
     """The file's reference on `ids`: the one a comparison (or an earlier sweep) made, else B reset to the file's
     weights runs it once."""

@@ -39,8 +39,8 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
         # the prompt and decode-step kernels load (or compile) and the products' repacked copies are built now, not
         # at the first real token. First the kernels: a dry pass (no copy made) loads the pass's own (norms, RoPE,
         # attention, the step), then the parallel chunk kernels of a long prompt. Then LLVM's code pages go
-        # (libllvmlite.so, ~80 MiB resident since its import, and each kernel load touches ~50 MiB of it again) and
-        # the heap's free pages, and only then are the copies made: the peak is not libraries + copies
+        # (libllvmlite.so, ~80 MiB resident since its import, and each kernel load touches ~50 MiB of it again), and
+        # only then are the copies made: the peak is not libraries + copies
         with precompile.dry_products():
             warm_pass(model)
         if precompile.late_ready():  # in numba's cache (else the late helper compiles them for the next start)
@@ -49,7 +49,6 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
             with KERNEL_LOCK:
                 ggml_kernels.load_parallel(isa.lanes() == 8)
         pages.release_libraries()
-        pages.trim_heap()
         warm_pass(model)
         if progress is not None:
             progress(0.85)
