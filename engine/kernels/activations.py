@@ -52,6 +52,9 @@ KERNEL_LOCK = threading.Lock()
 
 
 if HAVE_NUMBA:
+    from engine.kernels import cache_stamp
+
+    cache_stamp.install()  # before any kernel is decorated: a cached kernel is stale when any compiled source changed
     njit = numba.njit
     prange = numba.prange
 
