@@ -13,6 +13,8 @@ products here are explicit 512-bit vector code.
 
   dot16(a, ao, b, bo, n)          one output: rows at byte offsets ao of a and bo of b (fp16 bits or float32)
   axpy16(v, vo, w, acc, ao, n)    acc[c] = fma(fp16 v[c], w, acc[c]) (V*w's lanes in the prompt attention)
+  steps16(a, ao, b, bo, n_steps)  ggml_vec_dot_f32 / _f16's four accumulators and their reduction, n_steps steps of
+                                  64 (steps8: 32, the AVX2 build's): the body of engine.kernels.floats.vec_dot's rows
   gemm(w, x, out, w8)             out (m, r) = tinyBLAS of weight rows w (r, n) with rows x (m, n), same dtype
 
 The AVX2 build runs tinyBLAS<8, __m256>: the same walk eight values at a time, reduced by its hsum (the 128-bit
@@ -111,6 +113,45 @@ def _axpy(n_lanes: int):
 
 dot16, dot8 = _dot(16), _dot(8)
 axpy16, axpy8 = _axpy(16), _axpy(8)
+
+
+def _hadd8(b, a):
+    """GGML_F32x8_REDUCE's tail: the 128-bit halves added, then two hadds: (t0 + t1) + (t2 + t3)."""
+    t = b.fadd(shuffle(b, a, range(4)), shuffle(b, a, range(4, 8)))
+    lane = [b.extract_element(t, ir.Constant(I32, n)) for n in range(4)]
+    return b.fadd(b.fadd(lane[0], lane[1]), b.fadd(lane[2], lane[3]))
+
+
+def _vec_steps(n_lanes: int):
+    """An intrinsic steps<n_lanes>(a, ao, b, bo, n_steps): the body of ggml_vec_dot_f32 / _f16 (vec.cpp) over
+    n_steps steps of 4 * n_lanes values, a's row at byte ao (fp16 bits or float32), b's at bo: four accumulators,
+    element e of a step into accumulator e // n_lanes with one fma, then GGML_F32x16_REDUCE (n_lanes 16: (s0 + s2)
+    + (s1 + s3), then _mm512_reduce_add_ps) or GGML_F32x8_REDUCE (8: the same pairs, then two hadds)."""
+    vt, fma = vec(F32, n_lanes), f"llvm.fma.v{n_lanes}f32"
+    reduce = _reduce16 if n_lanes == 16 else _hadd8
+
+    def steps(typingctx, a, ao, bb, bo, n_steps):
+        def codegen(context, b, signature, args):
+            a_, ao_, b_, bo_, n_ = args
+            pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+            pb = byte_ptr(context, b, signature.args[2], b_, bo_)
+            half_a, half_b = _is_half(signature.args[0]), _is_half(signature.args[2])
+            accs = [cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(4)]
+            with cgutils.for_range(b, n_) as loop:
+                for k, acc in enumerate(accs):
+                    i = b.add(b.mul(loop.index, ir.Constant(I64, 4)), ir.Constant(I64, k))
+                    av, bv = _lanes(b, pa, i, half_a, n_lanes), _lanes(b, pb, i, half_b, n_lanes)
+                    b.store(call_intrinsic(b, fma, vt, [av, bv, b.load(acc)]), acc)
+            s = [b.load(acc) for acc in accs]
+            return reduce(b, b.fadd(b.fadd(s[0], s[2]), b.fadd(s[1], s[3])))
+
+        return types.float32(a, ao, bb, bo, n_steps), codegen
+
+    steps.__name__ = steps.__qualname__ = f"steps{n_lanes}"
+    return intrinsic(steps)
+
+
+steps16, steps8 = _vec_steps(16), _vec_steps(8)
 
 
 class _BFloat(ir.types._BaseFloatType):

@@ -24,10 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from engine.kernels.activations import bits_f32, f16_to_f32, fma32, njit, prange, prefer_512
+from engine.kernels.floats.tinyblas import steps8, steps16
 
 STEP = 64  # GGML_F32_STEP on AVX-512: four 16-lane accumulators (32 on AVX2: four 8-lane ones)
 ROWS = 16  # rows per parallel task
 _FLT_MIN = np.float32(1.17549435e-38)
+_O = np.int64(0)
 
 
 @njit(cache=True, forceinline=True)
@@ -59,6 +61,21 @@ def _reduce_steps(acc):
     return _reduce16(acc, np.int64(0))
 
 
+@njit(cache=True, forceinline=True)
+def _vector_rows(w, y, step):
+    """Whether tinyblas.steps16 / steps8 can run the steps of w and y: contiguous rows, a step of 64 or 32."""
+    return w.strides[0] == w.itemsize and y.strides[0] == y.itemsize and (step == 64 or step == 32)
+
+
+@njit(cache=True, forceinline=True)
+def _steps(w, y, body, step):
+    """The first `body` elements (a multiple of the step) of w (float32 or fp16 bits) times y (float32) as vector
+    code: four accumulators, one fma per element, GGML_F32x16_REDUCE (a step of 64) or GGML_F32x8_REDUCE (32)."""
+    if step == 64:
+        return steps16(w, _O, y, _O, np.int64(body // step))
+    return steps8(w, _O, y, _O, np.int64(body // step))
+
+
 @njit(cache=True)
 def _dot_f32_row(w, y, acc):
     """ggml_vec_dot_f32 of float32 rows w and y (n,), acc a (64,) scratch (AVX-512 order) or (32,) (AVX2)."""
@@ -66,11 +83,14 @@ def _dot_f32_row(w, y, acc):
     n = w.shape[0]
     step = acc.shape[0]
     body = n - n % step
-    acc[:] = 0.0
-    for c in range(0, body, step):
-        for lane in range(step):
-            acc[lane] = fma32(w[c + lane], y[c + lane], acc[lane])
-    s = _reduce_steps(acc)
+    if _vector_rows(w, y, step):
+        s = _steps(w, y, body, step)
+    else:  # the same fmas one element at a time
+        acc[:] = 0.0
+        for c in range(0, body, step):
+            for lane in range(step):
+                acc[lane] = fma32(w[c + lane], y[c + lane], acc[lane])
+        s = _reduce_steps(acc)
     for e in range(body, n):  # vec.cpp's `sumf += x[i]*y[i]`: this build rounds the product, then adds
         s = s + w[e] * y[e]
     return s
@@ -84,11 +104,14 @@ def _dot_f16_row(w, y, acc):
     n = w.shape[0]
     step = acc.shape[0]
     body = n - n % step
-    acc[:] = 0.0
-    for c in range(0, body, step):
-        for lane in range(step):
-            acc[lane] = fma32(f16_to_f32(w[c + lane]), y[c + lane], acc[lane])
-    s = np.float64(_reduce_steps(acc))
+    if _vector_rows(w, y, step):
+        s = np.float64(_steps(w, y, body, step))
+    else:
+        acc[:] = 0.0
+        for c in range(0, body, step):
+            for lane in range(step):
+                acc[lane] = fma32(f16_to_f32(w[c + lane]), y[c + lane], acc[lane])
+        s = np.float64(_reduce_steps(acc))
     for e in range(body, n):
         s += np.float64(f16_to_f32(w[e]) * y[e])
     return np.float32(s)
