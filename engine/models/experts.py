@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import isa
 from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
 from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
 from engine.quant.mxfp4 import refuse_infinite
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 F32 = npt.NDArray[np.float32]
 WEIGHT_SUM_MIN = np.float32(6.103515625e-5)  # build_moe_ffn's clamp of the weights' sum (norm_w)
+ONE_TOKEN_COMPILED = True  # a decode step's routing and slot sum in compiled code (MoEFFN._one_token), the same bits
 MAX_ONE_ROW = 64  # up to this many rows, check for the one-row-per-expert case (a decode step's) first
 
 
@@ -189,8 +191,8 @@ def route(logits: F32, k: int, ops: RoutingOps, normalize: bool, gating: str = "
     weights = np.take_along_axis(score, order, axis=-1)
     if gating == "softmax_weight":  # ggml_soft_max over the k chosen logits of each token
         weights = ops.softmax(np.ascontiguousarray(weights))
-    if normalize:  # ggml_sum_rows (a double sum, rounded once), ggml_clamp, ggml_div
-        total = weights.astype(np.float64).sum(axis=-1).astype(np.float32)
+    if normalize:  # ggml_sum_rows (a double sum in order, rounded once), ggml_clamp, ggml_div
+        total = np.cumsum(weights.astype(np.float64), axis=-1)[:, -1].astype(np.float32)
         weights = weights / np.maximum(total, WEIGHT_SUM_MIN)[:, None]
     return Routing(order, weights.astype(np.float32), probs)
 
@@ -232,6 +234,9 @@ class MoEFFN:
         if self.ablated_experts is not None:  # as a router bias of -inf would: never among the top k
             logits = logits.copy()
             logits[:, self.ablated_experts] = -np.inf
+        if t == 1 and recorder is None and ONE_TOKEN_COMPILED and self.up.numerics == "ggml" and compiled() \
+                and self.shared is None:
+            return self._one_token(h, logits, ops)
         r = route(logits, k, ops, self.normalize, self.gating, display=recorder is not None)
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
@@ -254,6 +259,26 @@ class MoEFFN:
                 gate = ops.silu(z) / z  # qwen2moe.cpp's sigmoid: ggml_div(ggml_silu(x), x)
             out = out + self.shared(h, ops, recorder) * gate
         return out.astype(np.float32, copy=False)
+
+    def _one_token(self, h: F32, logits: F32, ops: RoutingOps) -> F32:
+        """A decode step's experts FFN (one token, nothing recorded, compiled kernels): the routing and the weighted
+        sum of the slots in compiled code (engine.ops.moe_kernels, the same bits as `route` and the NumPy sum)."""
+        from engine.ops.moe_kernels import ROUTE_ONE, combine  # noqa: PLC0415 - compiled kernels only
+
+        k = self.n_used
+        ids, weights = np.empty(k, np.int64), np.empty(k, np.float32)
+        ROUTE_ONE[isa.w8()](np.ascontiguousarray(logits[0], np.float32), k, self.normalize,
+                            self.gating == "softmax_weight", ids, weights)
+        act, src = Activation(h), np.zeros(k, np.int64)  # the token's row for every slot
+        up = _biased(self.up(act, ids, src), self.up_bias, ids)
+        if self.gate is not None:
+            g = ops.glu(self.glu, _biased(self.gate(act, ids, src), self.gate_bias, ids), up)
+        else:
+            g = ops.silu(up)
+        down = np.ascontiguousarray(_biased(self.down(g, ids), self.down_bias, ids), np.float32)
+        out = np.empty((1, down.shape[1]), np.float32)
+        combine(down, weights, out[0])
+        return out
 
     @property
     def gate_up(self) -> None:
