@@ -38,6 +38,8 @@ from engine.kernels.iquant.simd import (
     dot_iq4_xs,
     dot_mxfp4,
     dot_mxfp4_x8,
+    rows8_iq4_nl_x8,
+    rows8_mxfp4_x8,
     tile_iq4_nl_x8,
     tile_iq4_xs,
     tile_mxfp4_x8,
@@ -65,6 +67,8 @@ def _check(blocks, xq, out, type_size, act_size):
         raise ValueError("the activation rows must be contiguous vec_dot_type bytes as long as the weight rows")
     if out.shape[out.ndim - 1] != blocks.shape[0] or (out.ndim == 2 and out.shape[0] != xq.shape[0]):
         raise ValueError("out must hold one float32 per weight row (and per activation row)")
+    if out.size and out.strides[out.ndim - 1] != 4:
+        raise ValueError("out's float32 values of an activation row must be contiguous")
     return nb
 
 
@@ -246,8 +250,13 @@ def gemv_iq4_nl_x8(blocks, xq, out):
     """out[r] = ggml_gemv_iq4_nl_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
     nb = _check(blocks, xq, out, 18, 34)
     rs = u64(blocks.strides[0])
-    for r in prange(blocks.shape[0]):
-        out[r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(0))
+    n = blocks.shape[0]
+    for g in prange((n + 7) // 8):  # eight rows at once (simd.rows8_*), the same values as one by one
+        if 8 * g + 8 <= n:
+            rows8_iq4_nl_x8(blocks, u64(8 * g) * rs, rs, nb, xq, u64(0), out, u64(32 * g))
+        else:
+            for r in range(8 * g, n):
+                out[r] = dot_iq4_nl_x8(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 
@@ -297,8 +306,13 @@ def gemv_mxfp4_x8(blocks, xq, out):
     """out[r] = ggml_gemv_mxfp4_8x8_q8_0's value for row r (rows in eights, as llama.cpp repacks them)."""
     nb = _check(blocks, xq, out, 17, 34)
     rs = u64(blocks.strides[0])
-    for r in prange(blocks.shape[0]):
-        out[r] = dot_mxfp4_x8(blocks, u64(r) * rs, nb, xq, u64(0))
+    n = blocks.shape[0]
+    for g in prange((n + 7) // 8):  # eight rows at once, as gemv_iq4_nl_x8
+        if 8 * g + 8 <= n:
+            rows8_mxfp4_x8(blocks, u64(8 * g) * rs, rs, nb, xq, u64(0), out, u64(32 * g))
+        else:
+            for r in range(8 * g, n):
+                out[r] = dot_mxfp4_x8(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 
@@ -314,12 +328,17 @@ def gemv_experts_mxfp4_x8(weights, xq, rows, out):
     for i in range(k):
         if weights[i].shape[0] != n or weights[i].shape[1] != weights[0].shape[1] or not 0 <= rows[i] < xq.shape[0]:
             raise ValueError("every expert must have the first one's shape, every row index a row of xq")
-    xs = u64(xq.strides[0])
-    for task in prange(k * n):
-        e = task // n
-        r = task % n
+    xs, os, ng = u64(xq.strides[0]), u64(out.strides[0]), (n + 7) // 8
+    for task in prange(k * ng):  # eight rows of an expert at once
+        e = task // ng
+        g = task % ng
         w = weights[e]
-        out[e, r] = dot_mxfp4_x8(w, u64(r) * u64(w.strides[0]), nb, xq, u64(rows[e]) * xs)
+        rs = u64(w.strides[0])
+        if 8 * g + 8 <= n:
+            rows8_mxfp4_x8(w, u64(8 * g) * rs, rs, nb, xq, u64(rows[e]) * xs, out, u64(e) * os + u64(32 * g))
+        else:
+            for r in range(8 * g, n):
+                out[e, r] = dot_mxfp4_x8(w, u64(r) * rs, nb, xq, u64(rows[e]) * xs)
     return out
 
 

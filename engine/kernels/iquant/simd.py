@@ -383,6 +383,54 @@ def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os, fmt: _Nibbles = IQ4_NL)
             b.store(b.extract_element(b.load(accs[a // 8]), ir.Constant(I32, a % 8)), dst, align=4)
 
 
+def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
+    """Eight IQ4_NL (or MXFP4) rows (row r at pw0 + r * rs) against one Q8_0 row, as the 8x8 kernels sum them: per
+    block the eight rows' <8 x i32> lanes gathered by a transposing reduction (lane r: row r's exact sum), then one
+    acc = fma(float(sumi), d_w * d_x, acc) on <8 x float>, a lane per row: each row's value as the one-row x8 dot
+    makes it, without a horizontal sum and a scalar fma chain per row and block. The eight results go to po."""
+    ops = Ops(context, b)
+    f8 = vec(F32, 8)
+    acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
+    size = ir.Constant(I64, fmt.size)
+    with cgutils.for_range(b, nb) as loop:
+        px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
+        at = b.mul(loop.index, size)
+        lanes, dw = [], ir.Constant(f8, None)
+        for r in range(8):
+            pw = b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)])
+            lanes.append(_block_lanes_nl(ops, b, pw, px, fmt))  # the activation's loads: read once (CSE)
+            dw = b.insert_element(dw, fmt.scale_w(context, b, pw), ir.Constant(I32, r))
+        d = b.fmul(dw, kquant_dot._splat(b, half_to_float(context, b, load(b, px, I16)), 8))  # d_w * d_x
+        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(_row_sums(b, lanes), f8), d, b.load(acc)]), acc)
+    b.store(b.load(acc), b.bitcast(po, f8.as_pointer()), align=4)
+
+
+def _rows8_intrinsic(name: str, fmt: _Nibbles):
+    """An intrinsic (w, wo, rs, nb, x, xo, out, oo): rows at byte wo, wo + rs, ... wo + 7 rs of w against the Q8_0 row
+    at byte xo of x; the eight results at byte oo of out (float32)."""
+    def typer(typingctx, w, wo, rs, nb, x, xo, out, oo):
+        ok = isinstance(out, types.Array) and out.dtype == types.float32
+        if not (ok and kquant_dot._valid((w, x), (wo, rs, nb, xo, oo))):
+            return None
+
+        def codegen(context, builder, signature, args):
+            w_, wo_, rs_, nb_, x_, xo_, out_, oo_ = args
+            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+            px = byte_ptr(context, builder, signature.args[4], x_, xo_)
+            po = byte_ptr(context, builder, signature.args[6], out_, oo_)
+            _rows8_nl_x8(context, builder, pw, _i64(builder, rs_), _i64(builder, nb_), px, po, fmt)
+            return context.get_dummy_value()
+
+        return types.void(w, wo, rs, nb, x, xo, out, oo), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+rows8_iq4_nl_x8 = _rows8_intrinsic("rows8_iq4_nl_x8", IQ4_NL)
+rows8_mxfp4_x8 = _rows8_intrinsic("rows8_mxfp4_x8", MXFP4)
+
+
 def _tile_intrinsic(name: str, tile):
     """An intrinsic (w, wo, nb, x, xo, xs, m, out, oo, os): the row at byte wo of w with m <= 16 activation rows from
     byte xo of x, xs bytes apart, each block decoded once; result a at byte oo + a * os of out (float32)."""

@@ -58,6 +58,25 @@ def test_vec_dot_and_the_8x8_repack_equal_llama_cpp(golden) -> None:
     assert not np.array_equal(golden["mul_mat_repack_9"], golden["mul_mat_9"][:, :16])
 
 
+def test_eight_rows_at_once_are_each_rows_value(golden) -> None:
+    """The x8 gemv runs eight rows per step (simd.rows8_mxfp4_x8): each row's value is the one-row x8 dot's (the
+    gemm's tile on one activation), for a row count past the eights too, and for routed experts in one call."""
+    dot = _kernels()
+    w, xq = golden["w"], golden["xq"]
+    n = min(len(w), 21)
+    for a in range(len(xq)):
+        want = dot.gemm_mxfp4_x8(w[:n], xq[a : a + 1], np.empty((1, n), np.float32))[0]
+        same_bits(dot.gemv_mxfp4_x8(w[:n], xq[a], np.empty(n, np.float32)), want, f"gemv x8 row {a}")
+    experts = (np.ascontiguousarray(w[:16]), np.ascontiguousarray(w[16:32]) if len(w) >= 32 else w[:16].copy())
+    rows = np.array([1, 0], np.int64)
+    out = np.empty((2, 16), np.float32)
+    dot.gemv_experts_mxfp4_x8(experts, xq, rows, out)
+    for i, e in enumerate(experts):
+        same_bits(out[i], dot.gemv_mxfp4_x8(e, xq[rows[i]], np.empty(16, np.float32)), f"expert {i}")
+    with pytest.raises(ValueError, match="contiguous"):
+        dot.gemv_mxfp4_x8(w[:16], xq[0], np.empty(32, np.float32)[::2])
+
+
 def test_the_product_takes_llama_cpps_path_by_row_count(golden) -> None:
     _kernels()
     w, x = golden["w"], golden["x"]
