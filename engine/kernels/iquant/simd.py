@@ -44,6 +44,7 @@ from engine.kernels.simd import (
     byte_ptr,
     call_intrinsic,
     half_to_float,
+    has_vnni,
     load,
     shuffle,
     vec,
@@ -383,6 +384,27 @@ def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os, fmt: _Nibbles = IQ4_NL)
             b.store(b.extract_element(b.load(accs[a // 8]), ir.Constant(I32, a % 8)), dst, align=4)
 
 
+def _offset(fmt: _Nibbles) -> int:
+    """What makes every value of the format's table a byte vpdpbusd takes unsigned (127 for IQ4_NL, 12 for MXFP4)."""
+    return -min(fmt.values)
+
+
+def _dpbusd8(b, acc, u, x):
+    """vpdpbusd on 256 bits: acc lane k + the sum of u[4k + i] (unsigned bytes) * x[4k + i] (signed bytes)."""
+    i8x = vec(I32, 8)
+    return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i8x, [acc, b.bitcast(u, i8x), b.bitcast(x, i8x)])
+
+
+def _block_lanes_vnni(ops: Ops, b, pw, x, fmt: _Nibbles):
+    """<8 x i32> lanes of one 4-bit block against the activation bytes x (<32 x i8>) with its values offset to
+    unsigned bytes (one vpdpbusd): each lane's exact sum plus the offset times its four activations' sum, which the
+    caller takes off once per block (AVX512-VNNI)."""
+    off = _offset(fmt)
+    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]  # the same bytes, as i8
+    w = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), table)
+    return _dpbusd8(b, ir.Constant(vec(I32, 8), None), w, x)
+
+
 def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
     """Eight IQ4_NL (or MXFP4) rows (row r at pw0 + r * rs) against one Q8_0 row, as the 8x8 kernels sum them: per
     block the eight rows' <8 x i32> lanes gathered by a transposing reduction (lane r: row r's exact sum), then one
@@ -392,16 +414,25 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
     f8 = vec(F32, 8)
     acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
     size = ir.Constant(I64, fmt.size)
+    vnni = has_vnni(context)
     with cgutils.for_range(b, nb) as loop:
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
         at = b.mul(loop.index, size)
+        x = load(b, px, V32, 2)
         lanes, dw = [], ir.Constant(f8, None)
         for r in range(8):
             pw = b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)])
-            lanes.append(_block_lanes_nl(ops, b, pw, px, fmt))  # the activation's loads: read once (CSE)
+            lanes.append(_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt))
             dw = b.insert_element(dw, fmt.scale_w(context, b, pw), ir.Constant(I32, r))
+        sumi = _row_sums(b, lanes)
+        if vnni:  # each row's sum carried offset * sum(x): taken off once for the eight rows, exact in int32
+            off = ir.Constant(vec(I8, 32), [ir.Constant(I8, _offset(fmt))] * 32)
+            sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_dpbusd8(b, ir.Constant(vec(I32, 8), None),
+                                                                                   off, x)])
+            u = b.insert_element(ir.Constant(vec(I32, 8), None), sx, ir.Constant(I32, 0))
+            sumi = b.sub(sumi, b.shuffle_vector(u, u, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8)))
         d = b.fmul(dw, kquant_dot._splat(b, half_to_float(context, b, load(b, px, I16)), 8))  # d_w * d_x
-        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(_row_sums(b, lanes), f8), d, b.load(acc)]), acc)
+        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(acc)]), acc)
     b.store(b.load(acc), b.bitcast(po, f8.as_pointer()), align=4)
 
 
