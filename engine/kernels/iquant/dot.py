@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.kernels.activations import njit, prange
+from engine.kernels.activations import f16_to_f32, njit, prange
 from engine.kernels.iquant.rows import (
     row_iq1_m,
     row_iq1_s,
@@ -38,11 +38,16 @@ from engine.kernels.iquant.simd import (
     dot_iq4_xs,
     dot_mxfp4,
     dot_mxfp4_x8,
+    OFFSET_IQ4_NL,
+    OFFSET_MXFP4,
     rows8_iq4_nl_x8,
     rows8_mxfp4_x8,
+    tile8_iq4_nl_x8,
+    tile8_mxfp4_x8,
     tile_iq4_nl_x8,
     tile_iq4_xs,
     tile_mxfp4_x8,
+    vnni_target,
 )
 from engine.kernels.iquant.tiles import gemm_decoded
 from engine.quant.types import GGMLType
@@ -260,6 +265,30 @@ def gemv_iq4_nl_x8(blocks, xq, out):
     return out
 
 
+@njit(cache=True, error_model="numpy")
+def block_sums(xq, nb, offset):
+    """For the VNNI tiles (simd.tile8_*): (sx, dx, xp). sx[j, a] = offset * the sum of activation a's 32 int8 values
+    in Q8_0 block j, dx[j, a] its fp16 d as float32 (zero past the activations); xp: xq with its rows padded to a
+    multiple of eight with zero rows (xq itself when they are)."""
+    m, row = xq.shape
+    mp = (m + 7) // 8 * 8
+    sx = np.zeros((nb, mp), np.int32)
+    dx = np.zeros((nb, mp), np.float32)
+    for a in range(m):
+        for j in range(nb):
+            t = 0
+            for i in range(34 * j + 2, 34 * j + 34):
+                v = np.int32(xq[a, i])
+                t += v - 256 if v > 127 else v
+            sx[j, a] = offset * t
+            dx[j, a] = f16_to_f32(np.uint16(xq[a, 34 * j]) | (np.uint16(xq[a, 34 * j + 1]) << np.uint16(8)))
+    if mp == m:
+        return sx, dx, xq
+    xp = np.zeros((mp, row), np.uint8)
+    xp[:m] = xq
+    return sx, dx, xp
+
+
 @njit(**_KERNEL)
 def gemm_iq4_nl_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_iq4_nl_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
@@ -267,6 +296,15 @@ def gemm_iq4_nl_x8(blocks, xq, out):
     nb = _check(blocks, xq, out, 18, 34)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
+    if vnni_target():  # eight activations a step, every block's sums and scales gathered first
+        sx, dx, xp = block_sums(xq, nb, OFFSET_IQ4_NL)
+        xps, ss = u64(xp.strides[0]), u64(sx.strides[0])
+        for task in prange((n + 15) // 16):
+            for a0 in range(0, m, 8):
+                for r in range(task * 16, min(n, (task + 1) * 16)):
+                    tile8_iq4_nl_x8(blocks, u64(r) * rs, nb, xp, u64(a0) * xps, xps, out, u64(a0) * os + u64(4 * r),
+                                    os, min(8, m - a0), sx, dx, u64(4 * a0), ss)
+        return out
     for task in prange((n + 15) // 16):
         for a0 in range(0, m, 16):
             for r in range(task * 16, min(n, (task + 1) * 16)):
@@ -349,6 +387,15 @@ def gemm_mxfp4_x8(blocks, xq, out):
     nb = _check(blocks, xq, out, 17, 34)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]
+    if vnni_target():  # as gemm_iq4_nl_x8
+        sx, dx, xp = block_sums(xq, nb, OFFSET_MXFP4)
+        xps, ss = u64(xp.strides[0]), u64(sx.strides[0])
+        for task in prange((n + 15) // 16):
+            for a0 in range(0, m, 8):
+                for r in range(task * 16, min(n, (task + 1) * 16)):
+                    tile8_mxfp4_x8(blocks, u64(r) * rs, nb, xp, u64(a0) * xps, xps, out, u64(a0) * os + u64(4 * r),
+                                   os, min(8, m - a0), sx, dx, u64(4 * a0), ss)
+        return out
     for task in prange((n + 15) // 16):
         for a0 in range(0, m, 16):
             for r in range(task * 16, min(n, (task + 1) * 16)):

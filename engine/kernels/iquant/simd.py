@@ -485,6 +485,78 @@ def _tile_intrinsic(name: str, tile):
     return intrinsic(typer)
 
 
+OFFSET_IQ4_NL, OFFSET_MXFP4 = _offset(IQ4_NL), _offset(MXFP4)
+
+
+def _tile8_vnni(context, b, pw0, nb, px0, xs, po, os, m, psx, pdx, ss, fmt: _Nibbles):
+    """One row against eight Q8_0 rows (px0 + a * xs; rows past m are zero padding) on AVX512-VNNI, every activation
+    unconditionally: per block the offset values decoded once, one vpdpbusd per activation, the eight sums gathered
+    by the transposing reduction, less offset * sum(x) (int32 at psx + j * ss), times d_w * d_x (d_x float32 at
+    pdx + j * ss), one fma on <8 x float>: the 8x8 kernels' values. Results a < m go to po + a * os. Without
+    AVX512-VNNI it compiles to nothing (the drivers never call it there: vnni_target)."""
+    if not has_vnni(context):
+        return
+    ops = Ops(context, b)
+    f8, i8x = vec(F32, 8), vec(I32, 8)
+    acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
+    off = _offset(fmt)
+    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]
+    with cgutils.for_range(b, nb) as loop:
+        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, fmt.size))])
+        wu = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), table)
+        px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
+        lanes = [_dpbusd8(b, ir.Constant(i8x, None), wu, load(b, b.gep(px, [b.mul(ir.Constant(I64, a), xs)]), V32, 2))
+                 for a in range(8)]
+        at = b.mul(loop.index, ss)
+        sumi = b.sub(_row_sums(b, lanes), load(b, b.gep(psx, [at]), i8x))
+        d = b.fmul(kquant_dot._splat(b, fmt.scale_w(context, b, pw), 8), load(b, b.gep(pdx, [at]), f8))
+        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(acc)]), acc)
+    total = b.load(acc)
+    for a in range(8):
+        with b.if_then(b.icmp_signed(">", m, ir.Constant(I64, a)), likely=True):
+            dst = b.bitcast(b.gep(po, [b.mul(ir.Constant(I64, a), os)]), F32.as_pointer())
+            b.store(b.extract_element(total, ir.Constant(I32, a)), dst, align=4)
+
+
+def _tile8_intrinsic(name: str, fmt: _Nibbles):
+    """(w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss): _tile8_vnni for the row at byte wo of w and the eight
+    activation rows from byte xo of x; sx (int32) and dx (float32) hold offset * sum(x) and d_x of activation a's
+    block j at byte so + j * ss + 4 a of each (`block_sums`)."""
+    def typer(typingctx, w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss):
+        ok = (isinstance(out, types.Array) and out.dtype == types.float32 and isinstance(sx, types.Array)
+              and sx.dtype == types.int32 and isinstance(dx, types.Array) and dx.dtype == types.float32)
+        if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, oo, os, m, so, ss))):
+            return None
+
+        def codegen(context, builder, signature, args):
+            w_, wo_, nb_, x_, xo_, xs_, out_, oo_, os_, m_, sx_, dx_, so_, ss_ = args
+            i = lambda v: _i64(builder, v)
+            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+            px = byte_ptr(context, builder, signature.args[3], x_, xo_)
+            po = byte_ptr(context, builder, signature.args[6], out_, oo_)
+            psx = byte_ptr(context, builder, signature.args[10], sx_, so_)
+            pdx = byte_ptr(context, builder, signature.args[11], dx_, so_)
+            _tile8_vnni(context, builder, pw, i(nb_), px, i(xs_), po, i(os_), i(m_), psx, pdx, i(ss_), fmt)
+            return context.get_dummy_value()
+
+        return types.void(w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+def _vnni_typer(typingctx):
+    def codegen(context, builder, signature, args):
+        return ir.Constant(ir.IntType(1), int(has_vnni(context)))
+
+    return types.boolean(), codegen
+
+
+vnni_target = intrinsic(_vnni_typer)  # whether numba's target has AVX512-VNNI (a constant where compiled)
+tile8_iq4_nl_x8 = _tile8_intrinsic("tile8_iq4_nl_x8", IQ4_NL)
+tile8_mxfp4_x8 = _tile8_intrinsic("tile8_mxfp4_x8", MXFP4)
+
+
 # IQ4_XS in vec_dot's order (kquant_dot's tile loop), IQ4_NL rows as the iq4_nl_8x8 kernels sum them
 tile_iq4_xs = _tile_intrinsic("tile_iq4_xs", lambda c, b, *a: kquant_dot._row_tile(IQ4_XS, c, b, *a))
 tile_iq4_nl_x8 = _tile_intrinsic("tile_iq4_nl_x8", _tile_nl_x8)
