@@ -27,6 +27,17 @@ from engine.kernels.iquant.rows import (
     row_iq1_m,
     row_iq1_s,
 )
+from engine.kernels.iquant.eights import (
+    OFFSET_IQ4_NL,
+    OFFSET_MXFP4,
+    rows8_iq4_nl_x8,
+    rows8_mxfp4_x8,
+    tile8_iq4_nl_x8,
+    tile8_mxfp4_x8,
+    tile_iq4_nl_x8,
+    tile_mxfp4_x8,
+    vnni_target,
+)
 from engine.kernels.iquant.simd import (
     dot_iq2_s,
     dot_iq2_xs,
@@ -38,16 +49,7 @@ from engine.kernels.iquant.simd import (
     dot_iq4_xs,
     dot_mxfp4,
     dot_mxfp4_x8,
-    OFFSET_IQ4_NL,
-    OFFSET_MXFP4,
-    rows8_iq4_nl_x8,
-    rows8_mxfp4_x8,
-    tile8_iq4_nl_x8,
-    tile8_mxfp4_x8,
-    tile_iq4_nl_x8,
     tile_iq4_xs,
-    tile_mxfp4_x8,
-    vnni_target,
 )
 from engine.kernels.iquant.tiles import gemm_decoded
 from engine.quant.types import GGMLType
@@ -383,7 +385,7 @@ def gemv_experts_mxfp4_x8(weights, xq, rows, out):
 @njit(**_KERNEL)
 def gemm_mxfp4_x8(blocks, xq, out):
     """out[a, r] = ggml_gemm_mxfp4_8x8_q8_0's value (the gemv's, per activation row); each block decoded once for
-    up to 16 activation rows, their block sums gathered eight at a time (simd._tile_nl_x8)."""
+    up to 16 activation rows, their block sums gathered eight at a time (eights._tile_nl_x8; eights.tile8_* on AVX512-VNNI)."""
     nb = _check(blocks, xq, out, 17, 34)
     rs, xs, os = u64(blocks.strides[0]), u64(xq.strides[0]), u64(out.strides[0])
     n, m = blocks.shape[0], xq.shape[0]

@@ -12,8 +12,9 @@ as a scalar fma; IQ4_NL rows repacked by llama.cpp (iq4_nl_8x8) one scalar fma p
   tile_iq4_xs(w, wo, nb, x, xo, xs, m, out, oo, os)   the same for m <= 16 Q8_K rows, each block decoded once
   dot_iq4_nl(w, wo, nb, x, xo)        ggml_vec_dot_iq4_nl_q8_0 of nb blocks with Q8_0 blocks
   dot_iq4_nl_x8(w, wo, nb, x, xo)     the iq4_nl_8x8 gemv's value for the same row
-  dot_mxfp4 / dot_mxfp4_x8 / tile_mxfp4_x8   the same three for MXFP4 (17-byte blocks: an E8M0 exponent read as
+  dot_mxfp4 / dot_mxfp4_x8           the same two for MXFP4 (17-byte blocks: an E8M0 exponent read as
                                       GGML_E8M0_TO_FP32_HALF, 16 bytes of codes looked up in kvalues_mxfp4)
+  (eights.py: both types' rows and batches in eights, as the 8x8 repack paths, on these blocks)
   dot_iq2_xxs / iq2_xs / iq2_s / iq3_xxs / iq3_s(w, wo, nb, x, xo)   vec_dot before its last constant (0.125 for
                                       IQ2_*, 0.25 for IQ3_XXS), which the caller multiplies in as ggml does
 
@@ -33,7 +34,6 @@ from engine.quant.iquant_grids import grid_bytes, ksigns, kvalues_iq4nl
 
 from engine.kernels.kquant import dot as kquant_dot
 from engine.kernels.kquant.lanes import Block, Chunk
-from engine.kernels.kquant.repack import _row_sums
 from engine.kernels.simd import (
     F32,
     I8,
@@ -44,7 +44,6 @@ from engine.kernels.simd import (
     byte_ptr,
     call_intrinsic,
     half_to_float,
-    has_vnni,
     load,
     shuffle,
     vec,
@@ -343,125 +342,6 @@ dot_iq2_xxs, dot_iq2_xs, dot_iq2_s = _grid_row("iq2_xxs"), _grid_row("iq2_xs"), 
 dot_iq3_xxs, dot_iq3_s = _grid_row("iq3_xxs"), _grid_row("iq3_s")
 
 
-def _tile_nl_x8(context, b, pw0, nb, px0, xs, m, po, os, fmt: _Nibbles = IQ4_NL):
-    """One IQ4_NL (or MXFP4) row against m <= 16 Q8_0 rows (px0 + a * xs) as the 8x8 kernels sum it, each block's
-    weights decoded once for the m rows; result a at po + a * os.
-
-    Per block and activation the 8x8 kernels take the block's exact integer sum, then acc = fma(float(sumi),
-    d_w * d_x, acc). Here eight activations' <8 x i32> lanes are summed at once by a transposing reduction
-    (lane a: activation a's sum) and their float steps run lane by lane on <8 x float>: the same values, without a
-    horizontal sum per activation and block. An absent activation's lanes and scale stay zero."""
-    ops = Ops(context, b)
-    f8, i8x = vec(F32, 8), vec(I32, 8)
-    accs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in range(2)]
-    lanes = [cgutils.alloca_once_value(b, ir.Constant(i8x, None)) for _ in range(16)]
-    dxs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in range(2)]
-    live = [b.icmp_signed(">", m, ir.Constant(I64, a)) for a in range(16)]
-    ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
-    with cgutils.for_range(b, nb) as loop:
-        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, fmt.size))])
-        plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values))
-        dw = fmt.scale_w(context, b, pw)
-        px_i = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
-        for g in range(2):
-            with b.if_then(live[8 * g], likely=True):
-                for j in range(8):
-                    a = 8 * g + j
-                    with b.if_then(live[a], likely=True):
-                        px = b.gep(px_i, [b.mul(ir.Constant(I64, a), xs)])
-                        x = load(b, px, V32, 2)
-                        b.store(ops.madd(b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x)), ones), lanes[a])
-                        dx = b.insert_element(b.load(dxs[g]), half_to_float(context, b, load(b, px, I16)),
-                                              ir.Constant(I32, j))
-                        b.store(dx, dxs[g])
-                sumi = _row_sums(b, [b.load(lanes[8 * g + j]) for j in range(8)])
-                d = b.fmul(kquant_dot._splat(b, dw, 8), b.load(dxs[g]))  # d_w * d_x, each rounded once
-                acc = call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(accs[g])])
-                b.store(acc, accs[g])
-    for a in range(16):
-        with b.if_then(live[a], likely=True):
-            dst = b.bitcast(b.gep(po, [b.mul(ir.Constant(I64, a), os)]), F32.as_pointer())
-            b.store(b.extract_element(b.load(accs[a // 8]), ir.Constant(I32, a % 8)), dst, align=4)
-
-
-def _offset(fmt: _Nibbles) -> int:
-    """What makes every value of the format's table a byte vpdpbusd takes unsigned (127 for IQ4_NL, 12 for MXFP4)."""
-    return -min(fmt.values)
-
-
-def _dpbusd8(b, acc, u, x):
-    """vpdpbusd on 256 bits: acc lane k + the sum of u[4k + i] (unsigned bytes) * x[4k + i] (signed bytes)."""
-    i8x = vec(I32, 8)
-    return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i8x, [acc, b.bitcast(u, i8x), b.bitcast(x, i8x)])
-
-
-def _block_lanes_vnni(ops: Ops, b, pw, x, fmt: _Nibbles):
-    """<8 x i32> lanes of one 4-bit block against the activation bytes x (<32 x i8>) with its values offset to
-    unsigned bytes (one vpdpbusd): each lane's exact sum plus the offset times its four activations' sum, which the
-    caller takes off once per block (AVX512-VNNI)."""
-    off = _offset(fmt)
-    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]  # the same bytes, as i8
-    w = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), table)
-    return _dpbusd8(b, ir.Constant(vec(I32, 8), None), w, x)
-
-
-def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
-    """Eight IQ4_NL (or MXFP4) rows (row r at pw0 + r * rs) against one Q8_0 row, as the 8x8 kernels sum them: per
-    block the eight rows' <8 x i32> lanes gathered by a transposing reduction (lane r: row r's exact sum), then one
-    acc = fma(float(sumi), d_w * d_x, acc) on <8 x float>, a lane per row: each row's value as the one-row x8 dot
-    makes it, without a horizontal sum and a scalar fma chain per row and block. The eight results go to po."""
-    ops = Ops(context, b)
-    f8 = vec(F32, 8)
-    acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
-    size = ir.Constant(I64, fmt.size)
-    vnni = has_vnni(context)
-    with cgutils.for_range(b, nb) as loop:
-        px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
-        at = b.mul(loop.index, size)
-        x = load(b, px, V32, 2)
-        lanes, dw = [], ir.Constant(f8, None)
-        for r in range(8):
-            pw = b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)])
-            lanes.append(_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt))
-            dw = b.insert_element(dw, fmt.scale_w(context, b, pw), ir.Constant(I32, r))
-        sumi = _row_sums(b, lanes)
-        if vnni:  # each row's sum carried offset * sum(x): taken off once for the eight rows, exact in int32
-            off = ir.Constant(vec(I8, 32), [ir.Constant(I8, _offset(fmt))] * 32)
-            sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_dpbusd8(b, ir.Constant(vec(I32, 8), None),
-                                                                                   off, x)])
-            u = b.insert_element(ir.Constant(vec(I32, 8), None), sx, ir.Constant(I32, 0))
-            sumi = b.sub(sumi, b.shuffle_vector(u, u, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8)))
-        d = b.fmul(dw, kquant_dot._splat(b, half_to_float(context, b, load(b, px, I16)), 8))  # d_w * d_x
-        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(acc)]), acc)
-    b.store(b.load(acc), b.bitcast(po, f8.as_pointer()), align=4)
-
-
-def _rows8_intrinsic(name: str, fmt: _Nibbles):
-    """An intrinsic (w, wo, rs, nb, x, xo, out, oo): rows at byte wo, wo + rs, ... wo + 7 rs of w against the Q8_0 row
-    at byte xo of x; the eight results at byte oo of out (float32)."""
-    def typer(typingctx, w, wo, rs, nb, x, xo, out, oo):
-        ok = isinstance(out, types.Array) and out.dtype == types.float32
-        if not (ok and kquant_dot._valid((w, x), (wo, rs, nb, xo, oo))):
-            return None
-
-        def codegen(context, builder, signature, args):
-            w_, wo_, rs_, nb_, x_, xo_, out_, oo_ = args
-            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
-            px = byte_ptr(context, builder, signature.args[4], x_, xo_)
-            po = byte_ptr(context, builder, signature.args[6], out_, oo_)
-            _rows8_nl_x8(context, builder, pw, _i64(builder, rs_), _i64(builder, nb_), px, po, fmt)
-            return context.get_dummy_value()
-
-        return types.void(w, wo, rs, nb, x, xo, out, oo), codegen
-
-    typer.__name__ = name
-    return intrinsic(typer)
-
-
-rows8_iq4_nl_x8 = _rows8_intrinsic("rows8_iq4_nl_x8", IQ4_NL)
-rows8_mxfp4_x8 = _rows8_intrinsic("rows8_mxfp4_x8", MXFP4)
-
-
 def _tile_intrinsic(name: str, tile):
     """An intrinsic (w, wo, nb, x, xo, xs, m, out, oo, os): the row at byte wo of w with m <= 16 activation rows from
     byte xo of x, xs bytes apart, each block decoded once; result a at byte oo + a * os of out (float32)."""
@@ -485,79 +365,5 @@ def _tile_intrinsic(name: str, tile):
     return intrinsic(typer)
 
 
-OFFSET_IQ4_NL, OFFSET_MXFP4 = _offset(IQ4_NL), _offset(MXFP4)
-
-
-def _tile8_vnni(context, b, pw0, nb, px0, xs, po, os, m, psx, pdx, ss, fmt: _Nibbles):
-    """One row against eight Q8_0 rows (px0 + a * xs; rows past m are zero padding) on AVX512-VNNI, every activation
-    unconditionally: per block the offset values decoded once, one vpdpbusd per activation, the eight sums gathered
-    by the transposing reduction, less offset * sum(x) (int32 at psx + j * ss), times d_w * d_x (d_x float32 at
-    pdx + j * ss), one fma on <8 x float>: the 8x8 kernels' values. Results a < m go to po + a * os. Without
-    AVX512-VNNI it compiles to nothing (the drivers never call it there: vnni_target)."""
-    if not has_vnni(context):
-        return
-    ops = Ops(context, b)
-    f8, i8x = vec(F32, 8), vec(I32, 8)
-    acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
-    off = _offset(fmt)
-    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]
-    with cgutils.for_range(b, nb) as loop:
-        pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, fmt.size))])
-        wu = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), table)
-        px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
-        lanes = [_dpbusd8(b, ir.Constant(i8x, None), wu, load(b, b.gep(px, [b.mul(ir.Constant(I64, a), xs)]), V32, 2))
-                 for a in range(8)]
-        at = b.mul(loop.index, ss)
-        sumi = b.sub(_row_sums(b, lanes), load(b, b.gep(psx, [at]), i8x))
-        d = b.fmul(kquant_dot._splat(b, fmt.scale_w(context, b, pw), 8), load(b, b.gep(pdx, [at]), f8))
-        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(acc)]), acc)
-    total = b.load(acc)
-    for a in range(8):
-        with b.if_then(b.icmp_signed(">", m, ir.Constant(I64, a)), likely=True):
-            dst = b.bitcast(b.gep(po, [b.mul(ir.Constant(I64, a), os)]), F32.as_pointer())
-            b.store(b.extract_element(total, ir.Constant(I32, a)), dst, align=4)
-
-
-def _tile8_intrinsic(name: str, fmt: _Nibbles):
-    """(w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss): _tile8_vnni for the row at byte wo of w and the eight
-    activation rows from byte xo of x; sx (int32) and dx (float32) hold offset * sum(x) and d_x of activation a's
-    block j at byte so + j * ss + 4 a of each (`block_sums`)."""
-    def typer(typingctx, w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss):
-        ok = (isinstance(out, types.Array) and out.dtype == types.float32 and isinstance(sx, types.Array)
-              and sx.dtype == types.int32 and isinstance(dx, types.Array) and dx.dtype == types.float32)
-        if not (ok and kquant_dot._valid((w, x), (wo, nb, xo, xs, oo, os, m, so, ss))):
-            return None
-
-        def codegen(context, builder, signature, args):
-            w_, wo_, nb_, x_, xo_, xs_, out_, oo_, os_, m_, sx_, dx_, so_, ss_ = args
-            i = lambda v: _i64(builder, v)
-            pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
-            px = byte_ptr(context, builder, signature.args[3], x_, xo_)
-            po = byte_ptr(context, builder, signature.args[6], out_, oo_)
-            psx = byte_ptr(context, builder, signature.args[10], sx_, so_)
-            pdx = byte_ptr(context, builder, signature.args[11], dx_, so_)
-            _tile8_vnni(context, builder, pw, i(nb_), px, i(xs_), po, i(os_), i(m_), psx, pdx, i(ss_), fmt)
-            return context.get_dummy_value()
-
-        return types.void(w, wo, nb, x, xo, xs, out, oo, os, m, sx, dx, so, ss), codegen
-
-    typer.__name__ = name
-    return intrinsic(typer)
-
-
-def _vnni_typer(typingctx):
-    def codegen(context, builder, signature, args):
-        return ir.Constant(ir.IntType(1), int(has_vnni(context)))
-
-    return types.boolean(), codegen
-
-
-vnni_target = intrinsic(_vnni_typer)  # whether numba's target has AVX512-VNNI (a constant where compiled)
-tile8_iq4_nl_x8 = _tile8_intrinsic("tile8_iq4_nl_x8", IQ4_NL)
-tile8_mxfp4_x8 = _tile8_intrinsic("tile8_mxfp4_x8", MXFP4)
-
-
-# IQ4_XS in vec_dot's order (kquant_dot's tile loop), IQ4_NL rows as the iq4_nl_8x8 kernels sum them
+# IQ4_XS in vec_dot's order (kquant_dot's tile loop)
 tile_iq4_xs = _tile_intrinsic("tile_iq4_xs", lambda c, b, *a: kquant_dot._row_tile(IQ4_XS, c, b, *a))
-tile_iq4_nl_x8 = _tile_intrinsic("tile_iq4_nl_x8", _tile_nl_x8)
-tile_mxfp4_x8 = _tile_intrinsic("tile_mxfp4_x8", lambda c, b, *a: _tile_nl_x8(c, b, *a, fmt=MXFP4))
