@@ -42,6 +42,7 @@ from engine.kernels.simd import (
     byte_ptr,
     call_intrinsic,
     half_to_float,
+    has_feature,
     has_vnni,
     load,
     vec,
@@ -110,6 +111,33 @@ def _block_lanes_vnni(ops: Ops, b, pw, x, fmt: _Nibbles):
     return _dpbusd8(b, ir.Constant(vec(I32, 8), None), w, x)
 
 
+def _scales8(context, b, pws, fmt: _Nibbles):
+    """<8 x float>: the scale d_w of the block at each of the eight pointers, as fmt.scale_w reads one, on vectors:
+    MXFP4's E8M0 byte 2^(e - 128) (subnormal patterns below e = 2), IQ4_NL's fp16 d."""
+    if not fmt.e8m0:
+        v = ir.Constant(vec(I16, 8), None)
+        for r, pw in enumerate(pws):
+            v = b.insert_element(v, load(b, pw, I16), ir.Constant(I32, r))
+        if has_feature(context, "f16c"):
+            return b.fpext(b.bitcast(v, vec(ir.HalfType(), 8)), vec(F32, 8))
+        return _lanes8(b, [half_to_float(context, b, b.extract_element(v, ir.Constant(I32, r))) for r in range(8)])
+    i8x = vec(I32, 8)
+    e = ir.Constant(i8x, None)
+    for r, pw in enumerate(pws):
+        e = b.insert_element(e, b.zext(load(b, pw, I8), I32), ir.Constant(I32, r))
+    splat = lambda v: ir.Constant(i8x, [ir.Constant(I32, v)] * 8)  # noqa: E731
+    small = b.shl(splat(0x00200000), e)
+    normal = b.shl(b.sub(e, splat(1)), splat(23))
+    return b.bitcast(b.select(b.icmp_unsigned("<", e, splat(2)), small, normal), vec(F32, 8))
+
+
+def _lanes8(b, values):
+    v = ir.Constant(vec(F32, 8), None)
+    for r, x in enumerate(values):
+        v = b.insert_element(v, x, ir.Constant(I32, r))
+    return v
+
+
 def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
     """Eight IQ4_NL (or MXFP4) rows (row r at pw0 + r * rs) against one Q8_0 row, as the 8x8 kernels sum them: per
     block the eight rows' <8 x i32> lanes gathered by a transposing reduction (lane r: row r's exact sum), then one
@@ -124,11 +152,9 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 34))])
         at = b.mul(loop.index, size)
         x = load(b, px, V32, 2)
-        lanes, dw = [], ir.Constant(f8, None)
-        for r in range(8):
-            pw = b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)])
-            lanes.append(_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt))
-            dw = b.insert_element(dw, fmt.scale_w(context, b, pw), ir.Constant(I32, r))
+        pws = [b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)]) for r in range(8)]
+        lanes = [_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt) for pw in pws]
+        dw = _scales8(context, b, pws, fmt)
         sumi = _row_sums(b, lanes)
         if vnni:  # each row's sum carried offset * sum(x): taken off once for the eight rows, exact in int32
             off = ir.Constant(vec(I8, 32), [ir.Constant(I8, _offset(fmt))] * 32)
