@@ -124,19 +124,18 @@ class ExpertLinear:
                 out[sel] = p(act.x[rows_of(sel)])
             return
         xq = act.bytes_for(self.weight.qtype)
+        xs = np.take(xq, rows_of(order), axis=0)  # the activation rows grouped by expert: each group a slice
+        grouped = np.empty((len(ids), self.n_out), np.float32)
         with KERNEL_LOCK:
-            for sel, p in zip(groups, products):
-                rows = rows_of(sel)
-                if p.tiled is not None and len(sel) >= TILED_MIN_ROWS:  # mul_mat_id's tiled path, per expert
-                    tile = np.empty((len(sel), self.n_out), np.float32)
-                    p.tiled(p.weight, np.ascontiguousarray(xq[rows]), tile)
-                    out[sel] = tile
-                elif len(sel) == 1:  # mul_mat_id_one_chunk (vec_dot per row) or forward_mul_mat_id (gemv per row)
-                    p.gemv(p.weight, xq[rows[0]], out[sel[0]])
+            for a, sel, p in zip(starts.tolist(), groups, products):
+                z = a + len(sel)
+                if p.tiled is not None and z - a >= TILED_MIN_ROWS:  # mul_mat_id's tiled path, per expert
+                    p.tiled(p.weight, xs[a:z], grouped[a:z])
+                elif z - a == 1:  # mul_mat_id_one_chunk (vec_dot per row) or forward_mul_mat_id (gemv per row)
+                    p.gemv(p.weight, xs[a], grouped[a])
                 else:
-                    tile = np.empty((len(sel), self.n_out), np.float32)
-                    p.gemv_rows(xq[rows], tile)
-                    out[sel] = tile
+                    p.gemv_rows(xs[a:z], grouped[a:z])
+        out[order] = grouped
 
     def _one_row_each(self, act: Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None,
                       out: F32) -> bool:
