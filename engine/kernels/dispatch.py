@@ -222,13 +222,17 @@ class BlockProduct:
         self._lock = threading.Lock()
         # which of ggml-cpu's kernels the numbers follow: "vec_dot", a repacked path (every call: "repack_8x8", "q2_k_x8",
         # "iq4_nl_x8", "q4_0_x8"), the tiled path (self.tiled, from TILED_MIN_ROWS rows) where llama.cpp takes them;
-        # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows
+        # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows; "q8_0_rows": vec_dot's own
+        # AVX2 sequence on the GGUF blocks (a CPU without AVX512-VNNI, or rows not in sixteens)
         self.path, self.tiled = "vec_dot", None
         lazy = reg.compiled and int(qtype) in paths.LEGACY_INT  # batches read the GGUF blocks (legacy_gemm)
         stacked = (lambda: np.concatenate(parts, axis=0)) if parts else (lambda: blocks)
         if lazy and qtype == _T.Q8_0 and self.n_out % 16 == 0 and paths.q8_0_x16() is not None:
             self._make, self.gemv = _released(paths.q8_0_x16().repack_q8_0_x16, stacked, parts or [blocks]), paths.gemv_x16
             self.path, self.repacked, self.planar = "q8_0_x16", True, False
+        elif lazy and qtype == _T.Q8_0 and not parts:  # ggml's AVX2 vec_dot on the GGUF blocks: no second copy
+            self.weight, self.gemv = blocks, paths.gemv_q8_0_rows()
+            self.path, self.repacked, self.planar = "q8_0_rows", False, False
         elif lazy and ks.repack is not None:
             # the legacy quants' byte planes, made at the first one-row product (decode): batches read the GGUF
             # blocks, so a model that only reads prompts (a sweep, a measurement) never holds the second copy
@@ -376,7 +380,7 @@ class BlockProduct:
             return None
         if precompile.is_dry():
             return lambda: None
-        if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path == "q8_0_x16":
+        if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path in ("q8_0_x16", "q8_0_rows"):
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)
         from engine.kernels.legacy.family import bind_gemv  # noqa: PLC0415 - compiled kernels only

@@ -6,7 +6,8 @@ sends k-quant batches of 8+ rows of plain weights through its tiled path, and ot
 tinyBLAS for Q8_0 / Q4_0 / Q5_0 batches gives the same bits). The engine follows it: `q4_k_8x8`, `legacy_kind`
 (Q4_0's q4_0_8x8 numbers in the legacy kernels), `iq4_nl_x8` and `tiled_gemm` here. Two more
 kernels compute vec_dot's numbers faster: `legacy_batch` (integer prompt tiles on the GGUF blocks) and
-`q8_0_x16` (one-row Q8_0 products across sixteen repacked rows, with AVX512-VNNI). Each module loads on first use.
+`q8_0_x16` (one-row Q8_0 products across sixteen repacked rows, with AVX512-VNNI); elsewhere `gemv_q8_0_rows` runs
+vec_dot's own AVX2 sequence on the GGUF blocks. Each module loads on first use.
 """
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def q8_0_x16() -> Any:
 
         _X16.append(q8_0_x16 if q8_0_x16.available() else None)
     return _X16[0]
+
+
+def gemv_q8_0_rows() -> Callable:
+    """engine.kernels.legacy.q8_0_rows' one-row Q8_0 product on the GGUF blocks (ggml's AVX2 vec_dot sequence)."""
+    from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows as gemv  # noqa: PLC0415 - compiled kernels only
+
+    return gemv
 
 
 def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> None:

@@ -69,6 +69,13 @@ def _products(name: str, w, xq: np.ndarray) -> dict[str, np.ndarray]:
         for i in range(len(xq)):
             legacy.GEMV[qtype](weight, xq[i], rows[i])
         got[f"gemv/{layout}"] = rows
+    if qtype == GGMLType.Q8_0:  # ggml's AVX2 sequence on the GGUF blocks (engine.kernels.legacy.q8_0_rows)
+        from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows
+
+        rows = np.full((len(xq), n_rows), np.nan, np.float32)
+        for i in range(len(xq)):
+            gemv_q8_0_rows(np.ascontiguousarray(w), np.ascontiguousarray(xq[i]), rows[i])
+        got["gemv/q8_0_rows"] = rows
     return got
 
 
@@ -230,3 +237,21 @@ def test_repack_rejects_wrong_rows():
         repack(GGMLType.Q4_0, np.zeros((2, 20), np.uint8))
     with pytest.raises(ValueError, match="Q4_K"):
         repack(GGMLType.Q4_K, np.zeros((2, 144), np.uint8))
+
+
+@needs_numba
+def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks():
+    """A Q8_0 weight whose rows are not in sixteens (or a CPU without AVX512-VNNI) takes ggml's AVX2 vec_dot
+    sequence on the GGUF blocks themselves (path q8_0_rows): llama.cpp's numbers, and no second copy of the weight."""
+    from engine.kernels.dispatch import BlockProduct, compiled
+
+    if not compiled():
+        pytest.skip("the compiled kernels are not in use")
+    g = _golden("Q8_0")["quantized_edge"]
+    blocks = np.ascontiguousarray(g["w"])  # 24 rows
+    blocks.flags.writeable = False
+    product = BlockProduct(GGMLType.Q8_0, blocks, g["x"].shape[1])
+    assert product.path == "q8_0_rows" and product.weight is blocks and not product.repacked
+    for i in range(len(g["x"])):
+        got = product(g["x"][i : i + 1])
+        assert _same(got[0], g["dot"][i]), _describe(got[0], g["dot"][i])

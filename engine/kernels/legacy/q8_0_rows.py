@@ -1,0 +1,84 @@
+"""One-row Q8_0 products on the GGUF blocks as ggml_vec_dot_q8_0_q8_0 runs them on AVX2 (ggml-cpu/arch/x86/quants.c),
+for a CPU without AVX512-VNNI (there q8_0_x16 serves).
+
+Per block: d = fp16(d_w) * fp16(d_x); the 32 weight and activation bytes meet in mul_sum_i8_pairs_float (|w| by
+vpsignb, the activation signed by the weight, vpmaddubsw, vpmaddwd with ones: lane k sums bytes 4k..4k+3), converted
+to float; acc = fma(d, lanes, acc) on eight lanes. The row's value is hsum_float_8(acc): ((a0 + a4) + (a2 + a6)) +
+((a1 + a5) + (a3 + a7)). This is ggml's own sequence, so its bits, vpsignb's wrap of a -128 weight included (the
+byte-plane kernels leave that case out: ggml's quantizers make -128 only in non-finite rows).
+
+Read straight from the GGUF blocks, a Q8_0 weight needs no second copy for decode steps (the byte planes the other
+legacy types keep), and the instructions per block are ggml's, where the planes' float lanes spend three times more.
+
+  gemv_q8_0_rows(blocks, xq, out)    out[r] = vec_dot of row r (nb * 34 bytes) with the Q8_0 row xq (nb * 34,)
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from engine.kernels.simd import F32, I16, I32, I64, Ops, byte_ptr, call_intrinsic, half_to_float, load, shuffle, vec
+
+_V32 = vec(ir.IntType(8), 32)
+_ONES = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
+
+
+def _hsum_float_8(b, acc):
+    """hsum_float_8: the 128-bit halves added, then movehl, then movehdup: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + ...)."""
+    r = b.fadd(shuffle(b, acc, range(4, 8)), shuffle(b, acc, range(4)))
+    lane = [b.extract_element(r, ir.Constant(I32, k)) for k in range(4)]
+    return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
+
+
+def _row(context, b, pw, nb, px):
+    ops = Ops(context, b)
+    f8 = vec(F32, 8)
+    acc = cgutils.alloca_once_value(b, ir.Constant(f8, None))
+    with cgutils.for_range(b, nb) as loop:
+        at = b.mul(loop.index, ir.Constant(I64, 34))
+        w, x = b.gep(pw, [at]), b.gep(px, [at])
+        d = b.fmul(half_to_float(context, b, load(b, w, I16)), half_to_float(context, b, load(b, x, I16)))
+        qw, qx = load(b, w, _V32, 2), load(b, x, _V32, 2)
+        lanes = b.sitofp(ops.madd(ops.maddubs(ops.sign(qw, qw), ops.sign(qx, qw)), _ONES), f8)
+        dv = b.insert_element(ir.Constant(f8, None), d, ir.Constant(I32, 0))
+        dv = b.shuffle_vector(dv, dv, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8))
+        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [dv, lanes, b.load(acc)]), acc)
+    return _hsum_float_8(b, b.load(acc))
+
+
+@intrinsic
+def dot_q8_0_row(typingctx, w, wo, nb, x, xo):
+    """ggml_vec_dot_q8_0_q8_0 (AVX2) of the row at byte wo of w with the Q8_0 row at byte xo of x, nb blocks."""
+    ints = (wo, nb, xo)
+    if not (isinstance(w, types.Array) and isinstance(x, types.Array) and all(isinstance(v, types.Integer)
+                                                                               for v in ints)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        w_, wo_, nb_, x_, xo_ = args
+        pw = byte_ptr(context, builder, signature.args[0], w_, wo_)
+        px = byte_ptr(context, builder, signature.args[3], x_, xo_)
+        nb64 = nb_ if nb_.type == I64 else builder.sext(nb_, I64)
+        return _row(context, builder, pw, nb64, px)
+
+    return types.float32(w, wo, nb, x, xo), codegen
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def gemv_q8_0_rows(blocks, xq, out):
+    """See the module docstring: blocks (n_rows, nb * 34) uint8 with contiguous rows, xq (nb * 34,), out (n_rows,)."""
+    if blocks.ndim != 2 or (blocks.size and blocks.strides[1] != 1) or blocks.shape[1] % 34:
+        raise ValueError("blocks must be (n_rows, nb * 34) Q8_0 rows with contiguous bytes")
+    nb = blocks.shape[1] // 34
+    if xq.ndim != 1 or xq.shape[0] != nb * 34 or (xq.size and xq.strides[0] != 1):
+        raise ValueError("xq must be one contiguous Q8_0 row as long as the weight rows")
+    if out.ndim != 1 or out.shape[0] != blocks.shape[0]:
+        raise ValueError("out must hold one float32 per weight row")
+    rs = blocks.strides[0]
+    n = blocks.shape[0]
+    for t in prange((n + 15) // 16):
+        for r in range(16 * t, min(n, 16 * t + 16)):
+            out[r] = dot_q8_0_row(blocks, r * rs, nb, xq, 0)
+    return out
