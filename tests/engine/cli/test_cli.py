@@ -110,3 +110,39 @@ def test_bad_input_exits_2_with_one_line(args: list[str], tiny: Path, tmp_path: 
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bench_times_nothing_while_the_late_kernels_compile(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first start compiles the late kernels in a background process; bench waits for it after its warm-up and
+    before the first timed prompt (timed beside that compile, a 2-core machine ran the prompt at half speed), and
+    says how long in kernels_wait_s."""
+    from engine.cli import bench
+    from engine.kernels import precompile
+
+    events: list[str] = []
+    running = [True]
+    monkeypatch.setattr(precompile, "late_status", lambda: 3.0 if running[0] else None)
+
+    def wait(limit: float = 0.0) -> bool:
+        events.append("wait")
+        running[0] = False
+        return True
+
+    monkeypatch.setattr(precompile, "wait_late", wait)
+    real = bench._time_decoder
+
+    def timed(model, ids, n_gen, reps, waited):  # noqa: ANN001
+        forward = model.forward
+
+        def spy(tokens, cache, *a, **k):  # noqa: ANN001
+            events.append(f"forward {len(tokens)}")
+            return forward(tokens, cache, *a, **k)
+
+        model.forward = spy
+        return real(model, ids, n_gen, reps, waited)
+
+    monkeypatch.setattr(bench, "_time_decoder", timed)
+    result = bench.run_bench(str(tiny), n_prompt=16, n_gen=2, reps=2)
+    assert events[:3] == ["forward 8", "forward 16", "wait"] and events.count("wait") == 1, events
+    assert events.count("forward 16") == 1 + 2  # the warm-up's and the two timed prompts, all after it
+    assert result["kernels_wait_s"] >= 0.0
