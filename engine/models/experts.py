@@ -240,14 +240,7 @@ class MoEFFN:
         if recorder is not None:
             recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
         ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
-        src = np.repeat(np.arange(t), k)  # each token's row once per chosen expert
-        act = Activation(h)  # quantized once, for up and gate and every expert
-        up = _biased(self.up(act, ids, src), self.up_bias, ids)
-        if self.gate is not None:
-            g = ops.glu(self.glu, _biased(self.gate(act, ids, src), self.gate_bias, ids), up)
-        else:
-            g = ops.silu(up)
-        down = _biased(self.down(g, ids), self.down_bias, ids)
+        down = self._experts(h, ids, np.repeat(np.arange(t), k), ops)  # each token's row once per chosen expert
         y = down.reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
         out = y[:, 0].copy()
         for s in range(1, k):  # ggml_add of the slots' views, one after another
@@ -268,16 +261,21 @@ class MoEFFN:
         ids, weights = np.empty(k, np.int64), np.empty(k, np.float32)
         ROUTE_ONE[isa.w8()](np.ascontiguousarray(logits[0], np.float32), k, self.normalize,
                             self.gating == "softmax_weight", ids, weights)
-        act, src = Activation(h), np.zeros(k, np.int64)  # the token's row for every slot
+        down = np.ascontiguousarray(self._experts(h, ids, np.zeros(k, np.int64), ops), np.float32)
+        out = np.empty((1, down.shape[1]), np.float32)
+        combine(down, weights, out[0])
+        return out
+
+    def _experts(self, h: F32, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64], ops: RoutingOps) -> F32:
+        """Row r: activation row src[r] through expert ids[r]'s up and gate, the GLU, then its down (with gpt-oss's
+        biases); h quantized once for up, gate and every expert."""
+        act = Activation(h)
         up = _biased(self.up(act, ids, src), self.up_bias, ids)
         if self.gate is not None:
             g = ops.glu(self.glu, _biased(self.gate(act, ids, src), self.gate_bias, ids), up)
         else:
             g = ops.silu(up)
-        down = np.ascontiguousarray(_biased(self.down(g, ids), self.down_bias, ids), np.float32)
-        out = np.empty((1, down.shape[1]), np.float32)
-        combine(down, weights, out[0])
-        return out
+        return _biased(self.down(g, ids), self.down_bias, ids)
 
     @property
     def gate_up(self) -> None:

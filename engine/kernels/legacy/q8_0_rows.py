@@ -19,17 +19,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.kernels.simd import F32, I16, I32, I64, Ops, byte_ptr, call_intrinsic, half_to_float, load, shuffle, vec
+from engine.kernels.kquant import dot as kquant_dot
+from engine.kernels.simd import F32, I16, I64, Ops, byte_ptr, call_intrinsic, half_to_float, load, vec
 
 _V32 = vec(ir.IntType(8), 32)
 _ONES = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
-
-
-def _hsum_float_8(b, acc):
-    """hsum_float_8: the 128-bit halves added, then movehl, then movehdup: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + ...)."""
-    r = b.fadd(shuffle(b, acc, range(4, 8)), shuffle(b, acc, range(4)))
-    lane = [b.extract_element(r, ir.Constant(I32, k)) for k in range(4)]
-    return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
 
 
 def _row(context, b, pw, nb, px):
@@ -42,10 +36,8 @@ def _row(context, b, pw, nb, px):
         d = b.fmul(half_to_float(context, b, load(b, w, I16)), half_to_float(context, b, load(b, x, I16)))
         qw, qx = load(b, w, _V32, 2), load(b, x, _V32, 2)
         lanes = b.sitofp(ops.madd(ops.maddubs(ops.sign(qw, qw), ops.sign(qx, qw)), _ONES), f8)
-        dv = b.insert_element(ir.Constant(f8, None), d, ir.Constant(I32, 0))
-        dv = b.shuffle_vector(dv, dv, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8))
-        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [dv, lanes, b.load(acc)]), acc)
-    return _hsum_float_8(b, b.load(acc))
+        b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [kquant_dot._splat(b, d, 8), lanes, b.load(acc)]), acc)
+    return kquant_dot._hsum8(b, b.load(acc))
 
 
 @intrinsic
