@@ -361,9 +361,7 @@ class BlockProduct:
         ggml's MUL_MAT_ID for the rows of one expert. Q4_K rows in eights: one call reading each weight group once
         for all rows (the same bits), and MXFP4 rows in eights the same way; else a gemv per row. Compiled kernels only; the caller holds KERNEL_LOCK."""
         if self.path == "repack_8x8" and xq.shape[0] > 1:
-            from engine.kernels.kquant.repack import gemv_rows_q4_k_8x8  # noqa: PLC0415 - compiled kernels only
-
-            gemv_rows_q4_k_8x8(self.weight, np.ascontiguousarray(xq), out)
+            paths.q4_k_rows()(self.weight, np.ascontiguousarray(xq), out)
             return
         if self.path == "mxfp4_x8" and xq.shape[0] > 1:  # its gemm gives each row the gemv's value, blocks read once
             self.gemm(self.weight, np.ascontiguousarray(xq), out)

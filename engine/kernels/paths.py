@@ -85,7 +85,40 @@ def q4_k_8x8(blocks: U8) -> tuple[U8, Callable, Callable] | None:
         from engine.kernels.kquant.vnni import gemm_q4_k_8x8_vnni  # noqa: PLC0415 - compiled kernels only
 
         return weight, kquant_repack.gemv_q4_k_8x8, late_or(gemm_q4_k_8x8_vnni, kquant_repack.gemm_q4_k_8x8)
+    if isa.target() in ("avx2", "avx512"):  # AVX2: kquant_avx2_band's batches (no transposing reduction), the same bits
+        from engine.kernels.kquant.avx2_band import gemm_q4_k_8x8_avx2  # noqa: PLC0415 - compiled kernels only
+
+        return weight, kquant_repack.gemv_q4_k_8x8, late_or(gemm_q4_k_8x8_avx2, kquant_repack.gemm_q4_k_8x8)
     return weight, kquant_repack.gemv_q4_k_8x8, kquant_repack.gemm_q4_k_8x8
+
+
+_ROWS: list[Callable] = []
+
+
+def q4_k_rows() -> Callable[[U8, U8, F32], None]:
+    """MUL_MAT_ID's rows of one repacked Q4_K expert with the gemv's bits: kquant_repack.gemv_rows_q4_k_8x8, or, from
+    a register's worth of rows (16 with AVX512-VNNI, 8 on AVX2) and once the late kernels may run, the band kernel
+    (the activations in the lanes: no transposing reduction; kquant_vnni, kquant_avx2_band)."""
+    if _ROWS:
+        return _ROWS[0]
+    from engine.kernels.kquant.repack import gemv_rows_q4_k_8x8 as plain  # noqa: PLC0415 - compiled kernels only
+
+    if q8_0_x16() is not None:
+        from engine.kernels.kquant.vnni import gemv_rows_q4_k_8x8_vnni as band  # noqa: PLC0415
+        least = 16
+    elif isa.target() in ("avx2", "avx512"):
+        from engine.kernels.kquant.avx2_band import gemv_rows_q4_k_8x8_avx2 as band  # noqa: PLC0415
+        least = 8
+    else:
+        _ROWS.append(plain)
+        return plain
+
+    def rows(weight: U8, xq: U8, out: F32) -> None:
+        (band if xq.shape[0] >= least and precompile.late_ready() else plain)(weight, xq, out)
+
+    rows.least = least  # type: ignore[attr-defined]  # the rows from which the band kernel runs
+    _ROWS.append(rows)
+    return rows
 
 
 def legacy_kind(qtype: GGMLType, n_rows: int) -> int:

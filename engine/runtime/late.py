@@ -29,3 +29,10 @@ def compile_late(path: str, names: list[str]) -> None:
     load_parallel(isa.lanes() == 8)  # a long prompt's chunk kernels (every later start loads them at once)
     # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
     warm_up(parse_weights(names))
+    seen = set()  # and an expert's rows of a prompt (MUL_MAT_ID's band kernels), once per weight type and shape
+    for layer in getattr(net, "layers", []):
+        for lin in getattr(layer.ffn, "experts", list)():
+            key = (lin.weight.qtype, lin.n_in, lin.n_out)
+            if key not in seen:
+                seen.add(key)
+                lin.warm_rows()

@@ -3,7 +3,7 @@
 Those kernels form each (weight row, activation) integer with vpmaddubsw / vpmaddwd, one activation at a time.
 Here the integers come the way llama.cpp's tiled VNNI microkernel gets them: eight weight rows by sixteen
 activations, the activations' Q8_K quants transposed so that one zmm holds four consecutive quants of each
-of the 16 (`_pack`), and per group of four weights one vpdpbusd per row with that row's four unsigned codes
+of the 16 (`pack`), and per group of four weights one vpdpbusd per row with that row's four unsigned codes
 broadcast: sixteen exact four-product sums at once. Per sub-block the row's scale multiplies the sums
 (vpmulld); Q6_K's codes carry +32, taken off through the sub-block's bsums as vpdpbusd's starting value.
 
@@ -33,23 +33,24 @@ from numba.extending import intrinsic
 
 from engine.quant.iquant_grids import kvalues_iq4nl
 
-from engine.kernels.activations import bits_f32, f16_to_f32
+from engine.kernels.activations import f16_to_f32
+from engine.kernels.kquant.band import BAND, decode_q4_k_group, pack
 from engine.kernels.kquant.dot import _splat
 from engine.kernels.kquant.repack import GROUP_BYTES, _i64, gemv_q4_k_8x8
-from engine.kernels.kquant.repack_ref import GROUP, MAT_ROWS, Q4K_BYTES
+from engine.kernels.kquant.repack_ref import GROUP, MAT_ROWS
 from engine.kernels.simd import F32, I32, I64, byte_ptr, call_intrinsic, load, splat_const, vec
 
 u64 = np.uint64
 _IQ4 = (kvalues_iq4nl().astype(np.int32) + 128).astype(np.uint8)  # the IQ4_XS codes
 TILE = 16  # activations per zmm lane set
-BAND = 8  # weight rows per microkernel call
 I32X16 = vec(I32, 16)
 F32X16 = vec(F32, 16)
 ACT_BYTES = 64 * 64  # one super-block of a tile's transposed quants: 64 groups x 16 activations x 4 bytes
 # kind -> (sub-blocks per super-block, code bias taken off through bsums)
 # ("q4_k": the repacked gemm's numbers; "q4_kt" / "q5_kt": the tiled path's, one step per super-block)
 # ("iq4_xs": codes kvalues_iq4nl + 128, the 128 taken off through the 32-quant sums; Q6_K's float step)
-_KIND = {"q4_k": (8, 0), "q6_k": (16, 32), "q4_kt": (8, 0), "q5_kt": (8, 0), "iq4_xs": (8, 128)}
+# ("q4_kv": the repacked gemv's numbers, one step per super-block, for MUL_MAT_ID's rows of one expert)
+_KIND = {"q4_k": (8, 0), "q6_k": (16, 32), "q4_kt": (8, 0), "q5_kt": (8, 0), "iq4_xs": (8, 128), "q4_kv": (8, 0)}
 
 
 def _splat_i32(b, v):
@@ -69,7 +70,7 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
     n_sub, bias = _KIND[kind]
     width = 256 // n_sub // 4  # groups of four weights per sub-block
     acc = [cgutils.alloca_once_value(b, ir.Constant(F32X16, None)) for _ in range(BAND)]
-    accm = [cgutils.alloca_once_value(b, ir.Constant(F32X16, None)) for _ in range(BAND)] if kind == "q4_k" else None
+    accm = [cgutils.alloca_once_value(b, ir.Constant(F32X16, None)) for _ in range(BAND)] if kind in ("q4_k", "q4_kv") else None
     zero = ir.Constant(I32X16, None)
     with cgutils.for_range(b, nb) as loop:
         i = loop.index
@@ -127,6 +128,12 @@ def _band_tile(kind, b, nb, pc0, crs, ps0, srs, pm0, pd0, drs, px0, pb0, pe0, m,
                 imin = zero
                 for j in range(8):
                     imin = b.add(imin, b.mul(_splat_i32(b, load(b, pm[r], I32, 4 * j)), b32[j]))
+                if kind == "q4_kv":  # the gemv: acc = fma(float(isum), d * d8, acc), the same for the mins
+                    d = _splat(b, load(b, pd[r], F32, 0), 16)
+                    dmin = _splat(b, load(b, pd[r], F32, 4), 16)
+                    b.store(_fma(b, b.sitofp(s1[r], F32X16), b.fmul(d, d8), b.load(acc[r])), acc[r])
+                    b.store(_fma(b, b.sitofp(imin, F32X16), b.fmul(dmin, d8), b.load(accm[r])), accm[r])
+                    continue
                 res = b.fmul(b.sitofp(s1[r], F32X16), _splat(b, load(b, pd[r], F32, 0), 16))
                 res = _fma(b, b.fneg(_splat(b, load(b, pd[r], F32, 4), 16)), b.sitofp(imin, F32X16), res)
                 b.store(_fma(b, res, d8, b.load(acc[r])), acc[r])
@@ -162,31 +169,7 @@ _band_q6_k = _make("q6_k")
 _band_q4_kt = _make("q4_kt")
 _band_q5_kt = _make("q5_kt")
 _band_iq4_xs = _make("iq4_xs")
-
-
-@njit(cache=True, error_model="numpy")  # serial: a parallel loop costs seconds of compile for little
-def _pack(xq, nb, m):
-    """Q8_K rows (m, nb * 292) -> per tile of TILE activations and super-block: the quants as 64 groups x TILE
-    x 4 bytes, the 16-quant bsums then the 32-quant sums (24 x TILE int32), d8 (TILE floats); zero padded."""
-    tiles = (m + TILE - 1) // TILE
-    xt = np.zeros((tiles, nb, 64, TILE, 4), np.uint8)
-    bs = np.zeros((tiles, nb, 24, TILE), np.int32)
-    d8 = np.zeros((tiles, nb, TILE), np.float32)
-    for a in range(m):
-        t, j = a // TILE, a % TILE
-        for i in range(nb):
-            o = i * 292
-            d8[t, i, j] = bits_f32(np.uint32(xq[a, o]) | (np.uint32(xq[a, o + 1]) << np.uint32(8))
-                                   | (np.uint32(xq[a, o + 2]) << np.uint32(16)) | (np.uint32(xq[a, o + 3]) << np.uint32(24)))
-            for g in range(64):
-                for e in range(4):
-                    xt[t, i, g, j, e] = xq[a, o + 4 + 4 * g + e]
-            for s in range(16):
-                v = np.int32(xq[a, o + 260 + 2 * s]) | (np.int32(xq[a, o + 261 + 2 * s]) << 8)
-                bs[t, i, s, j] = v - 65536 if v >= 32768 else v
-            for s in range(8):
-                bs[t, i, 16 + s, j] = bs[t, i, 2 * s, j] + bs[t, i, 2 * s + 1, j]
-    return xt, bs, d8
+_band_q4_kv = _make("q4_kv")
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -260,21 +243,34 @@ def _gemm_q4_k_rows(weight, xq, out):
     """out[a, r] = ggml_gemm_q4_K_8x8_q8_K for every row of xq (their count a multiple of 4)."""
     nb = weight.shape[1] // GROUP_BYTES
     k = xq.shape[0]
-    xt, bs, d8 = _pack(xq, nb, k)
+    xt, bs, d8 = pack(xq, nb, k, TILE)
     os = u64(out.strides[0])
     for g in prange(weight.shape[0]):
-        codes = np.zeros((BAND, nb, 256), np.uint8)
-        sc = np.zeros((BAND, nb, 16), np.int32)
-        mn = np.zeros((BAND, nb, 16), np.int32)
-        dd = np.zeros((BAND, nb, 2), np.float32)
-        for c in range(BAND):
-            for i in range(nb):
-                o = i * GROUP_BYTES + c * Q4K_BYTES
-                _decode_q4_k(weight[g, o:o + Q4K_BYTES], codes[c, i], sc[c, i], mn[c, i], dd[c, i])
+        codes, sc, mn, dd = _scratch(nb)
+        decode_q4_k_group(weight, u64(g) * u64(weight.strides[0]), nb, codes, sc, mn, dd)
         for t in range(xt.shape[0]):
             _band_q4_k(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
                        min(TILE, k - t * TILE), BAND, out, u64(t * TILE) * os + u64(4 * GROUP * g), os)
+    return out
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def gemv_rows_q4_k_8x8_vnni(weight, xq, out):
+    """out[a] = ggml_gemv_q4_K_8x8_q8_K of each Q8_K row xq[a] (m, nb * 292) from quantize_q8_k, as
+    kquant_repack.gemv_rows_q4_k_8x8 (MUL_MAT_ID's rows of one expert): the same bits, sixteen rows a zmm."""
+    nb, m = weight.shape[1] // GROUP_BYTES, xq.shape[0]
+    if xq.shape[1] != nb * 292 or out.shape[0] != m or out.shape[1] != weight.shape[0] * GROUP:
+        raise ValueError("xq must be (m, nb * 292) Q8_K rows and out (m, n_rows) for this weight")
+    xt, bs, d8 = pack(xq, nb, m, TILE)
+    os = u64(out.strides[0])
+    for g in prange(weight.shape[0]):
+        codes, sc, mn, dd = _scratch(nb)
+        decode_q4_k_group(weight, u64(g) * u64(weight.strides[0]), nb, codes, sc, mn, dd)
+        for t in range(xt.shape[0]):
+            _band_q4_kv(nb, codes, u64(codes.strides[0]), sc, mn, u64(sc.strides[0]), dd, u64(dd.strides[0]),
+                        xt, u64(t) * u64(xt.strides[0]), bs, u64(t) * u64(bs.strides[0]), d8, u64(t) * u64(d8.strides[0]),
+                        min(TILE, m - t * TILE), BAND, out, u64(t * TILE) * os + u64(4 * GROUP * g), os)
     return out
 
 
@@ -304,7 +300,7 @@ def _scratch(nb):
 def gemm_tiled_q6_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q6_K numerics of blocks (n_rows, nb * 210) with Q8_K rows xq (m, nb * 292)."""
     n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 210
-    xt, bs, d8 = _pack(xq, nb, m)
+    xt, bs, d8 = pack(xq, nb, m, TILE)
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
@@ -324,7 +320,7 @@ def gemm_tiled_q6_k_vnni(blocks, xq, out):
 def gemm_tiled_q4_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q4_K numerics of plain blocks (n_rows, nb * 144), rows not in eights."""
     n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 144
-    xt, bs, d8 = _pack(xq, nb, m)
+    xt, bs, d8 = pack(xq, nb, m, TILE)
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
@@ -344,7 +340,7 @@ def gemm_tiled_q4_k_vnni(blocks, xq, out):
 def gemm_tiled_q5_k_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled Q5_K numerics of blocks (n_rows, nb * 176)."""
     n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 176
-    xt, bs, d8 = _pack(xq, nb, m)
+    xt, bs, d8 = pack(xq, nb, m, TILE)
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
@@ -364,7 +360,7 @@ def gemm_tiled_q5_k_vnni(blocks, xq, out):
 def gemm_tiled_iq4_xs_vnni(blocks, xq, out):
     """out (m, n_rows) = tiled IQ4_XS numerics (iquant_tiled's) of blocks (n_rows, nb * 136)."""
     n, m, nb = blocks.shape[0], xq.shape[0], blocks.shape[1] // 136
-    xt, bs, d8 = _pack(xq, nb, m)
+    xt, bs, d8 = pack(xq, nb, m, TILE)
     os = u64(out.strides[0])
     for g in prange((n + BAND - 1) // BAND):
         rows = min(BAND, n - g * BAND)
