@@ -53,8 +53,9 @@ for _ in range(reps):
     for _ in range(n):
         llm.eval([tok]); tok = int(np.argmax(last_logits()))
     tg = min(tg, time.perf_counter() - t)
-print(json.dumps({"prompt_tok_s": p / pp, "gen_tok_s": n / tg, "load_s": load_s,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")]  # not ru_maxrss: a parent's
+print(json.dumps({"prompt_tok_s": p / pp, "gen_tok_s": n / tg, "load_s": load_s,  # peak survives fork and exec
+                  "peak_rss_mb": (hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024}))
 """
 
 
