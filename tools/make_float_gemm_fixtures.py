@@ -15,9 +15,13 @@ Writes tests/fixtures/kernels/float_gemm.npz:
 
 Run with a Python that has llama-cpp-python (built from source with the AVX-512 flags of README.md):
   /tmp/llvenv/bin/python tools/make_float_gemm_fixtures.py
+With --isa avx2 and the AVX2-only build (README.md) the same inputs give float_gemm_avx2.npz: the AVX2 build's
+orders (vec_dot's four 8-float accumulators, tinyBLAS<8>, BF16's tinyBLAS<8, __m256> and vec_dot_bf16's __m256
+loop instead of VDPBF16PS), for engine.kernels.isa's avx2 bits.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -44,8 +48,14 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--isa", choices=("avx512", "avx2"), default="avx512")
+    isa = ap.parse_args().isa
     lib = load_ggml_cpu()
     bind_graph_api(lib)
+    if lib.features.get("avx512", False) != (isa == "avx512"):
+        raise SystemExit(f"this llama.cpp's features {lib.features} are not an {isa} build's")
+    out = OUT if isa == "avx512" else OUT.with_name(f"float_gemm_{isa}.npz")
     rng = np.random.default_rng(20261202)
     arrays: dict[str, np.ndarray] = {}
     for n in WIDTHS:
@@ -79,9 +89,9 @@ def main() -> None:
                     arrays[f"y_{name}_{r}_{n}_{m}"] = y
     arrays["meta"] = np.array(json.dumps({"source": lib.source, "features": lib.features, "rows": list(ROWS),
                                           "script": "tools/make_float_gemm_fixtures.py"}))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(OUT, **arrays)
-    print(f"{lib.source}, features {lib.features}: {OUT.stat().st_size / 1e3:.0f} kB in {OUT}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **arrays)
+    print(f"{lib.source}, features {lib.features}: {out.stat().st_size / 1e3:.0f} kB in {out}")
 
 
 if __name__ == "__main__":

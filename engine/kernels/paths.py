@@ -137,19 +137,22 @@ def legacy_gemv(kind: int) -> Callable:
 
 
 def tinyblas_gemm(qtype: GGMLType) -> Callable[[np.ndarray, np.ndarray, F32], None] | None:
-    """llamafile's tinyBLAS order for F16 x F16, F32 x F32 and (with AVX512_BF16) BF16 x BF16 batches
-    (engine.kernels.floats.tinyblas); None for other types, and for BF16 without AVX512_BF16 (the NumPy tiles run)."""
+    """llamafile's tinyBLAS order for F16 x F16, F32 x F32 and BF16 x BF16 batches (engine.kernels.floats.tinyblas;
+    BF16: tinyBLAS<32> with AVX512_BF16, the AVX2 build's tinyBLAS<8> for its bits); None for other types, and for
+    BF16 with AVX-512 bits on a CPU without AVX512_BF16 (the NumPy tiles run)."""
     from engine.kernels.floats import tinyblas  # noqa: PLC0415 - compiled kernels only
 
     if qtype in (_T.F16, _T.F32):
         return lambda w, x, out: tinyblas.gemm(w, x, out, isa.w8())
+    if qtype == _T.BF16 and isa.bits() == "avx2":  # the AVX2 build: tinyBLAS<8, __m256, __m256, ggml_bf16_t>
+        return tinyblas.gemm_bf16_8
     return tinyblas.gemm_bf16 if qtype == _T.BF16 and tinyblas.bf16_available() else None
 
 
 def tinyblas_takes(n_rows: int, n: int, n_out: int, qtype: GGMLType = _T.F32) -> bool:
     """Whether llama.cpp takes tinyBLAS for a float batch: two rows or more, weight rows in fours, rows in
-    sixteens (BF16: in 32s, tinyBLAS<32, __m512, __m512bh>'s step; the AVX2 build's F32 / F16: in eights)."""
-    step = 32 if qtype == _T.BF16 else isa.lanes()
+    sixteens (BF16: in 32s, tinyBLAS<32, __m512, __m512bh>'s step; the AVX2 build's F32 / F16 / BF16: in eights)."""
+    step = 32 if qtype == _T.BF16 and isa.bits() != "avx2" else isa.lanes()
     return n_rows >= 2 and n_out % 4 == 0 and n % step == 0
 
 

@@ -25,6 +25,9 @@ step through VDPBF16PS itself (lane l: the products of elements 2l + 1 and 2l, d
 flushed, round to nearest even), then the same reduction.
 
   gemm_bf16(w, x, out)            as gemm for bf16 bits (uint16) on both sides, n % 32 == 0; bf16_available()
+
+The AVX2 build has no VDPBF16PS: its BF16 batches are tinyBLAS<8, __m256, __m256, ggml_bf16_t>, the bf16 values
+widened to float exactly and walked as the F32 ones (gemm_bf16_8).
 """
 from __future__ import annotations
 
@@ -39,8 +42,13 @@ LANES = 16
 _F16X = vec(F32, LANES)
 
 
-def _lanes(b, p, i, half: bool, n_lanes: int = LANES):
-    """Element n_lanes * i of the data at p as <n_lanes x float>: fp16 bits (vcvtph2ps) or float32."""
+def _lanes(b, p, i, half: bool, n_lanes: int = LANES, bf16: bool = False):
+    """Element n_lanes * i of the data at p as <n_lanes x float>: fp16 bits (vcvtph2ps), bf16 bits (widened by a
+    shift, exact) or float32."""
+    if half and bf16:
+        raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * n_lanes))]), vec(I16, n_lanes))
+        wide = b.shl(b.zext(raw, vec(I32, n_lanes)), ir.Constant(vec(I32, n_lanes), [ir.Constant(I32, 16)] * n_lanes))
+        return b.bitcast(wide, vec(F32, n_lanes))
     if half:
         raw = load(b, b.gep(p, [b.mul(i, ir.Constant(I64, 2 * n_lanes))]), vec(I16, n_lanes))
         return b.fpext(b.bitcast(raw, vec(ir.HalfType(), n_lanes)), vec(F32, n_lanes))
@@ -64,9 +72,10 @@ def _reduce8(b, a):
     return b.fadd(b.fadd(lane[0], lane[2]), b.fadd(lane[1], lane[3]))
 
 
-def _dot(n_lanes: int):
+def _dot(n_lanes: int, bf16: bool = False):
     """An intrinsic dot<n_lanes>(a, ao, b, bo, n): tinyBLAS<n_lanes>'s value of one output, a's row at byte ao and b's
-    at byte bo, n values (n % n_lanes == 0): one accumulator of n_lanes floats, then its horizontal sum."""
+    at byte bo, n values (n % n_lanes == 0): one accumulator of n_lanes floats, then its horizontal sum. bf16: uint16
+    rows are bf16 bits (tinyBLAS<8, __m256, __m256, ggml_bf16_t>, the AVX2 build's BF16), else fp16."""
     vt, fma = vec(F32, n_lanes), f"llvm.fma.v{n_lanes}f32"
     reduce = _reduce16 if n_lanes == 16 else _reduce8
 
@@ -78,13 +87,14 @@ def _dot(n_lanes: int):
             half_a, half_b = _is_half(signature.args[0]), _is_half(signature.args[2])
             acc = cgutils.alloca_once_value(b, ir.Constant(vt, None))
             with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, n_lanes))) as loop:
-                av, bv = _lanes(b, pa, loop.index, half_a, n_lanes), _lanes(b, pb, loop.index, half_b, n_lanes)
+                av = _lanes(b, pa, loop.index, half_a, n_lanes, bf16)
+                bv = _lanes(b, pb, loop.index, half_b, n_lanes, bf16)
                 b.store(call_intrinsic(b, fma, vt, [av, bv, b.load(acc)]), acc)
             return reduce(b, b.load(acc))
 
         return types.float32(a, ao, bb, bo, n), codegen
 
-    dot.__name__ = dot.__qualname__ = f"dot{n_lanes}"
+    dot.__name__ = dot.__qualname__ = f"dot{n_lanes}{'bf' if bf16 else ''}"
     return intrinsic(dot)
 
 
@@ -111,7 +121,7 @@ def _axpy(n_lanes: int):
     return intrinsic(axpy)
 
 
-dot16, dot8 = _dot(16), _dot(8)
+dot16, dot8, dot8bf = _dot(16), _dot(8), _dot(8, bf16=True)
 axpy16, axpy8 = _axpy(16), _axpy(8)
 
 
@@ -200,6 +210,18 @@ def gemm_bf16(w, x, out):
         for t in range(m):
             for r in range(task * 16, min(r_n, task * 16 + 16)):
                 out[t, r] = dot32bf(w, r * w.strides[0], x, t * x.strides[0], n)
+
+
+@njit(cache=True, parallel=True)
+def gemm_bf16_8(w, x, out):
+    """out[t, r] = tinyBLAS<8, __m256, __m256, ggml_bf16_t> (the AVX2 build's BF16 batches: widened exactly, one fma
+    per value into an 8-float accumulator, hsum) of bf16 rows w and x (uint16 bits), n % 8 == 0."""
+    r_n, n = w.shape
+    m = x.shape[0]
+    for task in prange((r_n + 15) // 16):
+        for t in range(m):
+            for r in range(task * 16, min(r_n, task * 16 + 16)):
+                out[t, r] = dot8bf(w, r * w.strides[0], x, t * x.strides[0], n)
 
 
 _BF16_OK: list[bool] = []

@@ -17,7 +17,8 @@ These orders are what this project's fixtures were made with (tools/make_kernel_
 (GGML_F32_STEP = 32) keeps four 8-float accumulators instead, adds them the same way and reduces the one left
 with two hadds: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). The F32 and F16 products take that order
 when their step is 32 (`step`, 4 * engine.kernels.isa.lanes(); the scratch `acc` of the row functions has the
-step's length). Its BF16 product is not followed here (the AVX-512 one runs); NEON adds in other orders again.
+step's length). Its BF16 product (no VDPBF16PS) is a plain __m256 loop, c + x * y into four 8-float accumulators
+(`_dot_bf16_row_avx2`, dot_bf16's step 32); NEON adds in other orders again.
 """
 from __future__ import annotations
 
@@ -152,6 +153,27 @@ def _dot_bf16_row(w, y, acc):
     return np.float32(s)
 
 
+@njit(cache=True)
+def _dot_bf16_row_avx2(w, y, acc):
+    """ggml_vec_dot_bf16 as the AVX2 build runs it (__m256 loop) on bf16 rows w and y (uint16 bits), acc a (32,)
+    scratch: 32 elements a step, element e into lane e % 32 of four 8-float accumulators as c + x * y (a bf16
+    product is exact in float32, so fused or not gives the same), then (c1 + c3) + (c2 + c4), the 128-bit halves
+    added and (g0 + g2) + (g1 + g3); in double with the leftovers' products."""
+    n = w.shape[0]
+    body = n - n % 32
+    acc[:32] = 0.0
+    for c in range(0, body, 32):
+        for lane in range(32):
+            acc[lane] = acc[lane] + _bf16(w[c + lane]) * _bf16(y[c + lane])
+    for lane in range(8):
+        acc[lane] = (acc[lane] + acc[16 + lane]) + (acc[8 + lane] + acc[24 + lane])
+    g0, g1, g2, g3 = acc[4] + acc[0], acc[5] + acc[1], acc[6] + acc[2], acc[7] + acc[3]
+    s = np.float64((g0 + g2) + (g1 + g3))
+    for e in range(body, n):
+        s += np.float64(_bf16(w[e]) * _bf16(y[e]))
+    return np.float32(s)
+
+
 @njit(cache=True, forceinline=True)
 def _bf16(bits):
     """bf16 bits to float32 (exact)."""
@@ -211,11 +233,15 @@ def dot_f16_serial(w, yq, out, step):
 
 
 @njit(cache=True, parallel=True)
-def dot_bf16(w, yq, out):
-    """out (m, n_rows) = ggml_vec_dot_bf16 of bf16 rows w (n_rows, n) with bf16 activations yq (m, n), uint16 bits."""
+def dot_bf16(w, yq, out, step):
+    """out (m, n_rows) = ggml_vec_dot_bf16 of bf16 rows w (n_rows, n) with bf16 activations yq (m, n), uint16 bits;
+    step 64: the AVX512_BF16 build's order, 32: the AVX2 build's."""
     n_rows = w.shape[0]
     for t in prange((n_rows + ROWS - 1) // ROWS):
         acc = np.empty(32, np.float32)
         for r in range(t * ROWS, min(n_rows, (t + 1) * ROWS)):
             for i in range(yq.shape[0]):
-                out[i, r] = _dot_bf16_row(w[r], yq[i], acc)
+                if step == 32:
+                    out[i, r] = _dot_bf16_row_avx2(w[r], yq[i], acc)
+                else:
+                    out[i, r] = _dot_bf16_row(w[r], yq[i], acc)

@@ -74,11 +74,10 @@ def _sources(blocks: Weight) -> tuple[np.ndarray, np.ndarray, bool]:
 
 
 def _float_dot(qtype: GGMLType | int) -> Callable[[np.ndarray, np.ndarray, F32], None]:
-    """vec_dot of a float type in the order of the build engine.kernels.isa names (F32 and F16: the step of its
-    four accumulators; BF16: the AVX-512 order)."""
-    if qtype == _T.BF16:
-        return legacy_floats.dot_bf16
-    dot, step = (legacy_floats.dot_f32 if qtype == _T.F32 else legacy_floats.dot_f16), np.int64(4 * isa.lanes())
+    """vec_dot of a float type in the order of the build engine.kernels.isa names (the step of its four
+    accumulators: 64 on AVX-512, 32 on AVX2)."""
+    step = np.int64(4 * isa.lanes())
+    dot = {_T.F32: legacy_floats.dot_f32, _T.F16: legacy_floats.dot_f16}.get(qtype, legacy_floats.dot_bf16)
     return lambda w, y, out: dot(w, y, out, step)
 
 

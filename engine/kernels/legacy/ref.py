@@ -124,6 +124,23 @@ def _float_dot(qtype: GGMLType, w: F32, y: F32, step: int = STEP) -> F32:
     return s64.astype(np.float32)
 
 
+def _bf16_dot_avx2(w_bits: npt.NDArray[np.uint16], y_bits: npt.NDArray[np.uint16]) -> F32:
+    """ggml_vec_dot_bf16 as the AVX2 build runs it (see legacy_floats.py), bits (r, n) and (m, n) -> (m, r)."""
+    wf = (w_bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    yf = (y_bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    n = w_bits.shape[1]
+    body = n - n % 32
+    acc = np.zeros((len(y_bits), len(w_bits), 32), np.float32)
+    for c in range(0, body, 32):
+        acc = acc + wf[None, :, c : c + 32] * yf[:, None, c : c + 32]
+    v = (acc[..., 0:8] + acc[..., 16:24]) + (acc[..., 8:16] + acc[..., 24:32])
+    g = v[..., 4:8] + v[..., 0:4]
+    s = ((g[..., 0] + g[..., 2]) + (g[..., 1] + g[..., 3])).astype(np.float64)
+    for e in range(body, n):
+        s = s + (wf[None, :, e] * yf[:, None, e]).astype(np.float64)
+    return s.astype(np.float32)
+
+
 def _bf16_dot(w_bits: npt.NDArray[np.uint16], y_bits: npt.NDArray[np.uint16]) -> F32:
     """ggml_vec_dot_bf16, AVX512_BF16 path (see legacy_floats.py), for bits (r, n) and (m, n) -> (m, r)."""
     def widen(bits: npt.NDArray[np.uint16], daz: bool) -> F32:
@@ -166,7 +183,8 @@ def dot_ref(qtype: GGMLType, blocks: U8, xq: U8, step: int = STEP) -> F32:
                 val = _float_dot(qtype, np.ascontiguousarray(part).view("<f2").astype(np.float32),
                                  xq.view("<f2").astype(np.float32), step)
             elif qtype == _T.BF16:
-                val = _bf16_dot(np.ascontiguousarray(part).view("<u2"), xq.view("<u2"))
+                bf16_dot = _bf16_dot_avx2 if step == 32 else _bf16_dot
+                val = bf16_dot(np.ascontiguousarray(part).view("<u2"), xq.view("<u2"))
             else:
                 val = _quant_dot(qtype, part, xq)
             out[:, r0 : r0 + len(part)] = val
