@@ -240,6 +240,25 @@ def test_repack_rejects_wrong_rows():
 
 
 @needs_numba
+@pytest.mark.parametrize("n_rows", [1, 3, 4, 19, 37])
+def test_q8_0_rows_in_fours_and_the_rest_equal_the_reference(n_rows):
+    """gemv_q8_0_rows carries four rows a loop (their own fma chains) and the rest one by one: ggml's numbers for
+    every row count, -128 weights (vpsignb's wrap) and fp16 scales of every size among them."""
+    from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows
+
+    rng = np.random.default_rng(n_rows)
+    w = rng.integers(0, 256, (n_rows, 3, 34), dtype=np.uint8)
+    w[..., :2] = (rng.standard_normal((n_rows, 3, 1)) * 10.0 ** rng.integers(-6, 2, (n_rows, 3, 1))).astype("<f2").view(
+        np.uint8).reshape(n_rows, 3, 2)
+    w = w.reshape(n_rows, 102)
+    xq = quantize_activation(GGMLType.Q8_0, rng.standard_normal((2, 96)).astype(np.float32))
+    for i in range(2):
+        got = gemv_q8_0_rows(w, np.ascontiguousarray(xq[i]), np.full(n_rows, np.nan, np.float32))
+        want = dot_ref(GGMLType.Q8_0, w, xq[i : i + 1])[0]
+        assert _same(got, want), _describe(got, want)
+
+
+@needs_numba
 def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks():
     """A Q8_0 weight whose rows are not in sixteens (or a CPU without AVX512-VNNI) takes ggml's AVX2 vec_dot
     sequence on the GGUF blocks themselves (path q8_0_rows): llama.cpp's numbers, and no second copy of the weight."""
