@@ -63,6 +63,33 @@ def release(arr: np.ndarray | None) -> int:
     return hi - lo
 
 
+_MADV_HUGEPAGE = 14
+COPY_CHUNK = 8 << 20  # bytes copied between two releases of the source's pages
+
+
+def anon_copy(arr: np.ndarray, chunk: int = COPY_CHUNK) -> np.ndarray:
+    """A C-contiguous copy of `arr` in anonymous memory, asked for huge pages (MADV_HUGEPAGE, where Linux has
+    transparent huge pages), copied `chunk` bytes of rows at a time with each part's file pages released as soon
+    as it is copied: the process never holds both copies. For weights that every decode step reads whole, where
+    a file mapping's 4 KiB pages cost a TLB miss each (in a VM a two-level page walk)."""
+    out = np.empty(arr.shape, arr.dtype)
+    fn = _madvise()
+    if fn is not None and out.nbytes >= 2 << 20:
+        start = out.__array_interface__["data"][0]
+        lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + out.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE)  # a hint: failure changes nothing
+    rows = max(1, chunk // max(1, arr[:1].nbytes)) if arr.ndim else 1
+    for r in range(0, max(1, len(arr)) if arr.ndim else 1, rows):
+        if arr.ndim == 0:
+            out[...] = arr
+            break
+        out[r : r + rows] = arr[r : r + rows]
+        release(arr[r : r + rows])
+    release(arr)  # the pages at the chunks' edges (and those a fault mapped around a later chunk's first read)
+    return out
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing): freed temporaries
     (a load's, a comparison's chunks of logits) otherwise keep their pages resident."""

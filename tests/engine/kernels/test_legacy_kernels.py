@@ -259,9 +259,11 @@ def test_q8_0_rows_in_fours_and_the_rest_equal_the_reference(n_rows):
 
 
 @needs_numba
-def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks():
+def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks(tmp_path):
     """A Q8_0 weight whose rows are not in sixteens (or a CPU without AVX512-VNNI) takes ggml's AVX2 vec_dot
-    sequence on the GGUF blocks themselves (path q8_0_rows): llama.cpp's numbers, and no second copy of the weight."""
+    sequence on the GGUF blocks themselves (path q8_0_rows): llama.cpp's numbers. From the first one-row product
+    the blocks are an anonymous copy (a file mapping's small pages slow a whole-weight read), which batches read
+    too, and the file's pages leave the process: one copy resident, not two."""
     from engine.kernels.dispatch import BlockProduct, compiled
 
     if not compiled():
@@ -269,8 +271,18 @@ def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks():
     g = _golden("Q8_0")["quantized_edge"]
     blocks = np.ascontiguousarray(g["w"])  # 24 rows
     blocks.flags.writeable = False
-    product = BlockProduct(GGMLType.Q8_0, blocks, g["x"].shape[1])
-    assert product.path == "q8_0_rows" and product.weight is blocks and not product.repacked
+    path = tmp_path / "q8_0.bin"
+    blocks.tofile(path)
+    mapped = np.memmap(path, np.uint8, mode="r", shape=blocks.shape)
+    product = BlockProduct(GGMLType.Q8_0, mapped, g["x"].shape[1])
+    assert product.path == "q8_0_rows" and not product.repacked and not product.repack_made
+    batch = product(g["x"])  # a prompt reads the mapping
+    assert not product.repack_made
     for i in range(len(g["x"])):
         got = product(g["x"][i : i + 1])
         assert _same(got[0], g["dot"][i]), _describe(got[0], g["dot"][i])
+    weight = product.weight
+    assert not isinstance(weight, np.memmap) and not isinstance(weight.base, np.memmap)
+    assert np.array_equal(weight, blocks) and product.raw_parts == [weight]
+    again = product(g["x"])  # a prompt after the first decode step reads the copy: the same numbers
+    assert np.array_equal(again.view(np.uint32), batch.view(np.uint32))

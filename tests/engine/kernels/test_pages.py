@@ -72,6 +72,19 @@ def test_streaming_gives_back_the_pages_a_batch_read(tmp_path: Path) -> None:
 
 
 @linux_only
+def test_anon_copy_moves_a_mapping_into_anonymous_memory(tmp_path: Path) -> None:
+    """The same bytes, in memory of the process's own; the file's pages given back chunk by chunk as copied."""
+    blocks = pages.spill(q_blocks(T.Q8_0, 512, 2048, seed=3), tmp_path)
+    np.asarray(blocks).sum()  # resident
+    assert resident_kib(blocks) > 0
+    copy = pages.anon_copy(blocks, chunk=1 << 16)
+    assert not isinstance(copy, np.memmap) and copy.base is None and copy.flags.c_contiguous
+    assert resident_kib(blocks) == 0
+    np.testing.assert_array_equal(copy, blocks)  # (reading the mapping here faults it in again)
+    assert pages.anon_copy(np.zeros((0, 34), np.uint8)).shape == (0, 34)
+
+
+@linux_only
 def test_a_legacy_weight_is_resident_once_in_a_chat() -> None:
     """A prompt reads the GGUF blocks, the decode steps the repacked planes: after each batch the blocks' pages
     leave the process (the page cache keeps them for the next prompt), so the model is not resident twice."""
