@@ -12,6 +12,8 @@ users never pay for it. Called by engine.kernels.activations before any kernel i
 from __future__ import annotations
 
 import hashlib
+import io
+import tokenize
 from pathlib import Path
 
 ENGINE = Path(__file__).resolve().parents[1]
@@ -19,9 +21,23 @@ _MARKERS = (b"njit", b"intrinsic", b"llvmlite")  # a file with compiled code, or
 _STAMP: list[str] = []
 
 
+def _names_a_marker(data: bytes) -> bool:
+    """Whether the code (not a comment or a string) names njit, intrinsic or llvmlite: a file that only mentions
+    llvmlite in its docstring (engine.kernels.pages) has no compiled code, and editing it recompiles nothing."""
+    if not any(m in data for m in _MARKERS):
+        return False
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(data).readline):
+            if tok.type == tokenize.NAME and tok.string.encode() in _MARKERS:
+                return True
+    except (tokenize.TokenError, SyntaxError):
+        return True  # unreadable here: count it, as before
+    return False
+
+
 def compiled_sources(root: Path = ENGINE) -> list[Path]:
     """The engine's Python files holding jitted functions, intrinsics or the LLVM code they generate."""
-    return [p for p in sorted(root.rglob("*.py")) if any(m in p.read_bytes() for m in _MARKERS)]
+    return [p for p in sorted(root.rglob("*.py")) if _names_a_marker(p.read_bytes())]
 
 
 def stamp_of(root: Path) -> str:

@@ -431,6 +431,8 @@ class BlockProduct:
             return dequantize_rows(paths.q8_0_x16().unpack_rows(quants, scales, ids), self.qtype)
         if self.planar and (self._make is None or self.blocks is None):  # a repack not made yet: the blocks
             return dequantize_rows(self.weight.rows(ids), self.qtype)
+        if self.path == "q8_0_rows" and self._make is None:  # the moved blocks, not the released file pages
+            return dequantize_rows(self.weight, self.qtype, np.asarray(ids, dtype=np.int64))
         return dequantize_rows(self.blocks, self.qtype, np.asarray(ids, dtype=np.int64))
 
     @staticmethod

@@ -187,7 +187,7 @@ class GgmlNumerics(Float32Numerics):
         out = getattr(model, "output", None)
         if isinstance(out, Linear) and out.weight.name == table.name:
             product = out.product()
-            if product.planar or product.path == "q8_0_x16":
+            if product.planar or product.path in ("q8_0_x16", "q8_0_rows"):
                 return product.rows(ids)
         return table.rows(ids)
 

@@ -45,6 +45,9 @@ def test_the_stamp_covers_compiled_sources_only(tmp_path: Path):
     assert cache_stamp.stamp_of(tmp_path) == before
     (tmp_path / "k.py").write_text("from numba import njit  # edited\n")
     assert cache_stamp.stamp_of(tmp_path) != before
+    before = cache_stamp.stamp_of(tmp_path)  # a comment or a docstring naming them is not compiled code
+    (tmp_path / "notes.py").write_text('"""`import llvmlite` maps ~80 MiB."""\nx = 1  # a broken numba/llvmlite\n')
+    assert cache_stamp.stamp_of(tmp_path) == before
 
 
 def _run(tree: Path) -> dict:

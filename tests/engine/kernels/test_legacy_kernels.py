@@ -286,3 +286,5 @@ def test_a_q8_0_weight_without_the_x16_path_reads_its_gguf_blocks(tmp_path):
     assert np.array_equal(weight, blocks) and product.raw_parts == [weight]
     again = product(g["x"])  # a prompt after the first decode step reads the copy: the same numbers
     assert np.array_equal(again.view(np.uint32), batch.view(np.uint32))
+    ids = np.array([0, 5, 23, 5])  # a tied embedding's look-ups read the copy too
+    np.testing.assert_array_equal(product.rows(ids), dequantize_rows(blocks, GGMLType.Q8_0, ids))
