@@ -92,6 +92,14 @@ def load(builder, ptr, t: ir.Type, offset: int = 0) -> ir.Value:
     return builder.load(builder.bitcast(at(builder, ptr, offset), t.as_pointer()), align=1)
 
 
+def prefetch(builder, ptr) -> None:
+    """A read prefetch of the cache line at the i8 pointer `ptr` into all cache levels (llvm.prefetch: a hint, never
+    a fault, whatever the address)."""
+    i32 = ir.IntType(32)
+    fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]))
+    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 # ---- integer vector ops
 
 

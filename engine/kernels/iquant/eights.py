@@ -45,6 +45,7 @@ from engine.kernels.simd import (
     has_feature,
     has_vnni,
     load,
+    prefetch,
     vec,
 )
 
@@ -153,6 +154,8 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
         at = b.mul(loop.index, size)
         x = load(b, px, V32, 2)
         pws = [b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)]) for r in range(8)]
+        for pw in pws:
+            prefetch(b, b.gep(pw, [b.mul(rs, ir.Constant(I64, 8))]))
         lanes = [_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt) for pw in pws]
         dw = _scales8(context, b, pws, fmt)
         sumi = _row_sums(b, lanes)

@@ -20,7 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.kernels.kquant import dot as kquant_dot
-from engine.kernels.simd import F32, I16, I64, Ops, byte_ptr, call_intrinsic, half_to_float, load, vec
+from engine.kernels.simd import F32, I16, I64, Ops, byte_ptr, call_intrinsic, half_to_float, load, prefetch, vec
 
 _V32 = vec(ir.IntType(8), 32)
 _ONES = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
@@ -29,10 +29,12 @@ _ONES = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
 ROWS = 4  # rows a loop carries at once: four independent fma chains (one per row, each in ggml's order)
 
 
-def _rows(context, b, pws, nb, px):
+def _rows(context, b, pws, nb, px, ahead=None):
     """ggml_vec_dot_q8_0_q8_0 (AVX2) of the rows at pws with the Q8_0 row at px: one fma chain per row, in ggml's
-    order; the rows side by side so that one row's fma latency does not stall the loop (a single chain ran at a
-    third of the memory's speed), the activation's bytes and scale read once for all of them."""
+    order; the rows side by side so that one row's fma latency does not stall the loop, the activation's bytes and
+    scale read once for all of them. `ahead` (bytes): each block also prefetches the one that far on, the next
+    group of rows' (the hardware prefetcher alone read a large weight at 8 GB/s a core, 15 GB/s on two, where the
+    bandwidth is 28: the Gemma 3 output head 12.1 -> 6.4 ms, numba targeting Haswell)."""
     ops = Ops(context, b)
     f8 = vec(F32, 8)
     accs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in pws]
@@ -43,6 +45,8 @@ def _rows(context, b, pws, nb, px):
         qx = load(b, x, _V32, 2)
         for pw, acc in zip(pws, accs):
             w = b.gep(pw, [at])
+            if ahead is not None:
+                prefetch(b, b.gep(w, [ahead]))
             d = b.fmul(half_to_float(context, b, load(b, w, I16)), dx)
             qw = load(b, w, _V32, 2)
             lanes = b.sitofp(ops.madd(ops.maddubs(ops.sign(qw, qw), ops.sign(qx, qw)), _ONES), f8)
@@ -83,7 +87,8 @@ def dot_q8_0_rows4(typingctx, w, wo, rs, nb, x, xo, out, oo):
         pws = [builder.gep(pw, [builder.mul(ir.Constant(I64, r), i64(rs_))]) for r in range(ROWS)]
         px = byte_ptr(context, builder, signature.args[4], x_, xo_)
         po = builder.bitcast(byte_ptr(context, builder, signature.args[6], out_, oo_), F32.as_pointer())
-        for r, value in enumerate(_rows(context, builder, pws, i64(nb_), px)):
+        ahead = builder.mul(ir.Constant(I64, ROWS), i64(rs_))  # the next group of rows, at the same block
+        for r, value in enumerate(_rows(context, builder, pws, i64(nb_), px, ahead)):
             builder.store(value, builder.gep(po, [ir.Constant(I64, r)]), align=4)
         return context.get_dummy_value()
 
