@@ -46,11 +46,13 @@ from engine.kernels.simd import (
     call_intrinsic,
     half_to_float,
     load,
+    prefetch,
     shuffle,
     vec,
 )
 
 _INLINE = {"forceinline": True, "error_model": "numpy", "cache": True}
+AHEAD = 8  # blocks ahead that a one-row product prefetches (from memory: 2 threads, Q6_K 21 -> 30 GB/s)
 _KERNEL = {"parallel": True, "error_model": "numpy", "cache": True}
 
 u64 = np.uint64
@@ -150,6 +152,8 @@ def _row_dot(spec: _Type, context, b, pw0, nb, px0):
     acc.zero(b, zero)
     with cgutils.for_range(b, nb) as loop:
         pw = b.gep(pw0, [b.mul(loop.index, ir.Constant(I64, spec.type_size))])
+        for line in range(0, spec.type_size, 64):  # the block AHEAD on (a one-row product streams from memory)
+            prefetch(b, b.gep(pw, [ir.Constant(I64, AHEAD * spec.type_size + line)]))
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, Q8K_BYTES))])
         _accumulate(spec, context, b, spec.decode(Ops(context, b), b, pw), pw, px, acc, zero)
     return acc.total(b, spec, zero)
