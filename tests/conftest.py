@@ -13,6 +13,11 @@ os.environ["GGUF_LENS_BITS"] = "avx512"
 # test sees the paths of a warm start (the compiled decode step above all); the background compile of a first start
 # has tests of its own (tests/engine/kernels/test_late_kernels.py, test_precompile.py), which ask for it.
 os.environ["GGUF_LENS_LATE_KERNELS"] = "now"
+# The compiled kernels' thread pool is OpenMP's (libgomp), whose idle threads spin: two test processes (./dev test
+# runs two) with two threads each on two cores took turns spinning, and a file of model tests ran 4x slower than
+# alone. Passive waiting gives the core back; the numbers are the same either way. Read when libgomp loads, so it
+# must be set before the first parallel kernel runs (./dev test sets it before Python starts).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
