@@ -225,7 +225,10 @@ class DecodePlan:
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
         w8 = bool(isa.w8())
-        rnq, attend, glu = ggml_step.residual_norm_quant, ggml_step.ATTEND[w8], ggml_step.GLU_QUANT[w8]
+        rnq, glu = ggml_step.residual_norm_quant, ggml_step.GLU_QUANT[w8]
+        from numba import get_num_threads  # noqa: PLC0415 - this plan runs with compiled kernels only
+
+        attend, parts = ggml_step.ATTEND[w8], np.int64(get_num_threads())  # the heads in a share per thread
         with KERNEL_LOCK:
             for i, lay in enumerate(self.layers):
                 rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)
@@ -240,7 +243,8 @@ class DecodePlan:
                 k_rows, v_rows = cache.rows(i)
                 cos, sin = rope[lay.base]
                 attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf)
+                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf,
+                       parts)
                 if recorder is not None:
                     recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
                     recorder.record_input(lay.names[1], o.copy())

@@ -32,6 +32,8 @@ Q8_0_T, Q8_1_T, Q8_K_T = int(GGMLType.Q8_0), int(GGMLType.Q8_1), int(GGMLType.Q8
 SWIGLU, GEGLU = 0, 1
 
 if HAVE_NUMBA:
+    from numba import prange
+
     from engine.kernels.activations import (
         _nb_quantize_bf16,
         _nb_quantize_f16,
@@ -123,7 +125,7 @@ if HAVE_NUMBA:
             dst[do + b] = fma32(x0, s, x1 * c)
 
     def _attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
-                sinks, q_rot, o, vdt, xq):
+                sinks, q_rot, o, vdt, xq, parts):
         """Attention of the token at `pos` for one layer.
 
         q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
@@ -133,7 +135,8 @@ if HAVE_NUMBA:
         cap * tanhf(score * (1/cap)) (Gemma 2: build_attn_mha's ggml_scale, ggml_tanh, ggml_scale); sinks (Hq,) or
         empty: gpt-oss's one logit per head in each softmax row's maximum and sum (no value). q_rot (Hq, d)
         gets the rotated, unscaled queries, o (1, Hq*d) the output, xq its bytes as vdt. W8: the AVX2 build's order
-        (ATTEND[True]; engine.kernels.variants.lane_variants).
+        (ATTEND[True]; engine.kernels.variants.lane_variants). The heads go in `parts` interleaved shares, each with
+        scratch of its own: one share per thread (a head's bits do not depend on the share it is in).
         """
         lanes = 8 if W8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
         step = 4 * lanes
@@ -155,79 +158,83 @@ if HAVE_NUMBA:
                 kc[h, pos, t] = f32_to_f16(kr[t])
                 vc[h, pos, t] = f32_to_f16(v[h * d + t])
         body = n_kv - n_kv % lanes
-        scores = np.zeros(n_kv, np.float32)
-        w16 = np.zeros(n_kv, np.float32)
-        q16 = np.empty(d, np.float32)
-        acc = np.empty(step, np.float32)
-        part = np.empty((step, d), np.float32)
-        red = np.empty((lanes, d), np.float32)
+        scores_t = np.zeros((parts, n_kv), np.float32)  # each share's scratch (scores and w16 left zero by a head)
+        w16_t = np.zeros((parts, n_kv), np.float32)
+        q16_t = np.empty((parts, d), np.float32)
+        acc_t = np.empty((parts, step), np.float32)
+        part_t = np.empty((parts, step, d), np.float32)
+        red_t = np.empty((parts, lanes, d), np.float32)
+        qn_t = np.empty((parts, d), np.float32)
         out = o[0]
-        for h in range(hq):
-            kv = h // group
-            if q_norm.shape[0]:
-                _norm(q, h * d, d, q_norm, eps, tmp, _O)
-                _rope(tmp, _O, d, cos, sin, neox, q_rot[h], _O)
-            else:
-                _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
-            for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
-                qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
-                q16[t] = f16_to_f32(f32_to_f16(qs))
-            top = -np.inf
-            for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
-                s = _dot_f16_row(kc[kv, j], q16, acc)
-                if softcap > _ZERO:
-                    s = np.float32(np.tanh(s * inv_cap)) * softcap
-                s = s * kq_scale
-                scores[j] = s
-                if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
-                    top = s
-            if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
-                top = sinks[h]
-            total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
-            for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
-                for i in range(lanes):
-                    j = c + i
-                    scores[j] = v_expf_lane(scores[j] - top, W8) if lo <= j < n_used else _ZERO
-                total += np.float64(reduce_lanes(scores, c, W8))
-            if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
-                total += np.float64(np.exp(sinks[h] - top))
-            inv = np.float32(1.0 / total)
-            for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
-                w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
-            n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
-            body_steps = n_eff - n_eff % step
-            part[:] = 0.0
-            for j in range(lo, min(n_used, body_steps)):  # V^T rows dotted with the weights: lane j % step, one fma
-                lane = j % step
-                wj = w16[j]
-                at = kv * vc.strides[0] + j * vc.strides[1]
-                if d % 16 == 0:  # the same fmas as vector code (numba leaves this loop scalar)
-                    axpy16(vc, at, wj, part, lane * part.strides[0], d)
-                elif d % 8 == 0:
-                    axpy8(vc, at, wj, part, lane * part.strides[0], d)
+        for share in prange(parts):  # (get_num_threads / get_thread_id in here would keep it out of numba's cache)
+            scores, w16, q16, acc = scores_t[share], w16_t[share], q16_t[share], acc_t[share]
+            part, red, qn = part_t[share], red_t[share], qn_t[share]
+            for h in range(share, hq, parts):
+                kv = h // group
+                if q_norm.shape[0]:
+                    _norm(q, h * d, d, q_norm, eps, qn, _O)
+                    _rope(qn, _O, d, cos, sin, neox, q_rot[h], _O)
                 else:
+                    _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
+                for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
+                    qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
+                    q16[t] = f16_to_f32(f32_to_f16(qs))
+                top = -np.inf
+                for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
+                    s = _dot_f16_row(kc[kv, j], q16, acc)
+                    if softcap > _ZERO:
+                        s = np.float32(np.tanh(s * inv_cap)) * softcap
+                    s = s * kq_scale
+                    scores[j] = s
+                    if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
+                        top = s
+                if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
+                    top = sinks[h]
+                total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
+                for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
+                    for i in range(lanes):
+                        j = c + i
+                        scores[j] = v_expf_lane(scores[j] - top, W8) if lo <= j < n_used else _ZERO
+                    total += np.float64(reduce_lanes(scores, c, W8))
+                if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
+                    total += np.float64(np.exp(sinks[h] - top))
+                inv = np.float32(1.0 / total)
+                for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
+                    w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
+                n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
+                body_steps = n_eff - n_eff % step
+                part[:] = 0.0
+                for j in range(lo, min(n_used, body_steps)):  # V^T rows dotted with the weights: lane j % step, one fma
+                    lane = j % step
+                    wj = w16[j]
+                    at = kv * vc.strides[0] + j * vc.strides[1]
+                    if d % 16 == 0:  # the same fmas as vector code (numba leaves this loop scalar)
+                        axpy16(vc, at, wj, part, lane * part.strides[0], d)
+                    elif d % 8 == 0:
+                        axpy8(vc, at, wj, part, lane * part.strides[0], d)
+                    else:
+                        for t in range(d):
+                            part[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, part[lane, t])
+                q1, q2, q3 = lanes, 2 * lanes, 3 * lanes
+                for i in range(lanes):  # GGML_F32x16_REDUCE / _F32x8_REDUCE: the four accumulators, all outputs at once
                     for t in range(d):
-                        part[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, part[lane, t])
-            q1, q2, q3 = lanes, 2 * lanes, 3 * lanes
-            for i in range(lanes):  # GGML_F32x16_REDUCE / _F32x8_REDUCE: the four accumulators, every output at once
-                for t in range(d):
-                    red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
-            head = out[h * d : (h + 1) * d]
-            if W8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
-                for t in range(d):
-                    head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
-                        ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
-            else:
-                reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
-            if max(lo, body_steps) < min(n_used, n_eff):  # a scalar tail past the last step: added in double
-                for t in range(d):
-                    s64 = np.float64(head[t])
-                    for j in range(max(lo, body_steps), min(n_used, n_eff)):
-                        s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
-                    head[t] = np.float32(s64)
-            for j in range(lo, n_used):
-                scores[j] = _ZERO
-                w16[j] = _ZERO
+                        red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
+                head = out[h * d : (h + 1) * d]
+                if W8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
+                    for t in range(d):
+                        head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
+                            ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
+                else:
+                    reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
+                if max(lo, body_steps) < min(n_used, n_eff):  # a scalar tail past the last step: added in double
+                    for t in range(d):
+                        s64 = np.float64(head[t])
+                        for j in range(max(lo, body_steps), min(n_used, n_eff)):
+                            s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
+                        head[t] = np.float32(s64)
+                for j in range(lo, n_used):
+                    scores[j] = _ZERO
+                    w16[j] = _ZERO
         quantize_into(vdt, o, xq)
 
     def _glu_quant(gate, up, kind, table, act, vdt, xq):
@@ -246,6 +253,6 @@ if HAVE_NUMBA:
                 y[i] = table[f32_to_f16(x)] * up[i]
         quantize_into(vdt, act, xq)
 
-    ATTEND = lane_variants(_attend, cache=True)
+    ATTEND = lane_variants(_attend, cache=True, parallel=True)  # a late kernel, as the whole compiled step
     GLU_QUANT = lane_variants(_glu_quant, cache=True)
     attend, glu_quant = ATTEND[False], GLU_QUANT[False]

@@ -82,6 +82,27 @@ def test_compiled_step_equals_the_numpy_path(tiny: dict[str, Path], name: str) -
         model.close()
 
 
+@pytest.mark.parametrize("name", ["smollm2-types", "gemma3-types"])
+def test_the_heads_shares_of_the_compiled_attention_give_the_same_bits(tiny: dict[str, Path], name: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's attention spreads the heads over a share per thread; one share, as many as the heads and more
+    shares than heads (some empty) give the NumPy path's bits, cache included."""
+    import numba  # noqa: PLC0415 - the module the plan asks for its thread count
+
+    model = load_model(tiny[name])
+    try:
+        ids = list(range(5, 25))
+        slow, c_slow = _steps(model, ids, fast=False)
+        for parts in (1, 3, model.net.args.n_heads, model.net.args.n_heads + 3):
+            monkeypatch.setattr(numba, "get_num_threads", lambda p=parts: p)
+            fast, c_fast = _steps(model, ids, fast=True)
+            assert model.net.ops.decode_plan.ok, parts
+            assert _same_bits(slow, fast), parts
+            assert np.array_equal(c_slow.k[0][:, : len(ids)], c_fast.k[0][:, : len(ids)]), parts
+    finally:
+        model.close()
+
+
 def test_compiled_step_records_what_the_numpy_path_records(tiny: dict[str, Path]) -> None:
     model = load_model(tiny["gemma3-types"])
     try:
