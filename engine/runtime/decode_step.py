@@ -166,7 +166,7 @@ if HAVE_NUMBA:
         red_t = np.empty((parts, lanes, d), np.float32)
         qn_t = np.empty((parts, d), np.float32)
         out = o[0]
-        for share in prange(parts):  # (get_num_threads / get_thread_id in here would keep it out of numba's cache)
+        for share in prange(parts):  # (numba's get_num_threads in a kernel keeps it out of the on-disk cache)
             scores, w16, q16, acc = scores_t[share], w16_t[share], q16_t[share], acc_t[share]
             part, red, qn = part_t[share], red_t[share], qn_t[share]
             for h in range(share, hq, parts):
