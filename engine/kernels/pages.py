@@ -79,13 +79,13 @@ def anon_copy(arr: np.ndarray, chunk: int = COPY_CHUNK) -> np.ndarray:
         lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + out.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if hi > lo:
             fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE)  # a hint: failure changes nothing
-    rows = max(1, chunk // max(1, arr[:1].nbytes)) if arr.ndim else 1
-    for r in range(0, max(1, len(arr)) if arr.ndim else 1, rows):
-        if arr.ndim == 0:
-            out[...] = arr
-            break
-        out[r : r + rows] = arr[r : r + rows]
-        release(arr[r : r + rows])
+    if arr.ndim == 0:
+        out[...] = arr
+    else:
+        rows = max(1, chunk // max(1, arr[:1].nbytes))
+        for r in range(0, len(arr), rows):
+            out[r : r + rows] = arr[r : r + rows]
+            release(arr[r : r + rows])
     release(arr)  # the pages at the chunks' edges (and those a fault mapped around a later chunk's first read)
     return out
 

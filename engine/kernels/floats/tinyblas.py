@@ -37,6 +37,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.kernels.simd import F32, I16, I32, I64, byte_ptr, call_intrinsic, load, shuffle, vec
+from engine.kernels.variants import specialise
 
 LANES = 16
 _F16X = vec(F32, LANES)
@@ -200,28 +201,23 @@ def dot32bf(typingctx, a, ao, bb, bo, n):
     return types.float32(a, ao, bb, bo, n), codegen
 
 
-@njit(cache=True, parallel=True)
-def gemm_bf16(w, x, out):
-    """out[t, r] = tinyBLAS (AVX512_BF16) of bf16 weight row r with bf16 activation row t, both uint16 bits,
-    C-contiguous rows of n values, n % 32 == 0."""
+def _gemm_bf16_rows(w, x, out):
+    """out[t, r] = DOT_BF16 of bf16 weight row r with bf16 activation row t, both uint16 bits, C-contiguous rows of
+    n values, sixteen weight rows a task: the loop of both builds' BF16 batches, each copy with its own DOT_BF16."""
     r_n, n = w.shape
     m = x.shape[0]
     for task in prange((r_n + 15) // 16):
         for t in range(m):
             for r in range(task * 16, min(r_n, task * 16 + 16)):
-                out[t, r] = dot32bf(w, r * w.strides[0], x, t * x.strides[0], n)
+                out[t, r] = DOT_BF16(w, r * w.strides[0], x, t * x.strides[0], n)
 
 
-@njit(cache=True, parallel=True)
-def gemm_bf16_8(w, x, out):
-    """out[t, r] = tinyBLAS<8, __m256, __m256, ggml_bf16_t> (the AVX2 build's BF16 batches: widened exactly, one fma
-    per value into an 8-float accumulator, hsum) of bf16 rows w and x (uint16 bits), n % 8 == 0."""
-    r_n, n = w.shape
-    m = x.shape[0]
-    for task in prange((r_n + 15) // 16):
-        for t in range(m):
-            for r in range(task * 16, min(r_n, task * 16 + 16)):
-                out[t, r] = dot8bf(w, r * w.strides[0], x, t * x.strides[0], n)
+DOT_BF16 = dot32bf  # the global each copy of _gemm_bf16_rows fixes (engine.kernels.variants.specialise)
+# tinyBLAS<32, __m512, __m512bh> (AVX512_BF16: VDPBF16PS), n % 32 == 0; compiles only where bf16_available()
+gemm_bf16 = specialise(_gemm_bf16_rows, "avx512bf16", {"DOT_BF16": dot32bf}, cache=True, parallel=True)
+# tinyBLAS<8, __m256, __m256, ggml_bf16_t> (the AVX2 build's BF16 batches: widened exactly, one fma per value into an
+# 8-float accumulator, hsum), n % 8 == 0
+gemm_bf16_8 = specialise(_gemm_bf16_rows, "avx2", {"DOT_BF16": dot8bf}, cache=True, parallel=True)
 
 
 _BF16_OK: list[bool] = []
