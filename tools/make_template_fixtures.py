@@ -9,7 +9,8 @@ Templates are the `*.jinja` files in tests/fixtures/templates/ (one per model, n
 more in first: a .jinja file, a directory of them, or a tokenizer_config.json (its chat_template, named after
 the file's parent folder). Each template is rendered through `PreTrainedTokenizerFast.apply_chat_template`
 (the code path model authors test with) for every conversation in CONVERSATIONS it uses (the tool
-conversations only where the template mentions tools, and so on), with add_generation_prompt both ways,
+conversations only where the template mentions tools, the reasoning switches (enable_thinking both ways,
+preserve_thinking) only where it reads them, and so on), with add_generation_prompt both ways,
 bos_token "<s>" and eos_token "</s>", and the clock fixed at FIXED_NOW so that date-printing templates
 (Llama 3.x) render the same text every day. The results go to tests/fixtures/templates/expected.json.gz
 (gzip-compressed JSON): {"templates": {template: {case: text | {"refuses": "ErrorType: message"}}}}, a case
@@ -61,8 +62,12 @@ DOCUMENTS = [{"title": "Forecast", "text": "Zürich: 4 °C, cloudy; tomorrow 6 �
 FOLDED_USER = {"role": "user", "content": SYSTEM["content"] + "\n\n" + USER["content"]}
 REFUSES_SYSTEM = ["System role", "system role", "roles must alternate"]
 REASONED = {"role": "assistant", "content": "It is 4 °C.", "reasoning_content": "The user asked about Zürich."}
+# a tool call made after some thinking (Qwen3.5/3.6 and Gemma 4 replay it between the call and its result)
+REASONED_TOOL_CALL = {**TOOL_CALL, "reasoning_content": "I should look the weather up."}
+THINKING_SWITCH = ["enable_thinking"]
 
-# name: (messages, tools, documents, the words in a template that make the conversation worth rendering)
+# name: (messages, tools, documents, variables (further keyword arguments: the reasoning switches), the words in a
+# template that make the conversation worth rendering)
 CONVERSATIONS: dict[str, dict[str, Any]] = {
     "user": {"messages": [USER]},
     "system_user": {"messages": [SYSTEM, USER]},
@@ -76,6 +81,15 @@ CONVERSATIONS: dict[str, dict[str, Any]] = {
     "content_parts": {"messages": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": USER["content"]}]}],
                       "when": ["is string", "is not string", "['type']", ".type"]},
     "reasoning": {"messages": [USER, REASONED, USER2], "when": ["reasoning_content", "thinking", "reasoning"]},
+    "reasoned_tool_call": {"messages": [USER, REASONED_TOOL_CALL, TOOL_RESULT], "tools": TOOLS,
+                           "when": ["reasoning_content"]},
+    # the reasoning switches set both ways (Qwen3's default is on, Gemma 4's off), and Qwen3.6's preserve_thinking
+    "thinking_on": {"messages": [SYSTEM, USER], "variables": {"enable_thinking": True}, "when": THINKING_SWITCH},
+    "thinking_off": {"messages": [SYSTEM, USER], "variables": {"enable_thinking": False}, "when": THINKING_SWITCH},
+    "thinking_off_multi_turn": {"messages": [USER, REASONED, USER2], "variables": {"enable_thinking": False},
+                                "when": THINKING_SWITCH},
+    "preserved_reasoning": {"messages": [USER, REASONED, USER2], "variables": {"preserve_thinking": True},
+                            "when": ["preserve_thinking"]},
 }
 
 
@@ -164,7 +178,7 @@ def render_case(tokenizer: Any, source: str, conv: dict[str, Any], gen: bool) ->
     try:
         return tokenizer.apply_chat_template(
             json.loads(json.dumps(conv["messages"])), tools=conv.get("tools"), documents=conv.get("documents"),
-            chat_template=source, add_generation_prompt=gen, tokenize=False)
+            chat_template=source, add_generation_prompt=gen, tokenize=False, **conv.get("variables", {}))
     except Exception as e:  # noqa: BLE001 (a template's refusal is a result too)
         return {"refuses": f"{type(e).__name__}: {e}"[:500]}
 

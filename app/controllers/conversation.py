@@ -38,7 +38,8 @@ class Reply:
 
 def template_vars(s: Any) -> tuple[tuple[str, object], ...]:
     """The reasoning switches the settings move away from what templates assume when they are not passed
-    (thinking on, medium effort): only those go to the template, so every other template renders as before."""
+    (thinking on, medium effort): only those go to the template, so every other template renders as before.
+    A template that does not think unless asked (Gemma 4) gets enable_thinking=True (app.jobs.chat.switch_vars)."""
     out: list[tuple[str, object]] = []
     if not s.enable_thinking:
         out.append(("enable_thinking", False))

@@ -122,6 +122,18 @@ def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[in
     return tok.encode(result.text, add_special=True, parse_special=True), result.warning or ""
 
 
+def switch_vars(model: Model, req: GenerationRequest) -> dict[str, object]:
+    """The template variables for the request: the reasoning switches the settings moved away from thinking on
+    (app.controllers.conversation.template_vars), and enable_thinking=True where the settings say think and the
+    model's template does not think unless asked (Gemma 4, DeepSeek-V3.1: engine.chat.reasoning.thinking_default)."""
+    from engine.chat.reasoning import thinking_default  # noqa: PLC0415
+
+    variables = dict(req.template_vars)
+    if not req.plain and "enable_thinking" not in variables and thinking_default(getattr(model, "chat", None)) is False:
+        variables["enable_thinking"] = True
+    return variables
+
+
 def _vars(variables: dict[str, object] | None) -> dict[str, object]:
     """render()'s keyword for template variables, only when there are some (the template's defaults otherwise)."""
     return {"variables": variables} if variables else {}
@@ -142,7 +154,7 @@ def fit_context(
     min(max_tokens, n_ctx // 4) tokens, and raises ContextFullError if even the last turn alone is too long.
     """
     messages = [{"role": r, "content": c} for r, c in req.messages]
-    variables = dict(req.template_vars)
+    variables = switch_vars(model, req)
     ids, warning = _render(model, messages, req.continue_ids, req.plain, variables)
     if req.overflow_policy != "drop_oldest":
         if len(ids) + 1 > n_ctx:

@@ -1,25 +1,36 @@
 """Reasoning models' replies taken apart, and the switches their chat templates offer.
 
-A reasoning model writes its thinking before its answer, in one of two forms:
+A reasoning model writes its thinking before its answer, in one of three forms:
 
-* `<think> ... </think>` then the answer (Qwen3, QwQ, DeepSeek-R1 and their distillations, SmolLM3, GLM). Some
-  templates open the block in the generation prompt (DeepSeek-R1's prompt ends in `<think>\\n`), so the reply
-  starts inside it: `split_reasoning(text, opened=True)`; `opens_thinking(prompt)` tells from the prompt's end.
+* `<think> ... </think>` then the answer (Qwen3, Qwen3.5/3.6, QwQ, DeepSeek-R1 and their distillations, SmolLM3,
+  GLM). Some templates open the block in the generation prompt (DeepSeek-R1's and Qwen3.5's prompts end in
+  `<think>\\n`), so the reply starts inside it: `split_reasoning(text, opened=True)`; `opens_thinking(prompt)`
+  tells from the prompt's end.
+* Gemma 4's channels: `<|channel>thought\\n ... <channel|>` then the answer (the template asks for thinking with
+  `<|think|>` in the system turn; with thinking off its prompt ends in an empty, closed block,
+  `<|channel>thought\\n<channel|>`).
 * OpenAI's harmony format (gpt-oss): `<|channel|>analysis<|message|> ... <|end|>`, then
   `<|start|>assistant<|channel|>final<|message|> ... ` (and `<|return|>`). Other channels (commentary) count as
   reasoning.
 
-`split_reasoning` is safe on partial text (a reply still streaming): `thinking` says the answer has not begun.
-`token_spans` finds the same parts in a chat's tokens, for the lenses to select a reply's reasoning or its answer.
-`template_switches` reads a template's source for the variables it switches reasoning with: Qwen3's
-`enable_thinking` (true unless set false) and gpt-oss's `reasoning_effort` (low, medium, high).
+Tool calls (Qwen's `<tool_call>...</tool_call>`, Gemma 4's `<|tool_call>call:...<tool_call|>`) are part of the
+answer: they stay as text. `split_reasoning` is safe on partial text (a reply still streaming): `thinking` says the
+answer has not begun. `token_spans` finds the same parts in a chat's tokens, for the lenses to select a reply's
+reasoning or its answer. `template_switches` reads a template's source for the variables it switches reasoning
+with: `enable_thinking` (Qwen3's and Gemma 4's) and gpt-oss's `reasoning_effort` (low, medium, high);
+`thinking_default` tells, by rendering, whether a template thinks when enable_thinking is not passed (Qwen3: yes,
+Gemma 4 and DeepSeek-V3.1: no).
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+GEMMA_OPEN, GEMMA_CLOSE = "<|channel>", "<channel|>"  # Gemma 4: <|channel>thought\n ... <channel|>
+_GEMMA_HEAD = re.compile(r"<\|channel>\w*\n?")  # the opening marker, the channel's name and its newline
 _CHANNEL = re.compile(r"<\|channel\|>(\w+)(?:[^<]*)<\|message\|>")
 _HARMONY_END = ("<|end|>", "<|return|>", "<|call|>")
 EFFORTS = ("low", "medium", "high")
@@ -32,7 +43,7 @@ class Reasoning:
     reasoning: str  # the thinking ('' when the reply has none)
     answer: str  # what the reply says to the user
     thinking: bool = False  # the reply is still inside its reasoning (no answer has begun)
-    style: str = ""  # 'think', 'harmony' or '' (no reasoning)
+    style: str = ""  # 'think', 'channel' (Gemma 4), 'harmony' or '' (no reasoning)
 
 
 def opens_thinking(prompt: str) -> bool:
@@ -46,6 +57,8 @@ def split_reasoning(text: str, opened: bool = False) -> Reasoning:
     """The reasoning and the answer of a reply (see the module docstring); text without either form is all answer."""
     if "<|channel|>" in text:
         return _harmony(text)
+    if GEMMA_OPEN in text:
+        return _gemma_channels(text)
     start = text.find(THINK_OPEN)
     if start < 0 and not opened:
         return Reasoning("", text)
@@ -56,6 +69,30 @@ def split_reasoning(text: str, opened: bool = False) -> Reasoning:
     if end < 0:
         return Reasoning(text[body_from:].strip("\n"), "", thinking=True, style="think")
     return Reasoning(text[body_from:end].strip("\n"), text[end + len(THINK_CLOSE):].lstrip("\n"), style="think")
+
+
+def _gemma_channels(text: str) -> Reasoning:
+    """Gemma 4: each `<|channel>NAME\\n ... <channel|>` block is reasoning (to the end of the text while it streams),
+    the rest is the answer, as the template's strip_thinking takes a reply apart. A block must open the reply (or
+    follow another block or a tool call's end), or the text is all answer: words that merely mention the marker."""
+    lead = text[: text.find(GEMMA_OPEN)]
+    if lead.strip():
+        return Reasoning("", text)
+    thoughts, answer, at = [], [], 0
+    while True:
+        m = _GEMMA_HEAD.search(text, at)
+        if m is None:
+            answer.append(text[at:])
+            break
+        answer.append(text[at: m.start()])
+        end = text.find(GEMMA_CLOSE, m.end())
+        if end < 0:  # still thinking
+            thoughts.append(text[m.end():].strip("\n"))
+            rest = "".join(answer).strip()
+            return Reasoning("\n\n".join(t for t in thoughts if t), rest, thinking=not rest, style="channel")
+        thoughts.append(text[m.end(): end].strip("\n"))
+        at = end + len(GEMMA_CLOSE)
+    return Reasoning("\n\n".join(t for t in thoughts if t), "".join(answer).lstrip("\n"), style="channel")
 
 
 def _harmony(text: str) -> Reasoning:
@@ -77,7 +114,7 @@ def _harmony(text: str) -> Reasoning:
 
 
 END_OF_TURN = ("<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>",
-               "</s>", "<|start|>")
+               "</s>", "<|start|>", "<turn|>")
 
 
 @dataclass(frozen=True)
@@ -91,8 +128,9 @@ class Span:
 
 def token_spans(token_texts: list[str] | tuple[str, ...]) -> list[Span]:
     """The reasoning and answer parts of every reply in a chat's tokens (their texts, special tokens as written), in
-    order: the tokens inside `<think>`...`</think>` and from there to the end of the turn; or each harmony message's
-    body by its channel (final: the answer, any other: reasoning). The markers themselves belong to neither.
+    order: the tokens inside `<think>`...`</think>` (or Gemma 4's `<|channel>thought`...`<channel|>`) and from there
+    to the end of the turn; or each harmony message's body by its channel (final: the answer, any other:
+    reasoning). The markers themselves (and Gemma 4's channel name) belong to neither.
     A chat without reasoning has no spans (all of a reply is its answer: nothing to choose between)."""
     starts, at = [], 0
     for t in token_texts:
@@ -109,17 +147,27 @@ def token_spans(token_texts: list[str] | tuple[str, ...]) -> list[Span]:
     for m in _CHANNEL.finditer(text):
         end = min([j for j in (text.find(e, m.end()) for e in _HARMONY_END) if j >= 0] or [len(text)])
         found.append(span("answer" if m.group(1) == "final" else "reasoning", m.end(), end))
-    i = text.find(THINK_OPEN)
-    while i >= 0:
-        close = text.find(THINK_CLOSE, i)
-        body_end = close if close >= 0 else len(text)
-        found.append(span("reasoning", i + len(THINK_OPEN), body_end))
-        if close >= 0:
-            after = close + len(THINK_CLOSE)
-            turn = min([j for j in (text.find(e, after) for e in END_OF_TURN) if j >= 0] or [len(text)])
-            found.append(span("answer", after, turn))
-        i = text.find(THINK_OPEN, body_end)
+    found += _block_spans(text, span, re.compile(re.escape(THINK_OPEN)), THINK_CLOSE)
+    found += _block_spans(text, span, _GEMMA_HEAD, GEMMA_CLOSE)
     return sorted((s for s in found if s is not None), key=lambda s: s.start)
+
+
+def _block_spans(text: str, span: Any, head: re.Pattern[str], close_marker: str) -> list[Span | None]:
+    """Each block's body (from the end of its opening marker to its close, or to the end of the text) as reasoning,
+    and what follows its close up to the end of the turn as the answer."""
+    out: list[Span | None] = []
+    m = head.search(text)
+    while m is not None:
+        close = text.find(close_marker, m.end())
+        body_end = close if close >= 0 else len(text)
+        out.append(span("reasoning", m.end(), body_end))
+        if close >= 0:
+            after = close + len(close_marker)
+            turn = min([j for j in (text.find(e, after) for e in END_OF_TURN) if j >= 0] or [len(text)])
+            nxt = head.search(text, after)  # Gemma 4 may think again before its turn ends (after a tool call)
+            out.append(span("answer", after, min(turn, nxt.start()) if nxt is not None else turn))
+        m = head.search(text, body_end)
+    return out
 
 
 def _first_at(bounds: list[int], char: int) -> int:
@@ -140,10 +188,36 @@ class Switch:
 
 
 def template_switches(source: str) -> list[Switch]:
-    """The reasoning switches a chat template's source reads."""
+    """The reasoning switches a chat template's source reads. enable_thinking's default here is Qwen3's (on); a
+    template's own one (Gemma 4's is off) is what `thinking_default` finds by rendering."""
     out = []
     if "enable_thinking" in source:
         out.append(Switch("enable_thinking", (True, False), True, "Thinking"))
     if "reasoning_effort" in source:
         out.append(Switch("reasoning_effort", EFFORTS, "medium", "Reasoning effort"))
     return out
+
+
+_PROBES = ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+           [{"role": "user", "content": "Hi"}])
+_SWITCH_VALUES: tuple[Mapping[str, Any], ...] = ({}, {"enable_thinking": True}, {"enable_thinking": False})
+
+
+def thinking_default(chat: Any) -> bool | None:
+    """Whether a chat template (engine.chat.template.ChatTemplate) thinks when enable_thinking is not passed: True
+    when its prompt then equals the one for enable_thinking=True (Qwen3, Qwen3.5/3.6), False when it equals the one
+    for False (Gemma 4, DeepSeek-V3.1, Apertus); None when the template does not read the switch, renders the same
+    both ways, leaves it unset as a third mode of its own, or refuses the probe conversations."""
+    if getattr(chat, "is_builtin", False) or "enable_thinking" not in str(getattr(chat, "source", "")):
+        return None
+    for messages in _PROBES:
+        try:
+            unset, on, off = (chat.render_text(messages, add_generation_prompt=True, **v)
+                              for v in _SWITCH_VALUES)
+        except Exception:  # noqa: BLE001 (a template that refuses the probe: try the next, or do not know)
+            continue
+        if on == off:
+            return None
+        return True if unset == on else False if unset == off else None
+    return None
+

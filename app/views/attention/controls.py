@@ -26,7 +26,8 @@ class OverviewBar(QWidget):
         for label, size in ROW_WINDOWS:
             self.rows_box.addItem(label, size)
         self.rows_box.setToolTip("Query rows to show: the newest ones, all, or the last reply's reasoning or answer "
-                                 "(reasoning models: <think> blocks, gpt-oss's analysis channel)")
+                                 "(reasoning models: <think> blocks, Gemma 4's thought channel, gpt-oss's analysis "
+                                 "channel)")
         self.end_spin = QSpinBox()
         self.end_spin.setPrefix("to row ")
         self.end_spin.setRange(0, 0)

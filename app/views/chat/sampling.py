@@ -101,8 +101,9 @@ class SamplingPanel(QWidget):
         self.numerics.currentIndexChanged.connect(lambda _i: self._set_extra(NUMERICS_KEY, self.numerics.currentData()))
         form.addRow("Numerics (next load)", self.numerics)
         self.thinking = QCheckBox("think before answering")
-        self.thinking.setToolTip("The chat template's enable_thinking (Qwen3 and kin): off, the model answers "
-                                 "without a <think> block")
+        self.thinking.setToolTip("The chat template's enable_thinking (Qwen3, Gemma 4 and kin): on, the model thinks "
+                                 "first (templates that do not by default are asked to); off, it answers without "
+                                 "thinking")
         self.thinking.toggled.connect(lambda on: self._set("enable_thinking", bool(on)))
         form.addRow("Thinking", self.thinking)
         self.effort = QComboBox()

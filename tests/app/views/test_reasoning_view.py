@@ -87,3 +87,41 @@ def test_the_prompt_carries_the_switch() -> None:
     fit_context(model, on, 4096)
     fit_context(model, dataclasses.replace(on, template_vars=template_vars(Settings(enable_thinking=False))), 4096)
     assert seen[1] == seen[0] + "<think>\n\n</think>\n\n"
+
+
+def test_gemma4_and_qwen35_replies_collapse_their_thinking_and_show_tool_calls_as_text(qtbot) -> None:
+    gemma = MessageWidget(1, Message("assistant", "<|channel>thought\nThe user wants the weather.<channel|>"
+                                                  '<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>'))
+    qwen = MessageWidget(1, Message("assistant", "The user wants the weather.\n</think>\n\n<tool_call>\n"
+                                                 "<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
+                                                 "</function>\n</tool_call>"))
+    for w in (gemma, qwen):
+        qtbot.addWidget(w)
+        w.show()
+        assert w.reasoning_button.isVisible() and w.reasoning_button.text() == "▸ Thought for 5 words"
+        assert "The user wants" not in w.body.toPlainText()
+    assert gemma.body.toPlainText().strip() == '<|tool_call>call:get_weather{city:<|"|>Zürich<|"|>}<tool_call|>'
+    shown = qwen.body.toPlainText()
+    assert "<tool_call>" in shown and "<function=get_weather>" in shown and "</tool_call>" in shown
+
+
+def test_a_template_that_does_not_think_by_default_is_asked_to() -> None:
+    """Gemma 4's template thinks only with enable_thinking=True: the settings' "think before answering" (on by
+    default) passes it; off, nothing is asked and the prompt ends in the template's empty thought channel."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from app.jobs.chat import fit_context
+    from app.records.reply import GenerationRequest
+    from engine.chat.template import ChatTemplate
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "templates"
+    source = (fixtures / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+    seen: list[str] = []
+    tok = SimpleNamespace(encode=lambda text, add_special, parse_special: seen.append(text) or [1] * len(text))
+    model = SimpleNamespace(chat=ChatTemplate(source, is_builtin=False), tokenizer=tok)
+    on = GenerationRequest(messages=(("user", "hi"),), template_vars=template_vars(Settings()))
+    fit_context(model, on, 4096)
+    fit_context(model, dataclasses.replace(on, template_vars=template_vars(Settings(enable_thinking=False))), 4096)
+    assert "<|think|>" in seen[0] and seen[0].endswith("<|turn>model\n")
+    assert "<|think|>" not in seen[1] and seen[1].endswith("<|turn>model\n<|channel>thought\n<channel|>")

@@ -49,7 +49,7 @@ def render_ours(name: str, conversation: str, gen: bool) -> str | Exception:
     conv = expected()["conversations"][conversation]
     try:
         return chat_template(name).render_text(conv["messages"], add_generation_prompt=gen, tools=conv.get("tools"),
-                                               documents=conv.get("documents"))
+                                               documents=conv.get("documents"), **conv.get("variables", {}))
     except Exception as e:  # noqa: BLE001 (a refusal is compared with transformers' refusal)
         return e
 
@@ -60,6 +60,18 @@ def test_fixtures_cover_the_families_of_issue_14() -> None:
                    "mistral", "deepseek", "hermes", "command-r", "granite", "functionary", "lfm2", "smollm2"):
         assert family in names, family
     assert sum(len(r) for r in expected()["templates"].values()) >= 500
+
+
+def test_fixtures_cover_the_2026_reasoning_models() -> None:
+    """Qwen3.5/3.6 (qwen35, qwen35moe) and Gemma 4 (gemma4), with their reasoning switches set both ways (and
+    Qwen3.6's preserve_thinking) and a tool call made after some thinking (issue 42, item 3)."""
+    templates = expected()["templates"]
+    for name in ("Qwen3.5-4B", "Qwen-Qwen3.5-4B", "Qwen-Qwen3.6-27B", "google-gemma-4-31B-it",
+                 "google-gemma-4-31B-it-interleaved"):
+        for case in ("thinking_on/gen", "thinking_off/gen", "thinking_off_multi_turn/gen", "reasoning/gen",
+                     "reasoned_tool_call/gen", "tool_call/gen"):
+            assert isinstance(templates[name][case], str), (name, case)
+    assert "preserved_reasoning/gen" in templates["Qwen-Qwen3.6-27B"]
 
 
 @pytest.mark.parametrize("name", sorted(expected()["templates"]))
