@@ -24,8 +24,10 @@ class KVCache:
     cache, so a step whose logits turn out NaN (or that was cancelled) leaves the cache as it was.
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, cache_type: str | npt.DTypeLike = "F32"):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, cache_type: str | npt.DTypeLike = "F32",
+                 kv_layers: frozenset[int] | None = None):
         self.n_layers = n_layers
+        self.kv_layers = frozenset(range(n_layers)) if kv_layers is None else kv_layers  # the others hold no rows
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
         self.n_ctx = n_ctx
@@ -61,8 +63,8 @@ class KVCache:
         if n_total <= self.capacity:
             return
         cap = min(self.n_ctx, max(_MIN_CAPACITY, self.capacity * 2, n_total))
-        new_k = [self._alloc(cap) for _ in range(self.n_layers)]
-        new_v = [self._alloc(cap) for _ in range(self.n_layers)]
+        new_k = [self._alloc(cap if i in self.kv_layers else 0) for i in range(self.n_layers)]
+        new_v = [self._alloc(cap if i in self.kv_layers else 0) for i in range(self.n_layers)]
         n = self.length
         for old, new in ((self.k, new_k), (self.v, new_v)):
             for layer, a in enumerate(old):
@@ -123,6 +125,10 @@ class KVCache:
         """Keep only the first n positions (regenerate, edit, or drop a failed step)."""
         del self.tokens[max(0, n) :]
 
+    def resumable(self, n: int) -> int:
+        """The longest prefix of length <= n a pass can continue from (any, for K/V rows; see engine.hybrid_cache)."""
+        return max(0, min(n, self.length))
+
     def common_prefix(self, tokens: list[int]) -> int:
         """How many leading tokens of `tokens` the cache already holds."""
         n = 0
@@ -138,8 +144,8 @@ class KVCache:
         return self.bytes_for(self.length)
 
     def bytes_for(self, n_tokens: int) -> int:
-        """2 x layers x tokens x kv_heads x (bytes of one head_dim row in the cache type)."""
-        return 2 * self.n_layers * n_tokens * self.n_kv_heads * self._row_bytes
+        """2 x layers with rows x tokens x kv_heads x (bytes of one head_dim row in the cache type)."""
+        return 2 * len(self.kv_layers) * n_tokens * self.n_kv_heads * self._row_bytes
 
 
 def _type_name(cache_type: str | npt.DTypeLike) -> str:

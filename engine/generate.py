@@ -112,7 +112,7 @@ def prefill(
     all_logits: bool = False,
 ) -> npt.NDArray[np.float32] | None:
     """Run the tokens the cache does not hold yet, in chunks. Returns the logits (last row, or all rows run), None if cancelled."""
-    keep = min(cache.common_prefix(list(ids)), len(ids) - 1)
+    keep = cache.resumable(min(cache.common_prefix(list(ids)), len(ids) - 1))  # a recurrent state resumes at snapshots
     cache.truncate(keep)
     if recorder is not None:
         recorder.truncate(keep)
@@ -154,7 +154,7 @@ def generate(
     sample = make_sampler(cfg.sampler)
     history = list(prompt)
     t0 = time.perf_counter()
-    n_cached = min(cache.common_prefix(list(prompt)), len(prompt) - 1)
+    n_cached = cache.resumable(min(cache.common_prefix(list(prompt)), len(prompt) - 1))
     logits = prefill(model, prompt, cache, chunk_size=cfg.chunk_size, recorder=recorder, cancel=cancel, progress=progress)
     prompt_s = time.perf_counter() - t0
     base = dict(prompt_tokens=len(prompt), prefilled_tokens=len(prompt) - n_cached, prompt_s=prompt_s)

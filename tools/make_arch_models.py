@@ -41,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from engine.gguf import write_gguf  # noqa: E402
+from tools.make_hybrid_models import HYBRIDS, build_hybrid  # noqa: E402
 from engine.quant.types import GGMLType  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "arch"
@@ -51,6 +52,7 @@ N_TOKENS = 200
 N_CTX = 1024  # the context both engines run with (Phi-3 picks its long factors above 128, see phi3 below)
 TOP_K = 64
 PREFILL = 128  # the first PREFILL tokens run as one batch, the rest one at a time (a prompt, then decode steps)
+SPLIT = 48  # hybrids: also every token as one prompt in batches of SPLIT (a recurrent state carried across batches)
 QUANTS = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "IQ4_XS": 30}  # llama_ftype ids (enum llama_ftype in llama.h)
 MOE_QUANTS = {"MXFP4_MOE": 38}  # and for the Mixture-of-Experts models: the experts in MXFP4, the rest Q8_0
 VOCAB = 1024
@@ -140,7 +142,15 @@ def _vocab(n_vocab: int) -> tuple[list[str], np.ndarray]:
 
 def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, GGMLType, tuple[int, ...], np.ndarray]]]:
     """Metadata and F32 tensors of test model `name` (the same for the same seed)."""
-    s = SPECS[name]
+    if name in HYBRIDS:  # the DeltaNet hybrids: the vocabulary and head as below (no blocks), then their blocks
+        h = HYBRIDS[name]
+        md, ts = build_spec(ArchSpec(h.arch, dim=h.dim, n_layers=0, tied=False), seed)
+        return build_hybrid(name, np.random.default_rng(seed + 7), md, ts, OUT_SCALE)
+    return build_spec(SPECS[name], seed)
+
+
+def build_spec(s: ArchSpec, seed: int) -> tuple[dict[str, Any], list[tuple[str, GGMLType, tuple[int, ...], np.ndarray]]]:
+    """Metadata and F32 tensors of the model `s` describes."""
     rng = np.random.default_rng(seed)
     a, f32 = s.arch, GGMLType.F32
     tokens, types = _vocab(VOCAB)
@@ -313,7 +323,7 @@ def quantize_llama_cpp(src: Path, dst: Path, ftype: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("names", nargs="*", default=[*SPECS, "t5", "t5_relu"])
+    ap.add_argument("names", nargs="*", default=[*SPECS, *HYBRIDS, "t5", "t5_relu"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/arch_models"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -330,9 +340,10 @@ def main() -> int:
             continue
         base = write_arch(args.work / f"{name}.F32.gguf", name)
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
-        summary: dict[str, Any] = {"name": name, "arch": SPECS[name].arch, "seed": SEED, "top_k": TOP_K,
+        arch, moe = (HYBRIDS[name].arch, HYBRIDS[name].n_expert) if name in HYBRIDS else (SPECS[name].arch, SPECS[name].n_expert)
+        summary: dict[str, Any] = {"name": name, "arch": arch, "seed": SEED, "top_k": TOP_K,
                                    "n_ctx": N_CTX, "llama_cpp_python": llama_cpp.__version__, "quants": {}}
-        quants = {**QUANTS, **(MOE_QUANTS if SPECS[name].n_expert else {})}
+        quants = {**QUANTS, **(MOE_QUANTS if moe else {})}
         for quant, ftype in quants.items():
             path = args.work / f"{name}.{quant}.gguf"
             quantize_llama_cpp(base, path, ftype)
@@ -342,6 +353,11 @@ def main() -> int:
             out[f"{quant}_top_logp"] = np.take_along_axis(logp, top, axis=-1).astype(np.float32)
             summary["quants"][quant] = {"sha256": sha256_file(path), "bytes": path.stat().st_size,
                                         "mean_top1_prob": float(np.exp(logp.max(-1)).mean())}
+            if name in HYBRIDS and quant == "Q8_0":  # the whole sequence as a prompt split into batches of SPLIT
+                logp = log_softmax(llama_cpp_logits(path, ids, args.threads, n_batch=SPLIT, prefill=len(ids)))
+                top = np.argsort(-logp, axis=-1, kind="stable")[:, :TOP_K]
+                out[f"{quant}_split_top_ids"] = top.astype(np.int16)
+                out[f"{quant}_split_top_logp"] = np.take_along_axis(logp, top, axis=-1).astype(np.float32)
         np.savez_compressed(FIXTURES / f"{name}.npz", **out)
         (FIXTURES / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(name, json.dumps(summary["quants"]))

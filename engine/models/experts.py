@@ -62,6 +62,7 @@ class RoutingOps(GatedActivation, Protocol):
 
     def softmax(self, x: F32) -> F32: ...
     def silu(self, x: F32) -> F32: ...
+    def sigmoid(self, x: F32) -> F32: ...
 
 
 @dataclass
@@ -221,6 +222,7 @@ class MoEFFN:
     gate_bias: F32 | None = None
     down_bias: F32 | None = None
     ablated_experts: npt.NDArray[np.int64] | None = None  # never chosen: their logits -inf (engine.intervene.ablation)
+    shared_sigmoid: str = "silu_div"  # the shared expert's gate: qwen2moe's silu(x) / x, or ggml_sigmoid (qwen35moe)
 
     def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The dense matrices each recorded input feeds (the router's); the experts' inputs, which depend on the
@@ -252,8 +254,11 @@ class MoEFFN:
             out = out + y[:, s]
         if self.shared is not None and self.shared_gate is not None:
             z = self.shared_gate(h)  # (T, 1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                gate = ops.silu(z) / z  # qwen2moe.cpp's sigmoid: ggml_div(ggml_silu(x), x)
+            if self.shared_sigmoid == "sigmoid":  # qwen35moe.cpp, qwen3next.cpp: ggml_sigmoid
+                gate = ops.sigmoid(z)
+            else:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    gate = ops.silu(z) / z  # qwen2moe.cpp's sigmoid: ggml_div(ggml_silu(x), x)
             out = out + self.shared(h, ops, recorder) * gate
         return out.astype(np.float32, copy=False)
 
@@ -318,7 +323,7 @@ def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
         shared = DenseFFN(parts, w.linear(b + "ffn_down_shexp.weight", sw, a.dim), "swiglu")
         shared_gate = w.linear(b + "ffn_gate_inp_shexp.weight", a.dim, 1)
     ffn = MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate,
-                 model.moe_gating)
+                 model.moe_gating, shared_sigmoid=getattr(model, "shared_sigmoid", "silu_div"))
     if model.expert_biases:  # gpt-oss: the router's and every expert's biases, all required
         ffn.router_bias = w.vector(b + "ffn_gate_inp.bias", n)
         ffn.up_bias = w.qtensor(b + "ffn_up_exps.bias", (width, n)).dequantize().reshape(n, width)

@@ -35,7 +35,7 @@ def model_class(arch: str) -> type[DecoderModel]:
 
 
 # the shared definitions beside the architectures (every other module here is one architecture)
-_SHARED = {"args", "decoder", "encoder_decoder", "experts", "ffn", "registry", "rope", "seq2seq", "transformer",
+_SHARED = {"args", "decoder", "deltanet", "encoder_decoder", "experts", "ffn", "registry", "rope", "seq2seq", "transformer",
            "weights"}
 
 

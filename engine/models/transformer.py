@@ -132,6 +132,7 @@ class Layer:
     post_ffn_norm: F32 | None = None
     sinks: F32 | None = None  # gpt-oss: attn_sinks, one softmax logit per query head (attention to nothing)
     wo_bias: F32 | None = None  # gpt-oss: attn_output.bias
+    gated: bool = False  # Qwen3.5 / Qwen3-Next: each head's q row carries its output gate (q | gate), sigmoid(gate) * out
     qkv: FusedLinear = field(init=False)
 
     def __post_init__(self) -> None:
@@ -177,6 +178,7 @@ class Transformer(DecoderModel):
     moe_gating: ClassVar[str] = "softmax"  # build_moe_ffn's gating: 'softmax', or 'softmax_weight' (gpt-oss)
     expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases
     ffn_norm_name: ClassVar[str] = "ffn_norm"  # the FFN's input norm (gpt-oss calls it post_attention_norm)
+    attn_output_gate: ClassVar[bool] = False  # attn_q holds each head's query then its output gate (Qwen3.5)
     ablated_heads: dict[int, np.ndarray] = {}  # layer -> query heads whose output is zeroed (engine.intervene)
     head_means: dict[int, np.ndarray] = {}  # layer -> (len(heads), 1, d): the ablated heads' outputs when mean-ablated
     ablated_blocks: dict[int, frozenset[str]] = {}  # layer -> 'attn', 'ffn', 'experts' switched off (engine.intervene)
@@ -222,14 +224,15 @@ class Transformer(DecoderModel):
         """Block i's tensors under llama.cpp's names (create_tensor_qkv: a fused attn_qkv, or q/k/v with biases)."""
         b = f"blk.{i}."
         q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        q_rows = 2 * q_dim if self.attn_output_gate else q_dim  # q and its gate, head by head
         attn_norm = w.vector(b + "attn_norm.weight", a.dim)  # first, as load_arch_tensors creates them
         if w.has(b + "attn_qkv.weight"):
-            qkv = [w.linear(b + "attn_qkv.weight", a.dim, q_dim + 2 * kv_dim)]
+            qkv = [w.linear(b + "attn_qkv.weight", a.dim, q_rows + 2 * kv_dim)]
         else:
             if not w.has(b + "attn_q.weight"):
                 raise ModelFormatError(b + "attn_q.weight", f"required tensor is missing from the file (and there is no fused "
                                        f"{b}attn_qkv.weight either)")
-            qkv = [w.linear(b + "attn_q.weight", a.dim, q_dim), w.linear(b + "attn_k.weight", a.dim, kv_dim),
+            qkv = [w.linear(b + "attn_q.weight", a.dim, q_rows), w.linear(b + "attn_k.weight", a.dim, kv_dim),
                    w.linear(b + "attn_v.weight", a.dim, kv_dim)]
         names = [b + f"attn_{x}.bias" for x in "qkv"]
         biases = None
@@ -251,7 +254,7 @@ class Transformer(DecoderModel):
         wo = w.linear(b + "attn_output.weight", q_dim, a.dim)
         ffn_norm = w.vector(b + self.ffn_norm_name + ".weight", a.dim)
         ffn = load_moe(self, w, i, a) if a.n_expert else self.load_ffn(w, b, a)
-        return Layer(attn_norm, qkv, wo, ffn_norm, ffn, q_dim, kv_dim, biases, **extra)
+        return Layer(attn_norm, qkv, wo, ffn_norm, ffn, q_rows, kv_dim, biases, gated=self.attn_output_gate, **extra)
 
     def load_ffn(self, w: Weights, b: str, a: TransformerArgs) -> DenseFFN:
         """Block b's FFN: ffn_gate and ffn_up, then ffn_down."""
@@ -274,7 +277,9 @@ class Transformer(DecoderModel):
             if hook is not None:
                 x = hook(f"blocks.{i}.hook_resid_pre", x)
             h = self.norm(x, layer.attn_norm)
-            o = self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder)
+            mixer = getattr(layer, "mixer", None)  # the mixer seam: a recurrent layer (engine.models.deltanet), else attention
+            o = (mixer(h, self.ops, cache, start, recorder) if mixer is not None else
+                 self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder))
             o = self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o
             o = np.zeros_like(o) if "attn" in off else o  # an ablated attention adds nothing (its K, V are cached)
             x = x + (o if hook is None else hook(f"blocks.{i}.hook_attn_out", o))
@@ -305,6 +310,10 @@ class Transformer(DecoderModel):
         q, k, v = layer.split_qkv(layer.qkv(h))
         if layer.biases is not None:  # build_qkv: ggml_add of each bias after its product
             q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
+        gate = None
+        if layer.gated:  # qwen35.cpp: views of each head's q and its gate, the gate made contiguous
+            qg = q.reshape(t, a.n_heads, 2, d)
+            q, gate = qg[:, :, 0], np.ascontiguousarray(qg[:, :, 1]).reshape(t, a.n_heads * d)
         q = q.reshape(t, a.n_heads, d)  # (T, Hq, d)
         k = k.reshape(t, a.n_kv_heads, d)  # (T, Hkv, d)
         v = v.reshape(t, a.n_kv_heads, d)
@@ -332,6 +341,8 @@ class Transformer(DecoderModel):
         if self.hooks:  # each head's output, (T, heads, d) as TransformerLens's hook_z
             o = self.hook(f"blocks.{i}.attn.hook_z", o.transpose(1, 0, 2)).transpose(1, 0, 2)
         o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
+        if gate is not None:  # ggml_mul by ggml_sigmoid(gate)
+            o = o * ops.sigmoid(gate)
         if recorder is not None:
             recorder.record_input(layer.input_names()[1], o)
         out = layer.wo(o)

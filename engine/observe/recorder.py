@@ -33,6 +33,9 @@ class Recorder:
     # Mixture-of-Experts layers: layer -> the chosen experts (N, k) in descending order, their weights (N, k) and
     # the router's probabilities over all experts (N, n_expert, kept as float16)
     routing: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # recurrent (DeltaNet) layers: layer -> {'q', 'k' (N, key heads, S), 'v' (N, value heads, S), 'g', 'beta' (N, value
+    # heads)}: what engine.observe.recurrent needs to say how much each earlier token contributes to an output
+    recurrent: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     _pending: int = 0
 
     def begin(self, start: int, n_tokens: int) -> None:
@@ -45,6 +48,20 @@ class Recorder:
             return
         self.specs[layer] = spec
         self.q[layer] = _put(self.q.get(layer), start, q, axis=1)
+
+    def record_recurrent(self, layer: int, start: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                         beta: np.ndarray) -> None:
+        """A DeltaNet layer's per-token inputs of the delta rule (q, k L2-normalised, v after the convolution)."""
+        if not self.capture_q:
+            return
+        old = self.recurrent.get(layer, {})
+        self.recurrent[layer] = {name: _put(old.get(name), start, np.asarray(x, np.float32), axis=0)
+                                 for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+
+    def recurrent_inputs(self, layer: int) -> dict[str, np.ndarray] | None:
+        """A recurrent layer's recorded inputs at the committed positions, or None (an attention layer)."""
+        got = self.recurrent.get(layer)
+        return None if got is None else {name: a[: self.length] for name, a in got.items()}
 
     def record_hidden(self, layer: int, start: int, h: np.ndarray) -> None:
         if self.capture_hidden:

@@ -6,10 +6,10 @@ ggml's non-matrix ops call two kinds of elementary functions:
   fused multiply-adds, used for 16-float chunks in SiLU and softmax (AVX-512 build: scaled with
   _mm512_scalef_ps) or 8-float ones (AVX2 build: scaled through the exponent bits, `v_expf8`);
 - the C library's float functions: expf for leftover elements, cosf/sinf for the RoPE table, tanhf
-  for the GELU table. glibc (2.28 and later, the ARM optimized-routines algorithms, selected at run
+  for the GELU table, logf in softplus (the DeltaNet layers' decay gate). glibc (2.28 and later, the ARM optimized-routines algorithms, selected at run
   time in their FMA-compiled variants on CPUs with FMA) does not round these correctly: measured on
   glibc 2.36, cosf and sinf differ from the correctly rounded value on about 1.3% of RoPE angles,
-  expf on about 0.01% of arguments. So `cosf`, `sinf` and `expf` below follow glibc's algorithms step
+  expf on about 0.01% of arguments. So `cosf`, `sinf`, `expf` and `logf` below follow glibc's algorithms step
   by step in double precision, fused multiply-adds included (`fma64`, exact), and agree with the
   library on every input tested (6.8 million angles, 5 million exponents; see
   tests/engine/models/test_ggml_ops.py). tanhf is only read through the fp16 GELU table, where the
@@ -28,7 +28,7 @@ from engine.kernels.legacy.ref import fma32_ref
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 
-__all__ = ["cosf", "expf", "fma32", "fma64", "sinf", "v_expf", "v_expf8"]
+__all__ = ["cosf", "expf", "fma32", "fma64", "logf", "sinf", "v_expf", "v_expf8"]
 
 fma32 = fma32_ref  # float32 a * b + c rounded once (as _mm512_fmadd_ps / vfmadd231ss)
 
@@ -251,3 +251,50 @@ def cosf(x: npt.ArrayLike) -> F32:
 def sinf(x: npt.ArrayLike) -> F32:
     """glibc's sinf per element."""
     return _sincosf(x, False)
+
+
+# ---- glibc logf (e_logf.c, e_logf_data.c: ARM optimized-routines), FMA variant; ULP error up to 0.82
+
+_LOGF_TAB = np.array([float.fromhex(h) for h in (
+    "0x1.661ec79f8f3bep+0", "-0x1.57bf7808caadep-2", "0x1.571ed4aaf883dp+0", "-0x1.2bef0a7c06ddbp-2",
+    "0x1.49539f0f010bp+0", "-0x1.01eae7f513a67p-2", "0x1.3c995b0b80385p+0", "-0x1.b31d8a68224e9p-3",
+    "0x1.30d190c8864a5p+0", "-0x1.6574f0ac07758p-3", "0x1.25e227b0b8eap+0", "-0x1.1aa2bc79c81p-3",
+    "0x1.1bb4a4a1a343fp+0", "-0x1.a4e76ce8c0e5ep-4", "0x1.12358f08ae5bap+0", "-0x1.1973c5a611cccp-4",
+    "0x1.0953f419900a7p+0", "-0x1.252f438e10c1ep-5", "0x1p+0", "0x0p+0",
+    "0x1.e608cfd9a47acp-1", "0x1.aa5aa5df25984p-5", "0x1.ca4b31f026aap-1", "0x1.c5e53aa362eb4p-4",
+    "0x1.b2036576afce6p-1", "0x1.526e57720db08p-3", "0x1.9c2d163a1aa2dp-1", "0x1.bc2860d22477p-3",
+    "0x1.886e6037841edp-1", "0x1.1058bc8a07ee1p-2", "0x1.767dcf5534862p-1", "0x1.4043057b6ee09p-2")]).reshape(16, 2)
+_LOGF_LN2 = float.fromhex("0x1.62e42fefa39efp-1")
+_LOGF_A = tuple(float.fromhex(h) for h in ("-0x1.00ea348b88334p-2", "0x1.5575b0be00b6ap-2", "-0x1.ffffef20a4123p-2"))
+
+
+def logf(x: npt.ArrayLike) -> F32:
+    """glibc's logf per element: x = 2^k z, log(x) = log1p(z / c - 1) + log(c) + k ln2 with c from a 16-entry
+    table, the polynomial in double with GCC's fused multiply-adds, rounded once to float."""
+    x = np.asarray(x, np.float32)
+    ix = np.atleast_1d(x).view(np.uint32).astype(np.int64)
+    sub = (ix > 0) & (ix < 0x00800000)  # subnormals: scaled by 2^23, the exponent taken back
+    if sub.any():
+        with np.errstate(over="ignore"):
+            scaled = (np.atleast_1d(x) * np.float32(2.0**23)).view(np.uint32).astype(np.int64)
+        ix = np.where(sub, scaled - (23 << 23), ix)
+    tmp = (ix - 0x3F330000) & 0xFFFFFFFF
+    i = (tmp >> 19) % 16
+    k = np.where(tmp >= 1 << 31, tmp - (1 << 32), tmp) >> 23  # the arithmetic shift of a signed 32-bit value
+    iz = (ix - (tmp & 0xFF800000)) & 0xFFFFFFFF
+    z = iz.astype(np.uint32).view(np.float32).astype(np.float64)
+    invc, logc = _LOGF_TAB[i, 0], _LOGF_TAB[i, 1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = fma64(z, invc, -1.0)
+        y0 = fma64(k.astype(np.float64), _LOGF_LN2, logc)
+        r2 = r * r
+        y = fma64(_LOGF_A[1], r, _LOGF_A[2])
+        y = fma64(_LOGF_A[0], r2, y)
+        y = fma64(y, r2, y0 + r)
+        out = y.astype(np.float32)
+    xf = np.atleast_1d(x)
+    out = np.where(xf == np.float32(1.0), np.float32(0.0), out)
+    out = np.where(xf == 0, np.float32(-np.inf), out)
+    out = np.where(np.isposinf(xf), xf, out)
+    out = np.where((xf < 0) | np.isnan(xf), np.float32(np.nan), out)
+    return out.astype(np.float32).reshape(np.shape(x))

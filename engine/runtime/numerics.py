@@ -9,6 +9,7 @@ the memoised RoPE tables, the decode plan).
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ from engine.kernels import precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import NUMERICS, activation_values, compiled, quantize_activation
 from engine.models.rope import NO_SCALING, apply_rope, rope_angles
-from engine.ops import attention_decode, attention_ggml, attention_prefill, reference
+from engine.ops import attention_decode, attention_ggml, attention_prefill, delta_rule, reference
 from engine.ops import ggml as ggml_ops
 from engine.ops.attention_tiled import attention_tiled
 from engine.quant.types import GGMLType
@@ -65,6 +66,7 @@ class Float32Numerics:
 
     name = "float32"
     cache_type = "F32"
+    exact = False  # ggml-cpu's bits (the recurrent layers' ops take it as an argument)
     tiled_min_keys = TILED_MIN_KEYS
 
     def __init__(self) -> None:
@@ -96,6 +98,13 @@ class Float32Numerics:
 
     def silu(self, x: F32) -> F32:
         return reference.silu(x)
+
+    def sigmoid(self, x: F32) -> F32:
+        return delta_rule.sigmoid(x, self.exact)
+
+    def recurrent(self) -> ModuleType:
+        """The DeltaNet layers' ops (engine.ops.delta_rule), called with `exact` = this numerics' `exact`."""
+        return delta_rule
 
     def rope_tables(self, model: DecoderModel, pos: np.ndarray, base: float, freqs: np.ndarray) -> tuple[F32, F32]:
         """cos and sin (T, rope_dim/2) from exact float64 angles (`freqs` already scaled as rope.rope_freqs does)."""
@@ -156,6 +165,7 @@ class GgmlNumerics(Float32Numerics):
 
     name = "ggml"
     cache_type = "F16"
+    exact = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -167,6 +177,8 @@ class GgmlNumerics(Float32Numerics):
 
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block) where the kernels and the cache allow it."""
+        if getattr(model, "mixers", None) or getattr(model, "attn_output_gate", False):
+            return None  # a hybrid (recurrent layers): op by op, the recurrence compiled (engine.ops.delta_rule)
         if (not compiled() or getattr(model, "ablated_heads", None) or getattr(model, "ablated_blocks", None)
                 or getattr(model, "control", None)
                 or getattr(model, "lora_adapters", None) or getattr(model, "hooks", None)):

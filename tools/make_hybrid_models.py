@@ -1,0 +1,136 @@
+"""The hybrid test models (DeltaNet + gated attention: qwen35, qwen35moe) for tools/make_arch_models.py.
+
+No Qwen3.5 / Qwen3.6 file can be fetched here, so each is written in the exact tensor layout llama.cpp's
+llama_model_qwen35 / _qwen35moe loads (src/models/qwen35.cpp, qwen35moe.cpp), small and from a fixed seed: four
+blocks, the first three DeltaNet layers and the fourth gated full attention (full_attention_interval 4), two key
+heads read by four value heads (h % 2), a 4-tap convolution, partial multi-section RoPE. `qwen35moe` also has
+routed experts with a sigmoid-gated shared expert, and RoPE sections that leave one pair unrotated (IMROPE's fourth
+section, position 0 for text). make_arch_models.py names them like any other architecture:
+
+    /tmp/llvenv/bin/python tools/make_arch_models.py qwen35 qwen35moe
+
+The decay gates are spread (ssm_a from -1 to -16, the alpha products moderate) so that some heads forget within a
+few tokens and others keep most of the prompt, and beta is anywhere in (0, 1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.quant.types import GGMLType
+
+U32 = np.uint32
+Tensor = tuple[str, GGMLType, tuple[int, ...], np.ndarray]
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    arch: str
+    dim: int = 256
+    hidden: int = 512
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 64
+    rope_dim: int = 32
+    sections: tuple[int, int, int, int] = (6, 5, 5, 0)
+    state: int = 64
+    k_heads: int = 2
+    v_heads: int = 4
+    conv_kernel: int = 4
+    interval: int = 4
+    n_expert: int = 0
+    n_used: int = 0
+    expert_hidden: int = 0
+    mixer_scale: float = 0.5  # ssm_out's share of OUT_SCALE (its input is RMS-normed per head: unit scale)
+    router_std: float = 2.5
+
+
+HYBRIDS: dict[str, HybridSpec] = {
+    "qwen35": HybridSpec("qwen35"),
+    "qwen35moe": HybridSpec("qwen35moe", hidden=256, sections=(6, 4, 4, 0), n_expert=8, n_used=2, expert_hidden=128),
+}
+
+
+def build_hybrid(name: str, rng: np.random.Generator, base_md: dict[str, Any], head: list[Tensor],
+                 out_scale: float) -> tuple[dict[str, Any], list[Tensor]]:
+    """Metadata and F32 tensors of hybrid test model `name`; base_md and head hold the vocabulary, the token
+    embedding, the output norm and head that make_arch_models.build writes for every architecture."""
+    s = HYBRIDS[name]
+    a, f32 = s.arch, GGMLType.F32
+    md = dict(base_md)
+    md.update({
+        f"{a}.block_count": U32(s.n_layers), f"{a}.context_length": U32(4096), f"{a}.embedding_length": U32(s.dim),
+        f"{a}.feed_forward_length": U32(s.hidden), f"{a}.attention.head_count": U32(s.n_heads),
+        f"{a}.attention.head_count_kv": U32(s.n_kv_heads), f"{a}.attention.key_length": U32(s.head_dim),
+        f"{a}.attention.value_length": U32(s.head_dim), f"{a}.rope.freq_base": 10_000_000.0,
+        f"{a}.rope.dimension_count": U32(s.rope_dim), f"{a}.rope.dimension_sections": np.array(s.sections, np.int32),
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6, f"{a}.ssm.conv_kernel": U32(s.conv_kernel),
+        f"{a}.ssm.inner_size": U32(s.state * s.v_heads), f"{a}.ssm.state_size": U32(s.state),
+        f"{a}.ssm.time_step_rank": U32(s.v_heads), f"{a}.ssm.group_count": U32(s.k_heads),
+        f"{a}.full_attention_interval": U32(s.interval),
+    })
+    if s.n_expert:
+        md.update({f"{a}.expert_count": U32(s.n_expert), f"{a}.expert_used_count": U32(s.n_used),
+                   f"{a}.expert_feed_forward_length": U32(s.expert_hidden),
+                   f"{a}.expert_shared_feed_forward_length": U32(s.hidden)})
+
+    def mat(n_in: int, n_out: int, std: float | None = None) -> np.ndarray:
+        return rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(std or 1 / math.sqrt(n_in))
+
+    def norm(n: int) -> np.ndarray:
+        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    ts = list(head)
+    key_dim, value_dim = s.state * s.k_heads, s.state * s.v_heads
+    conv_dim = 2 * key_dim + value_dim
+    qd, kvd = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    for i in range(s.n_layers):
+        b = f"blk.{i}."
+        ts.append((b + "attn_norm.weight", f32, (s.dim,), norm(s.dim)))
+        if (i + 1) % s.interval:
+            ts += [(b + "attn_qkv.weight", f32, (s.dim, conv_dim), mat(s.dim, conv_dim)),
+                   (b + "attn_gate.weight", f32, (s.dim, value_dim), mat(s.dim, value_dim)),
+                   (b + "ssm_conv1d.weight", f32, (s.conv_kernel, conv_dim),
+                    (0.5 * rng.standard_normal((conv_dim, s.conv_kernel))).astype(np.float32)),
+                   (b + "ssm_dt.bias", f32, (s.v_heads,), rng.uniform(-2.0, 1.0, s.v_heads).astype(np.float32)),
+                   (b + "ssm_a", f32, (s.v_heads,), -np.exp(np.linspace(0.0, math.log(16.0), s.v_heads)).astype(np.float32)),
+                   (b + "ssm_beta.weight", f32, (s.dim, s.v_heads), mat(s.dim, s.v_heads)),
+                   (b + "ssm_alpha.weight", f32, (s.dim, s.v_heads), mat(s.dim, s.v_heads, 0.5 / math.sqrt(s.dim))),
+                   (b + "ssm_norm.weight", f32, (s.state,), norm(s.state)),
+                   (b + "ssm_out.weight", f32, (value_dim, s.dim),
+                    mat(value_dim, s.dim, s.mixer_scale * out_scale / math.sqrt(value_dim)))]
+        else:
+            ts += [(b + "attn_q.weight", f32, (s.dim, 2 * qd), mat(s.dim, 2 * qd)),
+                   (b + "attn_k.weight", f32, (s.dim, kvd), mat(s.dim, kvd)),
+                   (b + "attn_v.weight", f32, (s.dim, kvd), mat(s.dim, kvd)),
+                   (b + "attn_q_norm.weight", f32, (s.head_dim,), norm(s.head_dim)),
+                   (b + "attn_k_norm.weight", f32, (s.head_dim,), norm(s.head_dim)),
+                   (b + "attn_output.weight", f32, (qd, s.dim), mat(qd, s.dim, out_scale / math.sqrt(qd)))]
+        ts.append((b + "post_attention_norm.weight", f32, (s.dim,), norm(s.dim)))
+        if s.n_expert:
+            ts += _experts(b, s, rng, out_scale)
+        else:
+            ts += [(b + "ffn_gate.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)),
+                   (b + "ffn_up.weight", f32, (s.dim, s.hidden), mat(s.dim, s.hidden)),
+                   (b + "ffn_down.weight", f32, (s.hidden, s.dim), mat(s.hidden, s.dim, out_scale / math.sqrt(s.hidden)))]
+    return md, ts
+
+
+def _experts(b: str, s: HybridSpec, rng: np.random.Generator, out_scale: float) -> list[Tensor]:
+    """Router, stacked experts (each down matrix with its own scale, so routing moves the output) and the shared
+    expert with its one-row gate."""
+    f32, n, d, w, h = GGMLType.F32, s.n_expert, s.dim, s.expert_hidden, s.hidden
+    gen = lambda *shape, std: rng.standard_normal(shape, dtype=np.float32) * np.float32(std)  # noqa: E731
+    scale = np.geomspace(0.5, 2.0, n).astype(np.float32)[:, None, None]
+    return [(b + "ffn_gate_inp.weight", f32, (d, n), gen(n, d, std=s.router_std / math.sqrt(d))),
+            (b + "ffn_gate_exps.weight", f32, (d, w, n), gen(n, w, d, std=1 / math.sqrt(d))),
+            (b + "ffn_up_exps.weight", f32, (d, w, n), gen(n, w, d, std=1 / math.sqrt(d))),
+            (b + "ffn_down_exps.weight", f32, (w, d, n), gen(n, d, w, std=out_scale / math.sqrt(w)) * scale),
+            (b + "ffn_gate_inp_shexp.weight", f32, (d,), gen(d, std=2 / math.sqrt(d))),
+            (b + "ffn_gate_shexp.weight", f32, (d, h), gen(h, d, std=1 / math.sqrt(d))),
+            (b + "ffn_up_shexp.weight", f32, (d, h), gen(h, d, std=1 / math.sqrt(d))),
+            (b + "ffn_down_shexp.weight", f32, (h, d), gen(d, h, std=out_scale / math.sqrt(h)))]
