@@ -3,8 +3,14 @@
 The cache can hold its rows as F32, F16, Q8_0 or Q4_0, as llama.cpp's --cache-type-k/v do: F16 rows are
 stored as float16; Q8_0 / Q4_0 rows are stored as ggml blocks (quantized when written, dequantized when
 attention reads them), so the bytes reported are the bytes held.
+
+Layers may differ in shape (Gemma 4: sliding layers with more, narrower KV heads than the global ones), and a layer
+may hold no rows of its own but read another's (Gemma 4's KV sharing, llama_kv_cache's layer_reuse_cb): `shared`
+maps such a layer to the layer whose rows it reads, and every read of it returns that layer's rows.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,11 +31,19 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, cache_type: str | npt.DTypeLike = "F32",
-                 kv_layers: frozenset[int] | None = None):
+                 kv_layers: frozenset[int] | None = None, layer_shapes: Sequence[tuple[int, int]] | None = None,
+                 shared: Mapping[int, int] | None = None):
         self.n_layers = n_layers
-        self.kv_layers = frozenset(range(n_layers)) if kv_layers is None else kv_layers  # the others hold no rows
+        self.shared = dict(shared or {})  # layer -> the layer whose rows it reads (it holds none of its own)
+        kv = frozenset(range(n_layers)) if kv_layers is None else kv_layers
+        self.kv_layers = kv - frozenset(self.shared)  # the others hold no rows
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
+        # (n_kv_heads, head_dim) of each layer; the defaults above where the layers do not differ
+        self.shapes = [(n_kv_heads, head_dim)] * n_layers if layer_shapes is None else [tuple(s) for s in layer_shapes]
+        for layer, src in self.shared.items():
+            if src not in self.kv_layers or self.shapes[src] != self.shapes[layer]:
+                raise ValueError(f"layer {layer} cannot read layer {src}'s rows")
         self.n_ctx = n_ctx
         name = _type_name(cache_type)
         if name not in CACHE_TYPES:
@@ -37,9 +51,11 @@ class KVCache:
         self.cache_type = name
         self.qtype = CACHE_TYPES[name]
         info = TYPES[self.qtype]
-        if head_dim % info.block_size:
-            raise SettingError(f"cache type {name} needs head_dim to be a multiple of {info.block_size}, got {head_dim}")
+        for d in sorted({d for _, d in self.shapes} | {head_dim}):
+            if d % info.block_size:
+                raise SettingError(f"cache type {name} needs head_dim to be a multiple of {info.block_size}, got {d}")
         self._row_bytes = info.row_bytes(head_dim)
+        self._layer_row_bytes = [info.row_bytes(d) for _, d in self.shapes]
         self._quantized = info.block_size > 1
         self.tokens: list[int] = []
         self.capacity = 0
@@ -50,11 +66,12 @@ class KVCache:
     def length(self) -> int:
         return len(self.tokens)
 
-    def _alloc(self, cap: int) -> np.ndarray:
+    def _alloc(self, cap: int, layer: int | None = None) -> np.ndarray:
+        heads, d = (self.n_kv_heads, self.head_dim) if layer is None else self.shapes[layer]
         if self._quantized:
-            return np.zeros((self.n_kv_heads, cap, self._row_bytes), np.uint8)
+            return np.zeros((heads, cap, TYPES[self.qtype].row_bytes(d)), np.uint8)
         dtype = np.float16 if self.qtype == GGMLType.F16 else np.float32
-        return np.zeros((self.n_kv_heads, cap, self.head_dim), dtype)
+        return np.zeros((heads, cap, d), dtype)
 
     def reserve(self, n_total: int) -> None:
         """Make room for n_total positions; ContextFullError past the context length."""
@@ -63,25 +80,30 @@ class KVCache:
         if n_total <= self.capacity:
             return
         cap = min(self.n_ctx, max(_MIN_CAPACITY, self.capacity * 2, n_total))
-        new_k = [self._alloc(cap if i in self.kv_layers else 0) for i in range(self.n_layers)]
-        new_v = [self._alloc(cap if i in self.kv_layers else 0) for i in range(self.n_layers)]
+        new_k = [self._alloc(cap if i in self.kv_layers else 0, i) for i in range(self.n_layers)]
+        new_v = [self._alloc(cap if i in self.kv_layers else 0, i) for i in range(self.n_layers)]
         n = self.length
         for old, new in ((self.k, new_k), (self.v, new_v)):
             for layer, a in enumerate(old):
-                new[layer][:, :n] = a[:, :n]
+                if layer not in self.shared:
+                    new[layer][:, :n] = a[:, :n]
+            for layer, src in self.shared.items():  # the same arrays: a read of the layer is a read of its source
+                new[layer] = new[src]
         self.k, self.v, self.capacity = new_k, new_v, cap
 
     def _encode(self, x: np.ndarray) -> np.ndarray:
         if not self._quantized:
             return x
         h, t, d = x.shape
-        return quantize(x.reshape(h * t, d), self.qtype).reshape(h, t, self._row_bytes)
+        row = TYPES[self.qtype].row_bytes(d)
+        return quantize(x.reshape(h * t, d), self.qtype).reshape(h, t, row)
 
-    def _decode(self, rows: np.ndarray) -> np.ndarray:
+    def _decode(self, rows: np.ndarray, layer: int | None = None) -> np.ndarray:
         if not self._quantized:
             return rows.astype(np.float32, copy=False)
-        h, t, _ = rows.shape
-        return dequantize_rows(rows.reshape(h * t, self._row_bytes), self.qtype).reshape(h, t, self.head_dim)
+        h, t, row = rows.shape
+        d = self.head_dim if layer is None else self.shapes[layer][1]
+        return dequantize_rows(rows.reshape(h * t, row), self.qtype).reshape(h, t, d)
 
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store k, v (n_kv_heads, T, head_dim) at [start, start+T); return all keys/values up to start+T as float32."""
@@ -90,6 +112,7 @@ class KVCache:
 
     def put(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> int:
         """Store k, v (n_kv_heads, T, head_dim) at [start, start+T) in the cache's type; returns start + T."""
+        assert layer not in self.shared, "a layer that reads another's rows writes none"
         end = start + k.shape[1]
         self.k[layer][:, start:end] = self._encode(k)
         self.v[layer][:, start:end] = self._encode(v)
@@ -111,11 +134,11 @@ class KVCache:
 
     def keys(self, layer: int, n: int | None = None) -> np.ndarray:
         """Keys of positions [0, n) as float32 (n_kv_heads, n, head_dim); default: the committed ones."""
-        return self._decode(self.k[layer][:, : self.length if n is None else n])
+        return self._decode(self.k[layer][:, : self.length if n is None else n], layer)
 
     def values(self, layer: int, n: int | None = None) -> np.ndarray:
         """Values of positions [0, n) as float32 (n_kv_heads, n, head_dim)."""
-        return self._decode(self.v[layer][:, : self.length if n is None else n])
+        return self._decode(self.v[layer][:, : self.length if n is None else n], layer)
 
     def commit(self, tokens: list[int]) -> None:
         """Accept the positions the last forward wrote for these tokens."""
@@ -144,8 +167,8 @@ class KVCache:
         return self.bytes_for(self.length)
 
     def bytes_for(self, n_tokens: int) -> int:
-        """2 x layers with rows x tokens x kv_heads x (bytes of one head_dim row in the cache type)."""
-        return 2 * len(self.kv_layers) * n_tokens * self.n_kv_heads * self._row_bytes
+        """2 x tokens x, over the layers with rows of their own, kv_heads x (bytes of one head_dim row in the cache type)."""
+        return 2 * n_tokens * sum(self.shapes[i][0] * self._layer_row_bytes[i] for i in self.kv_layers)
 
 
 def _type_name(cache_type: str | npt.DTypeLike) -> str:

@@ -207,10 +207,16 @@ def _dense_bytes(units: list[int], budget: int) -> tuple[int, int]:
 
 
 def kv_cache_bytes(args: BaseArgs, n_ctx: int, cache_type: str = "F32") -> int:
-    """2 x n_layers x n_ctx x n_kv_heads x bytes of one head_dim row in the cache type."""
+    """2 x attention layers x n_ctx x n_kv_heads x bytes of one head_dim row in the cache type, plus a hybrid's
+    recurrent layers' constant state (engine.hybrid_cache: conv rows and one matrix per value head, float32)."""
     qtype = _CACHE_TYPES.get(cache_type.strip().upper(), GGMLType.F32)
     row = TYPES[qtype].row_bytes(args.head_dim) if args.head_dim % TYPES[qtype].block_size == 0 else 4 * args.head_dim
-    return 2 * args.n_layers * n_ctx * args.n_kv_heads * row
+    recurrent = sum(getattr(args, "recurrent", ()) or ())
+    dims = getattr(args, "deltanet", None)
+    state = 0
+    if recurrent and dims is not None:
+        state = recurrent * 4 * (dims.v_heads * dims.state * dims.state + (dims.conv_kernel - 1) * dims.conv_dim)
+    return 2 * (args.n_layers - recurrent) * n_ctx * args.n_kv_heads * row + state
 
 
 def scratch_bytes(args: BaseArgs, n_ctx: int, chunk_size: int = 256, all_logits: bool = False) -> int:

@@ -22,7 +22,9 @@ or near-tied distributions would turn the 8-bit activation rounding llama.cpp do
 into top-token flips that say nothing about the architecture.
 
 The encoder-decoder entries `t5` and `t5_relu` are built and run by tools/make_t5_model.py (llama_encode, then the
-decoder's logits); naming them here runs that.
+decoder's logits); naming them here runs that. The DeltaNet hybrids' blocks are tools/make_hybrid_models.py's, the
+Gemma 4 entries' (`gemma4`, `gemma4_moe`: F16, Q8_0, Q4_K_M, and MXFP4_MOE) tools/make_gemma4_models.py's; both are
+also run as one prompt in batches of SPLIT (Q8_0).
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from engine.gguf import write_gguf  # noqa: E402
+from tools.make_gemma4_models import GEMMA4, build_gemma4  # noqa: E402
+from tools.make_gemma4_models import QUANTS as GEMMA4_QUANTS  # noqa: E402
 from tools.make_hybrid_models import HYBRIDS, build_hybrid  # noqa: E402
 from engine.quant.types import GGMLType  # noqa: E402
 
@@ -146,6 +150,10 @@ def build(name: str, seed: int = SEED) -> tuple[dict[str, Any], list[tuple[str, 
         h = HYBRIDS[name]
         md, ts = build_spec(ArchSpec(h.arch, dim=h.dim, n_layers=0, tied=False), seed)
         return build_hybrid(name, np.random.default_rng(seed + 7), md, ts, OUT_SCALE)
+    if name in GEMMA4:  # Gemma 4 (tools/make_gemma4_models.py): the vocabulary, tied head and norm as below, its blocks
+        g = GEMMA4[name]
+        md, ts = build_spec(ArchSpec(g.arch, dim=g.dim, n_layers=0, logit_std=g.logit_std), seed)
+        return build_gemma4(name, np.random.default_rng(seed + 11), md, ts, OUT_SCALE)
     return build_spec(SPECS[name], seed)
 
 
@@ -323,7 +331,7 @@ def quantize_llama_cpp(src: Path, dst: Path, ftype: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("names", nargs="*", default=[*SPECS, *HYBRIDS, "t5", "t5_relu"])
+    ap.add_argument("names", nargs="*", default=[*SPECS, *HYBRIDS, *GEMMA4, "t5", "t5_relu"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/arch_models"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -340,10 +348,11 @@ def main() -> int:
             continue
         base = write_arch(args.work / f"{name}.F32.gguf", name)
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
-        arch, moe = (HYBRIDS[name].arch, HYBRIDS[name].n_expert) if name in HYBRIDS else (SPECS[name].arch, SPECS[name].n_expert)
+        spec = HYBRIDS.get(name) or GEMMA4.get(name) or SPECS[name]
+        arch, moe = spec.arch, spec.n_expert
         summary: dict[str, Any] = {"name": name, "arch": arch, "seed": SEED, "top_k": TOP_K,
                                    "n_ctx": N_CTX, "llama_cpp_python": llama_cpp.__version__, "quants": {}}
-        quants = {**QUANTS, **(MOE_QUANTS if moe else {})}
+        quants = {**(GEMMA4_QUANTS if name in GEMMA4 else QUANTS), **(MOE_QUANTS if moe else {})}
         for quant, ftype in quants.items():
             path = args.work / f"{name}.{quant}.gguf"
             quantize_llama_cpp(base, path, ftype)
@@ -353,7 +362,7 @@ def main() -> int:
             out[f"{quant}_top_logp"] = np.take_along_axis(logp, top, axis=-1).astype(np.float32)
             summary["quants"][quant] = {"sha256": sha256_file(path), "bytes": path.stat().st_size,
                                         "mean_top1_prob": float(np.exp(logp.max(-1)).mean())}
-            if name in HYBRIDS and quant == "Q8_0":  # the whole sequence as a prompt split into batches of SPLIT
+            if (name in HYBRIDS or name in GEMMA4) and quant == "Q8_0":  # all tokens as a prompt in batches of SPLIT
                 logp = log_softmax(llama_cpp_logits(path, ids, args.threads, n_batch=SPLIT, prefill=len(ids)))
                 top = np.argsort(-logp, axis=-1, kind="stable")[:, :TOP_K]
                 out[f"{quant}_split_top_ids"] = top.astype(np.int16)

@@ -7,6 +7,9 @@
   same vector at each position; the means are taken on the model without the ablation (`head_means`).
 - A layer's attention or FFN: what the block adds to the residual stream left out (the attention's keys and values
   still enter the cache). Equal to a file whose `attn_output` (and its bias) or `ffn_down` is zero.
+- A head of a recurrent (DeltaNet) layer, zeroed: its output zeroed before the gated norm, so nothing it read from its
+  state reaches `ssm_out` (the state itself still runs): equal to a file whose `ssm_out` columns of that head are
+  zero. Mean ablation is for attention heads only (a recurrent head has no hook_z).
 - An expert of a Mixture-of-Experts layer: never chosen (its router logit set to -inf before the top-k), as if the
   file had no such expert; the token's other experts take its place. Equal to a file whose router bias for it is -inf.
 
@@ -100,9 +103,16 @@ def parse(model: Model, heads: Sequence[str] = (), attn: Sequence[str] = (), ffn
     n_expert = getattr(a, "n_expert", 0) or 0
     if experts and not n_expert:
         raise SettingError(f"--ablate-expert {experts[0]}: the model has no experts (it is not a Mixture-of-Experts model)")
-    return Ablation(parse_heads(heads, a.n_layers, a.n_heads).heads, _layers(attn, "--ablate-attn", a.n_layers),
+    return Ablation(parse_heads(heads, a.n_layers, max(heads_in(model.net, i) for i in range(a.n_layers))).heads,
+                    _layers(attn, "--ablate-attn", a.n_layers),
                     _layers(ffn, "--ablate-ffn", a.n_layers),
                     _pairs(experts, "--ablate-expert", "3:12", (a.n_layers, max(n_expert, 1)), "expert"))
+
+
+def heads_in(net: object, layer: int) -> int:
+    """Layer `layer`'s heads: a recurrent layer's value heads, else the attention's query heads."""
+    mixer = getattr(net.layers[layer], "mixer", None) if 0 <= layer < len(getattr(net, "layers", ())) else None
+    return mixer.dims.v_heads if mixer is not None else net.args.n_heads  # type: ignore[attr-defined]
 
 
 def head_means(model: Model, tokens: Sequence[int], ablation: Ablation) -> Ablation:
@@ -114,6 +124,10 @@ def head_means(model: Model, tokens: Sequence[int], ablation: Ablation) -> Ablat
         return ablation
     if not tokens:
         raise SettingError("mean ablation needs a context to average over: the chat (or the prompt) is empty")
+    recurrent = sorted({layer for layer, _ in ablation.heads if getattr(model.net.layers[layer], "mixer", None)})
+    if recurrent:
+        raise SettingError(f"layer {recurrent[0]} is a recurrent (DeltaNet) layer: its heads can be zeroed, not "
+                           "mean-ablated (mean ablation replaces an attention head's output)")
     ablate(model, Ablation())
     layers = sorted({layer for layer, _ in ablation.heads})
     _, acts = run_with_cache(model, tokens, [f"blocks.{i}.attn.hook_z" for i in layers])
@@ -135,8 +149,10 @@ def ablate(model: Model, ablation: Ablation) -> None:
         raise SettingError("mean ablation without the heads' means: take them with head_means first")
     by_layer: dict[int, list[int]] = {}
     for layer, head in ablation.heads:
-        if not (0 <= layer < a.n_layers and 0 <= head < a.n_heads):
-            raise SettingError(f"head L{layer}h{head} is outside the model ({a.n_layers} layers, {a.n_heads} heads)")
+        n = heads_in(net, layer) if 0 <= layer < a.n_layers else a.n_heads
+        if not (0 <= layer < a.n_layers and 0 <= head < n):
+            kind = "value heads" if 0 <= layer < a.n_layers and getattr(net.layers[layer], "mixer", None) else "heads"
+            raise SettingError(f"head L{layer}h{head} is outside the model ({a.n_layers} layers, {n} {kind} there)")
         by_layer.setdefault(layer, []).append(head)
     blocks: dict[int, set[str]] = {}
     for kind, layers in (("attn", ablation.attn_layers), ("ffn", ablation.ffn_layers)):
@@ -157,6 +173,9 @@ def ablate(model: Model, ablation: Ablation) -> None:
             raise SettingError(f"layer {layer}: {len(es)} experts ablated leaves fewer than the "
                                f"{net.layers[layer].ffn.n_used} each token uses")
         blocks.setdefault(layer, set()).add("experts")
+    mixers = {i: layer.mixer for i, layer in enumerate(net.layers) if getattr(layer, "mixer", None) is not None}
+    for i, mixer in mixers.items():  # a recurrent layer's heads are zeroed inside its mixer
+        mixer.ablated_heads = np.asarray(sorted(by_layer.pop(i)), np.int64) if i in by_layer else None
     net.ablated_heads = {layer: np.asarray(sorted(heads), np.int64) for layer, heads in by_layer.items()}
     net.head_means = ({layer: ablation.means[layer][net.ablated_heads[layer]][:, None, :] for layer in by_layer}
                       if ablation.mean_over else {})

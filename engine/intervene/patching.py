@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.errors import SettingError
+from engine.intervene.ablation import heads_in
 from engine.intervene.hooks import hooked, run_with_cache
 
 if TYPE_CHECKING:
@@ -78,11 +79,12 @@ def patch(model: Model, clean_ids: Sequence[int], corrupt_ids: Sequence[int], *,
     if abs(span) < 1e-6:
         raise SettingError("the clean and corrupted logit differences are equal: nothing to restore")
     heads = kind == "heads"
-    scores = np.full((n_layers, model.args.n_heads if heads else len(clean)), np.nan)
+    per_layer = [heads_in(model.net, i) for i in range(n_layers)]  # a recurrent layer's value heads
+    scores = np.full((n_layers, max(per_layer) if heads else len(clean)), np.nan)
     x0 = model.net.embed(np.asarray(corrupt, np.int64))
     net = model.net
     for layer in range(n_layers):
-        for p in range(scores.shape[1]):
+        for p in range(per_layer[layer] if heads else scores.shape[1]):  # NaN past a layer's own heads
             if cancel is not None and cancel():
                 raise PatchingCancelled(PatchResult(scores, d_clean, d_corrupt, answer, wrong, kind, tuple(clean),
                                                     tuple(corrupt)))

@@ -240,18 +240,18 @@ class MoEFFN:
         if self.ablated_experts is not None:  # as a router bias of -inf would: never among the top k
             logits = logits.copy()
             logits[:, self.ablated_experts] = -np.inf
-        if t == 1 and recorder is None and ONE_TOKEN_COMPILED and self.up.numerics == "ggml" and compiled() \
-                and self.shared is None:
-            return self._one_token(h, logits, ops)
-        r = route(logits, k, ops, self.normalize, self.gating, display=recorder is not None)
-        if recorder is not None:
-            recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
-        ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
-        down = self._experts(h, ids, np.repeat(np.arange(t), k), ops)  # each token's row once per chosen expert
-        y = down.reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
-        out = y[:, 0].copy()
-        for s in range(1, k):  # ggml_add of the slots' views, one after another
-            out = out + y[:, s]
+        if t == 1 and recorder is None and ONE_TOKEN_COMPILED and self.up.numerics == "ggml" and compiled():
+            out = self._one_token(h, logits, ops)
+        else:
+            r = route(logits, k, ops, self.normalize, self.gating, display=recorder is not None)
+            if recorder is not None:
+                recorder.record_routing(self.layer, r.experts, r.weights, r.probs)
+            ids = r.experts.reshape(-1).astype(np.int64)  # slot-major per token: (token, slot) rows
+            down = self._experts(h, ids, np.repeat(np.arange(t), k), ops)  # each token's row once per chosen expert
+            y = down.reshape(t, k, -1) * r.weights[:, :, None]  # ggml_mul by the weights
+            out = y[:, 0].copy()
+            for s in range(1, k):  # ggml_add of the slots' views, one after another
+                out = out + y[:, s]
         if self.shared is not None and self.shared_gate is not None:
             z = self.shared_gate(h)  # (T, 1)
             if self.shared_sigmoid == "sigmoid":  # qwen35moe.cpp, qwen3next.cpp: ggml_sigmoid

@@ -35,8 +35,8 @@ def model_class(arch: str) -> type[DecoderModel]:
 
 
 # the shared definitions beside the architectures (every other module here is one architecture)
-_SHARED = {"args", "decoder", "deltanet", "encoder_decoder", "experts", "ffn", "registry", "rope", "seq2seq", "transformer",
-           "weights"}
+_SHARED = {"args", "decoder", "deltanet", "encoder_decoder", "hybrid", "experts", "ffn", "gemma4_ffn", "layer_kinds", "per_layer_inputs",
+           "registry", "rope", "seq2seq", "transformer", "weights"}
 
 
 def _discover() -> None:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from engine.errors import ModelFormatError
+from engine.models.args import MetadataView
+
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 
@@ -110,3 +113,37 @@ def apply_rope(x: F32, cos: F32, sin: F32, mode: str) -> F32:
     else:
         raise ValueError(f"unknown rope mode {mode!r}")
     return out
+
+
+# ---- IMROPE (Qwen3.5, Qwen3-VL) for text
+# IMROPE rotates NEOX pairs, pair i taking the position of the section its sector (i mod the sections' sum) falls in;
+# the text, height and width sections all see the token's position, and a pair outside them reads the fourth
+# position, which is 0 for text: that pair is not rotated. Such pairs get a frequency factor of infinity (theta / inf
+# = 0, as ggml's freq_factors divide), so where the sections cover every pair (Qwen3.5's [11, 11, 10]) the rotation is
+# plain NEOX, and where they do not (Qwen3-VL's [24, 20, 20] leaves pairs 61 and 62) it is not.
+
+
+def read_sections(m: MetadataView) -> tuple[int, int, int, int]:
+    """`rope.dimension_sections` (required): IMROPE's text, height, width and extra sections, in pairs."""
+    key = f"{m.arch}.rope.dimension_sections"
+    got = m.md.get(key)
+    if got is None:
+        raise ModelFormatError(key, "required metadata key is missing")
+    vals = [int(v) for v in np.asarray(got).reshape(-1)]
+    if len(vals) > 4 or any(v < 0 for v in vals) or not any(vals):
+        raise ModelFormatError(key, "must be up to four non-negative section sizes, not all zero", vals)
+    return tuple(vals + [0] * (4 - len(vals)))  # type: ignore[return-value]
+
+
+def imrope_factors(rope_dim: int, sections: tuple[int, int, int, int]) -> np.ndarray | None:
+    """Per rotated pair: 1, or infinity where IMROPE gives the pair the fourth (extra) position, 0 for text; None
+    where every pair takes the token's position (plain NEOX)."""
+    total = sum(sections)
+    out = np.ones(rope_dim // 2, np.float32)
+    for i in range(rope_dim // 2):
+        sector = i % total
+        covered = ((sector % 3 == 0 and sector < 3 * sections[0]) or (sector % 3 == 1 and sector < 3 * sections[1])
+                   or (sector % 3 == 2 and sector < 3 * sections[2]))
+        if not covered:
+            out[i] = np.inf
+    return None if np.all(out == 1) else out

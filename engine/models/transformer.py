@@ -6,7 +6,9 @@ matrix, where the query scale goes, post-attention and post-FFN norms, the GLU, 
 on some layers, RoPE's pair layout and scaling. `Transformer.run_layers` is that graph with each of those as a
 switch, op for op in the order llama.cpp adds the ops; each architecture file sets its switches and reads its
 metadata. A block is two seams, `attention` and the layer's FFN (engine.models.ffn: dense, and room for experts),
-between the norms; the recorder is called from here, so every architecture records the same things.
+between the norms; the recorder is called from here, so every architecture records the same things. Where layers
+differ in attention shape or read another layer's K/V (Gemma 4), the Layer says so (head_dim, n_kv_heads, kv_source);
+`rope_tables` / `rope_key` give each layer its RoPE, and `finish_block` what a block adds after its FFN.
 """
 from __future__ import annotations
 
@@ -119,10 +121,11 @@ class Layer:
     """One block's weights; the optional ones are None where the architecture has none."""
 
     attn_norm: F32
-    qkv_parts: list[Linear]  # [wq, wk, wv], or [wqkv] (fused, split by q_dim / kv_dim)
-    wo: Linear
-    ffn_norm: F32
-    ffn: DenseFFN | MoEFFN  # the FFN seam: the gated dense FFN (engine.models.ffn) or the experts (models.experts)
+    qkv_parts: list[Linear]  # [wq, wk, wv], or [wqkv] (fused, split by q_dim / kv_dim); [wq] reading another
+    wo: Linear  # layer's K/V (kv_source); [wq, wk] where V is K (v_from_k)
+    ffn_norm: F32 | None  # None: the FFN seam takes the residual itself and norms it (Gemma 4's FFN + experts)
+    ffn: DenseFFN | MoEFFN | Any  # the FFN seam: the gated dense FFN (engine.models.ffn), the experts (models.experts),
+    # or an architecture's own (Gemma 4: a dense FFN beside experts, engine.models.gemma4_ffn)
     q_dim: int
     kv_dim: int
     biases: tuple[F32, F32, F32] | None = None  # q, k, v biases (ggml_add after the products)
@@ -133,19 +136,34 @@ class Layer:
     sinks: F32 | None = None  # gpt-oss: attn_sinks, one softmax logit per query head (attention to nothing)
     wo_bias: F32 | None = None  # gpt-oss: attn_output.bias
     gated: bool = False  # Qwen3.5 / Qwen3-Next: each head's q row carries its output gate (q | gate), sigmoid(gate) * out
+    head_dim: int = 0  # this layer's attention shape where it is not the model's (Gemma 4's global layers); 0: the
+    n_heads: int = 0  # model's
+    n_kv_heads: int = 0
+    kv_source: int | None = None  # Gemma 4's KV sharing: attend to that layer's cached K/V, compute and cache none
+    v_from_k: bool = False  # Gemma 4 without attn_v (attention_k_eq_v): V is K's product (before K's norm)
+    v_norm: F32 | None = None  # Gemma 4: V RMS-normed per head before the cache (ones: ggml_rms_norm unweighted)
     qkv: FusedLinear = field(init=False)
 
     def __post_init__(self) -> None:
         self.qkv = FusedLinear(self.qkv_parts)
-        names = ("wq", "wk", "wv") if len(self.qkv_parts) == 3 else ("wqkv",)
+        fused = len(self.qkv_parts) == 1 and self.qkv_parts[0].n_out != self.q_dim
+        names = ("wqkv",) if fused else ("wq", "wk", "wv")
         for name, lin in zip(names, self.qkv_parts):
             setattr(self, name, lin)
 
-    def split_qkv(self, parts: list[F32]) -> list[F32]:
-        """q, k, v (rows, n) from the products' outputs: the parts, or views into the fused one."""
+    def split_qkv(self, parts: list[F32]) -> list[F32 | None]:
+        """q, k, v (rows, n) from the products' outputs: the parts, or views into the fused one; k and v None in a
+        layer that reads another's cache (its q is the first q_dim columns, of attn_q or of a fused attn_qkv)."""
+        if self.kv_source is not None:
+            return [parts[0][..., : self.q_dim], None, None]
+        if self.v_from_k:  # gemma4.cpp: Vcur = Kcur when the layer has no attn_v
+            return [parts[0], parts[1], parts[1]]
         if len(parts) == 3:
             return parts
-        (y,) = parts
+        return self.split_fused(parts[0])
+
+    def split_fused(self, y: F32) -> list[F32]:
+        """q, k, v: views into the fused attn_qkv product's rows."""
         a, b = self.q_dim, self.q_dim + self.kv_dim
         return [y[..., :a], y[..., a:b], y[..., b:]]
 
@@ -268,7 +286,7 @@ class Transformer(DecoderModel):
     def run_layers(self, x: F32, start: int, cache: KVCache, recorder: Recorder | None, which: range) -> F32:
         t = x.shape[0]
         pos = np.arange(start, start + t)
-        tables = {base: self.ops.rope_tables(self, pos, base, f) for base, f in self.freqs_by_base.items()}
+        tables = self.rope_tables(pos)
         masks: dict = {}
         hook = self.hook if self.hooks else None
         for i in which:
@@ -278,16 +296,17 @@ class Transformer(DecoderModel):
                 x = hook(f"blocks.{i}.hook_resid_pre", x)
             h = self.norm(x, layer.attn_norm)
             mixer = getattr(layer, "mixer", None)  # the mixer seam: a recurrent layer (engine.models.deltanet), else attention
-            o = (mixer(h, self.ops, cache, start, recorder) if mixer is not None else
-                 self.attention(i, layer, h, start, pos, tables[self.specs[i].rope_base], cache, masks, recorder))
+            o = (mixer(h, self.ops, cache, start, recorder, hook) if mixer is not None else
+                 self.attention(i, layer, h, start, pos, tables[self.rope_key(i)], cache, masks, recorder))
             o = self.norm(o, layer.post_attn_norm) if layer.post_attn_norm is not None else o
             o = np.zeros_like(o) if "attn" in off else o  # an ablated attention adds nothing (its K, V are cached)
             x = x + (o if hook is None else hook(f"blocks.{i}.hook_attn_out", o))
-            h = self.norm(x, layer.ffn_norm)
+            h = self.norm(x, layer.ffn_norm) if layer.ffn_norm is not None else x  # else the seam norms it
             f = layer.ffn(h, self.ops, recorder)
             f = self.norm(f, layer.post_ffn_norm) if layer.post_ffn_norm is not None else f
             f = np.zeros_like(f) if "ffn" in off else f
             x = x + (f if hook is None else hook(f"blocks.{i}.hook_mlp_out", f))
+            x = self.finish_block(i, x, recorder)
             direction = self.control.get(i)
             if direction is not None:  # build_cvec: ggml_add of the layer's direction to its output
                 x = x + direction
@@ -297,13 +316,27 @@ class Transformer(DecoderModel):
                 recorder.record_hidden(i, start, x)
         return x
 
+    def rope_tables(self, pos: np.ndarray) -> dict[Any, tuple[F32, F32]]:
+        """cos and sin for these positions, one table per RoPE the layers use (here: per base)."""
+        return {base: self.ops.rope_tables(self, pos, base, f) for base, f in self.freqs_by_base.items()}
+
+    def rope_key(self, i: int) -> Any:
+        """Which of `rope_tables` layer i rotates with."""
+        return self.specs[i].rope_base
+
+    def finish_block(self, i: int, x: F32, recorder: Recorder | None) -> F32:
+        """What block i adds after its FFN's residual and before a control vector: nothing here (Gemma 4: the
+        per-layer input and the layer's output scale)."""
+        return x
+
     def attention(
         self, i: int, layer: Layer, h: F32, start: int, pos: np.ndarray, rope: tuple[F32, F32], cache: KVCache,
         masks: dict, recorder: Recorder | None,
     ) -> F32:
         """Layer i's attention block on its normed input h (T, dim): the output product's rows (T, dim)."""
         a, spec, ops = self.args, self.specs[i], self.ops
-        t, d = h.shape[0], a.head_dim
+        t, d = h.shape[0], layer.head_dim or a.head_dim
+        n_heads, n_kv = layer.n_heads or a.n_heads, layer.n_kv_heads or a.n_kv_heads
         cos, sin = rope
         if recorder is not None:  # the inputs of the products, for an importance matrix
             recorder.record_input(layer.input_names()[0], h)
@@ -312,23 +345,30 @@ class Transformer(DecoderModel):
             q, k, v = (y + bias for y, bias in zip((q, k, v), layer.biases))
         gate = None
         if layer.gated:  # qwen35.cpp: views of each head's q and its gate, the gate made contiguous
-            qg = q.reshape(t, a.n_heads, 2, d)
-            q, gate = qg[:, :, 0], np.ascontiguousarray(qg[:, :, 1]).reshape(t, a.n_heads * d)
-        q = q.reshape(t, a.n_heads, d)  # (T, Hq, d)
-        k = k.reshape(t, a.n_kv_heads, d)  # (T, Hkv, d)
-        v = v.reshape(t, a.n_kv_heads, d)
+            qg = q.reshape(t, n_heads, 2, d)
+            q, gate = qg[:, :, 0], np.ascontiguousarray(qg[:, :, 1]).reshape(t, n_heads * d)
+        q = q.reshape(t, n_heads, d)  # (T, Hq, d)
         if layer.q_norm is not None:  # build_norm on each head before RoPE (qwen3.cpp, gemma3.cpp)
-            q, k = self.norm(q, layer.q_norm), self.norm(k, layer.k_norm)
+            q = self.norm(q, layer.q_norm)
+        if k is not None:  # else the layer reads another's cache rows (Gemma 4's KV sharing)
+            k = k.reshape(t, n_kv, d)  # (T, Hkv, d)
+            v = v.reshape(t, n_kv, d)
+            if layer.k_norm is not None:
+                k = self.norm(k, layer.k_norm)
+            if layer.v_norm is not None:  # gemma4.cpp: ggml_rms_norm of each V head
+                v = self.norm(v, layer.v_norm)
         # Gemma 2/3 and Phi-3 scale the query after RoPE (ggml_scale) and attend with kq_scale 1
         q_scale, kq_scale = (spec.scale, 1.0) if self.query_scaled else (1.0, spec.scale)
-        fast = None if t > 1 or self.attn_softcap is not None or layer.sinks is not None else ops.decode_attention(
-            cache, i, q[0], k[0], v[0], start, cos[0], sin[0], self.rope_mode == "neox", q_scale, kq_scale, spec.window)
+        fast = None if t > 1 or self.attn_softcap is not None or layer.sinks is not None or k is None else \
+            ops.decode_attention(cache, i, q[0], k[0], v[0], start, cos[0], sin[0], self.rope_mode == "neox", q_scale,
+                                 kq_scale, spec.window)
         if fast is not None:  # one token: RoPE, the cache write and attention in one compiled call
             q, o = fast
         else:
             q = ops.rotate(q.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hq, T, d)
-            k = ops.rotate(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
-            cache.put(i, start, k, v.transpose(1, 0, 2))
+            if k is not None:
+                k = ops.rotate(k.transpose(1, 0, 2), cos, sin, self.rope_mode)  # (Hkv, T, d)
+                cache.put(i, start, k, v.transpose(1, 0, 2))
             qs = q * np.float32(q_scale) if q_scale != 1.0 else q
             o = ops.attend(qs, cache, i, start + t, pos, kq_scale, spec.window, masks, self.attn_softcap, layer.sinks)
         if recorder is not None:
@@ -340,7 +380,7 @@ class Transformer(DecoderModel):
             o[off] = 0.0 if means is None else means
         if self.hooks:  # each head's output, (T, heads, d) as TransformerLens's hook_z
             o = self.hook(f"blocks.{i}.attn.hook_z", o.transpose(1, 0, 2)).transpose(1, 0, 2)
-        o = o.transpose(1, 0, 2).reshape(t, a.n_heads * d)
+        o = o.transpose(1, 0, 2).reshape(t, n_heads * d)
         if gate is not None:  # ggml_mul by ggml_sigmoid(gate)
             o = o * ops.sigmoid(gate)
         if recorder is not None:

@@ -4,6 +4,7 @@ reference, and ggml-cpu's exact bits (AVX-512 or AVX2 build, GCC, glibc).
 - `softplus`: op_softplus, x > 20 ? x : logf(1.0f + expf(x)) (the decay gate before it is scaled by ssm_a)
 - `sigmoid`: op_sigmoid, 1.0f / (1.0f + expf(-x)) (beta, and the attention layers' output gate)
 - `l2_norm`: build_gdn_l2_norm, ggml_rms_norm(x, eps / n) then ggml_scale by 1.0f / sqrtf(n)
+- `gates`: the decay gate g = softplus(alpha + ssm_dt) * ssm_a, exp(g), and beta = sigmoid(b), in one pass
 - `ssm_conv`: ggml_compute_forward_ssm_conv_f32, per channel and token `sumf += s[i] * c[i]` over the kernel's
   taps from 0, which GCC contracts to a chain of fused multiply-adds
 - `delta_rule`: ggml_compute_forward_gated_delta_net (the fused op llama.cpp's CPU backend runs for a prompt and
@@ -39,7 +40,7 @@ def softplus(x: npt.ArrayLike, exact: bool) -> F32:
     x = np.asarray(x, np.float32)
     with np.errstate(over="ignore"):
         if exact:
-            y = libm_logf(ONE + libm_expf(x))
+            y = libm_logf(ONE + ggml_ops._expf(x))
         else:
             y = np.log1p(np.exp(x.astype(np.float64))).astype(np.float32)
     return np.where(x > np.float32(20.0), x, y).astype(np.float32)
@@ -48,7 +49,7 @@ def softplus(x: npt.ArrayLike, exact: bool) -> F32:
 def sigmoid(x: npt.ArrayLike, exact: bool) -> F32:
     x = np.asarray(x, np.float32)
     with np.errstate(over="ignore"):
-        e = libm_expf(-x) if exact else np.exp(-x)
+        e = ggml_ops._expf(-x) if exact else np.exp(-x)  # libm's expf, compiled where the kernels are
         return (ONE / (ONE + e)).astype(np.float32)
 
 
@@ -66,10 +67,28 @@ def l2_norm(x: npt.ArrayLike, eps: float, exact: bool) -> F32:
 # ---- the short causal convolution
 
 
+def gates(alpha: F32, dt_bias: F32, a: F32, b: F32, exact: bool) -> tuple[F32, F32, F32]:
+    """A DeltaNet layer's per-token gates from its products' outputs alpha, b (T, heads): g = softplus(alpha +
+    dt_bias) * a (the log decay), exp(g) and beta = sigmoid(b), each op as ggml computes it (exact) or in float32."""
+    if exact and HAVE_NUMBA and alpha.size:
+        g, decay, beta = (np.empty(alpha.shape, np.float32) for _ in range(3))
+        _gates(np.ascontiguousarray(alpha, np.float32), dt_bias, a, np.ascontiguousarray(b, np.float32), g, decay, beta)
+        return g, decay, beta
+    g = softplus(alpha + dt_bias, exact) * a
+    with np.errstate(over="ignore"):
+        decay = libm_expf(g) if exact else np.exp(g).astype(np.float32)
+    return g, decay, sigmoid(b, exact)
+
+
 def ssm_conv(window: F32, kernel: F32, exact: bool) -> F32:
     """window (K - 1 + T, C): the carried-over inputs then this batch's; kernel (C, K); -> (T, C)."""
     k = kernel.shape[1]
     t = window.shape[0] - (k - 1)
+    if exact and HAVE_NUMBA and t > 0:
+        out = np.empty((t, window.shape[1]), np.float32)
+        with KERNEL_LOCK:
+            _ssm_conv(np.ascontiguousarray(window, np.float32), np.ascontiguousarray(kernel, np.float32), out)
+        return out
     if not exact:
         taps = np.stack([window[i : i + t] for i in range(k)])  # (K, T, C)
         return np.einsum("ktc,ck->tc", taps.astype(np.float64), kernel.astype(np.float64)).astype(np.float32)
@@ -153,6 +172,47 @@ def _delta_rule_numpy(q: F32, k: F32, v: F32, decay: F32, beta: F32, s: F32, out
 if HAVE_NUMBA:
     from engine.kernels.floats.vec_dot import _dot_f32_row
 
+    @njit(cache=True)
+    def _gates(alpha, dt, a, b, g_out, decay, beta):  # pragma: no cover - compiled
+        """op_softplus, ggml_mul, expf and op_sigmoid per element: numba's float32 exp and log are the C library's
+        expf and logf (the NumPy twins: engine.ops.ggml_math)."""
+        one = np.float32(1.0)
+        for t in range(alpha.shape[0]):
+            for h in range(alpha.shape[1]):
+                x = alpha[t, h] + dt[h]
+                sp = x if x > np.float32(20.0) else np.log(one + np.exp(x))
+                g = sp * a[h]
+                g_out[t, h] = g
+                decay[t, h] = np.exp(g)
+                beta[t, h] = one / (one + np.exp(-b[t, h]))
+
+    @njit(cache=True, parallel=True)
+    def _ssm_conv(window, kernel, out):  # pragma: no cover - compiled
+        """ggml_compute_forward_ssm_conv_f32: per channel and token, the taps' contracted multiply-adds from 0."""
+        n_tokens, channels = out.shape
+        taps = kernel.shape[1]
+        for c in prange(channels):
+            for t in range(n_tokens):
+                acc = np.float32(0.0)
+                for i in range(taps):
+                    acc = fma32(window[t + i, c], kernel[c, i], acc)
+                out[t, c] = acc
+
+    @njit(cache=True, forceinline=True)
+    def _token(m, kt, qt, vt, dec, b, scale, acc, out):  # pragma: no cover - compiled
+        """One token of one head, row by row of the transposed state: row j is column j of S, and its four steps
+        (the decay, d_j from its dot with k, its update by k d_j, its dot with q) touch no other row, so each row is
+        done whole while it is in cache; every value is the op-by-op sequence's."""
+        size = m.shape[0]
+        for j in range(size):
+            row = m[j]
+            for i in range(size):
+                row[i] = row[i] * dec
+            dj = (vt[j] - _dot_f32_row(row, kt, acc)) * b
+            for i in range(size):
+                row[i] = fma32(kt[i], dj, row[i])
+            out[j] = _dot_f32_row(row, qt, acc) * scale
+
     @njit(cache=True, parallel=True)
     def _delta_rule_ggml(q, k, v, decay, beta, state, out, snap, snap_at, step):  # pragma: no cover - compiled
         """ggml_compute_forward_gated_delta_net_one_chunk (K = 1) for every value head, one head per task."""
@@ -161,24 +221,116 @@ if HAVE_NUMBA:
         scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(size)))
         for h in prange(n_heads):
             acc = np.empty(step, np.float32)
-            delta = np.empty(size, np.float32)
             m = state[h]
             hk = h % n_k
             for t in range(n_tokens):
-                g = decay[t, h]
-                for j in range(size):
-                    for i in range(size):
-                        m[j, i] = m[j, i] * g
-                b = beta[t, h]
-                kt = k[t, hk]
-                qt = q[t, hk]
-                for j in range(size):
-                    delta[j] = (v[t, h, j] - _dot_f32_row(m[j], kt, acc)) * b
-                for j in range(size):
-                    dj = delta[j]
-                    for i in range(size):
-                        m[j, i] = fma32(kt[i], dj, m[j, i])
-                for j in range(size):
-                    out[t, h, j] = _dot_f32_row(m[j], qt, acc) * scale
+                _token(m, k[t, hk], q[t, hk], v[t, h], decay[t, h], beta[t, h], scale, acc, out[t, h])
                 if t == snap_at:
                     snap[h, :, :] = m
+
+
+# ---- one token, compiled whole (a decode step's DeltaNet layer)
+
+
+def step_available() -> bool:
+    """Whether `step` can run (numba present): else the layer runs op by op."""
+    return HAVE_NUMBA
+
+
+def step(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32, norm: F32, eps: float,
+         conv: F32, state: F32, k_heads: int, key_map: int) -> tuple[F32, F32, F32, dict[str, F32]]:
+    """One token through a DeltaNet layer after its input products, in ggml's bits, in one compiled call: the gates,
+    the convolution with the carried rows `conv` (K - 1, C), SiLU, the L2 norms, the delta rule on `state` (H, S, S)
+    and the gated norm. key_map 0: value head h reads key head h % k_heads, 1: h // (H / k_heads). Returns y
+    (value_dim,) for ssm_out, the new conv rows, the new state and the delta rule's inputs (for the recorder)."""
+    n_heads, size = state.shape[0], state.shape[1]
+    new_state = np.array(state, np.float32, copy=True)
+    new_conv = np.empty_like(conv)
+    y = np.empty(n_heads * size, np.float32)
+    x = np.empty(conv.shape[1], np.float32)
+    gdb = np.empty((3, n_heads), np.float32)
+    with KERNEL_LOCK:
+        _step(np.ascontiguousarray(qkv, np.float32).reshape(-1), np.ascontiguousarray(z, np.float32).reshape(-1),
+              np.ascontiguousarray(b, np.float32).reshape(-1), np.ascontiguousarray(alpha, np.float32).reshape(-1),
+              dt_bias, a, kernel, norm, np.float32(eps), conv, new_conv, new_state, x, gdb, y, np.int64(k_heads),
+              np.int64(key_map), isa.lanes() == 8)
+    kd = k_heads * size
+    inputs = {"q": x[:kd].reshape(1, k_heads, size), "k": x[kd : 2 * kd].reshape(1, k_heads, size),
+              "v": x[2 * kd :].reshape(1, n_heads, size), "g": gdb[0][None], "beta": gdb[2][None]}
+    return y, new_conv, new_state, inputs
+
+
+if HAVE_NUMBA:
+    from engine.ops.ggml_kernels import v_expf_lane
+
+    @njit(cache=True, forceinline=True)
+    def _silu1(v, w8):  # pragma: no cover - compiled
+        """ggml_v_silu's lane: v / (1 + v_expf(0 - v))."""
+        return v / (np.float32(1.0) + v_expf_lane(np.float32(0.0) - v, w8))
+
+    @njit(cache=True, forceinline=True)
+    def _silu_row(x, o, n, w8):  # pragma: no cover - compiled
+        """ggml_vec_silu_f32 over x[o:o + n]: the vector lanes, then libm's ggml_silu_f32 for the n % lanes left."""
+        lanes = 8 if w8 else 16
+        body = n - n % lanes
+        for i in range(o, o + body):
+            x[i] = _silu1(x[i], w8)
+        for i in range(o + body, o + n):
+            x[i] = x[i] / (np.float32(1.0) + np.exp(-x[i]))
+
+    @njit(cache=True, forceinline=True)
+    def _rms_scale(x, o, n, eps):  # pragma: no cover - compiled
+        """ggml_rms_norm's 1.0f / sqrtf(mean + eps) for x[o:o + n] (the squares summed in double, in order)."""
+        total = 0.0
+        for i in range(o, o + n):
+            v = x[i] * x[i]
+            total += np.float64(v)
+        return np.float32(1.0) / np.sqrt(np.float32(total / n) + eps)
+
+    @njit(cache=True, parallel=True)
+    def _step(qkv, z, b, alpha, dt, a, kernel, norm, eps, conv, new_conv, state, x, gdb, y, k_heads, key_map,
+              w8):  # pragma: no cover - compiled
+        """See `step`; gdb rows: g, exp(g), beta. Every op as its NumPy path computes it (the same bits)."""
+        n_heads, size = state.shape[0], state.shape[1]
+        rows, channels = conv.shape
+        one = np.float32(1.0)
+        for h in range(n_heads):  # the gates (_gates)
+            v = alpha[h] + dt[h]
+            sp = v if v > np.float32(20.0) else np.log(one + np.exp(v))
+            g = sp * a[h]
+            gdb[0, h] = g
+            gdb[1, h] = np.exp(g)
+            gdb[2, h] = one / (one + np.exp(-b[h]))
+        for c in range(channels):  # the convolution over the carried rows and this token (_ssm_conv)
+            acc = np.float32(0.0)
+            for i in range(rows):
+                acc = fma32(conv[i, c], kernel[c, i], acc)
+            x[c] = fma32(qkv[c], kernel[c, rows], acc)
+            for i in range(rows - 1):
+                new_conv[i, c] = conv[i + 1, c]
+            if rows:
+                new_conv[rows - 1, c] = qkv[c]
+        _silu_row(x, 0, channels, w8)  # ggml_silu on the conv's row of channels
+        n_f = np.float32(size)
+        l2_eps = np.float32(eps / n_f)
+        inv = one / np.sqrt(n_f)
+        for hk in range(2 * k_heads):  # build_gdn_l2_norm on each head of q and k: rms_norm(eps / n), then the scale
+            s = _rms_scale(x, hk * size, size, l2_eps)
+            for i in range(hk * size, (hk + 1) * size):
+                x[i] = (x[i] * s) * inv
+        kd = k_heads * size
+        scale = one / np.float32(np.sqrt(np.float32(size)))
+        group = n_heads // k_heads
+        for h in prange(n_heads):  # the delta rule, one token (_delta_rule_ggml's _token), a head per task
+            acc = np.empty(32 if w8 else 64, np.float32)
+            hk = h % k_heads if key_map == 0 else h // group
+            vo = 2 * kd + h * size
+            _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
+                   x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[h * size : (h + 1) * size])
+        zs = z.copy()  # the gate: ggml_silu on each head's row of z
+        for h in range(n_heads):
+            _silu_row(zs, h * size, size, w8)
+        for h in range(n_heads):  # the gated norm: rms_norm(o) * ssm_norm, times silu(z)
+            s = _rms_scale(y, h * size, size, eps)
+            for j in range(size):
+                y[h * size + j] = ((y[h * size + j] * s) * norm[j]) * zs[h * size + j]

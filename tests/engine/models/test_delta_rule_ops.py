@@ -10,7 +10,7 @@ import pytest
 
 from engine.kernels import isa
 from engine.kernels.activations import HAVE_NUMBA
-from engine.models.qwen35 import imrope_factors
+from engine.models.rope import imrope_factors
 from engine.observe.recurrent import delta_rule_outputs
 from engine.ops import delta_rule as dr
 from engine.ops import ggml_math
@@ -108,3 +108,19 @@ def test_imrope_leaves_the_pairs_outside_the_sections_unrotated() -> None:
     assert f is not None and np.isinf(f).sum() == 1 and np.isinf(f[13])
     g = imrope_factors(128, (24, 20, 20, 0))  # Qwen3-VL: pairs 61 and 62 read the fourth position
     assert g is not None and np.flatnonzero(np.isinf(g)).tolist() == [61, 62]
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled twins need numba")
+def test_the_compiled_gates_and_conv_have_the_numpy_emulations_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    alpha, b = (rng.normal(0, 8, (40, 32)).astype(np.float32) for _ in range(2))
+    alpha[0, :4] = [20.0, 20.5, -90.0, 25.0]  # softplus's cut-off and an underflowing exp
+    dt, a = rng.normal(0, 1, 32).astype(np.float32), -np.linspace(1, 16, 32).astype(np.float32)
+    window = rng.standard_normal((3 + 40, 96)).astype(np.float32)
+    kernel = rng.standard_normal((96, 4)).astype(np.float32)
+    compiled = dr.gates(alpha, dt, a, b, exact=True), dr.ssm_conv(window, kernel, exact=True)
+    monkeypatch.setattr(dr, "HAVE_NUMBA", False)
+    emulated = dr.gates(alpha, dt, a, b, exact=True), dr.ssm_conv(window, kernel, exact=True)
+    for got, want in zip(compiled[0], emulated[0]):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(compiled[1].view(np.uint32), emulated[1].view(np.uint32))

@@ -124,3 +124,39 @@ def test_the_float32_reference_runs_the_same_cache(tmp_path: Path) -> None:
         np.testing.assert_allclose(a, b, atol=2e-4)
     finally:
         m.close()
+
+
+def test_the_memory_preflight_counts_what_the_hybrid_cache_holds(model) -> None:
+    from engine.memory import kv_cache_bytes
+
+    cache = model.new_cache(512)
+    prefill(model, token_ids()[:100], cache)
+    assert kv_cache_bytes(model.net.args, 100, "F16") == cache.bytes_for(100) + cache.state_bytes
+
+
+def test_the_compiled_decode_step_gives_the_ops_bits(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step's DeltaNet layers in one compiled call (engine.ops.delta_rule.step) or op by op: the same bits,
+    the same state and the same recorded inputs."""
+    from engine.observe.recorder import Recorder
+    from engine.ops import delta_rule
+
+    def steps() -> tuple[np.ndarray, HybridCache, Recorder]:
+        ids, rec = token_ids()[:40], Recorder()
+        cache = model.new_cache(128)
+        prefill(model, ids[:30], cache, recorder=rec)
+        rows = []
+        for tok in ids[30:]:
+            rows.append(model.forward([tok], cache, rec))
+            cache.commit([tok])
+            rec.commit()
+        return np.concatenate(rows), cache, rec
+
+    fast, cache_a, rec_a = steps()
+    monkeypatch.setattr(delta_rule, "step_available", lambda: False)
+    slow, cache_b, rec_b = steps()
+    np.testing.assert_array_equal(fast, slow)
+    for i in cache_a.recurrent:
+        np.testing.assert_array_equal(cache_a.states[i].ssm, cache_b.states[i].ssm)
+        np.testing.assert_array_equal(cache_a.states[i].conv, cache_b.states[i].conv)
+        for name in ("q", "k", "v", "g", "beta"):
+            np.testing.assert_array_equal(rec_a.recurrent_inputs(i)[name], rec_b.recurrent_inputs(i)[name])
