@@ -8,6 +8,10 @@ what they show and read the new conversation once, when the Attention or Positio
 
 It also keeps the KV cache in step: the engine's cache type follows the settings, and the KVInfo each
 reply sends after its prefill goes into the state (type, bytes now and at full context, attention path).
+
+A hybrid's recurrent layers are decomposed into read maps on the worker (engine.observe.recurrent_maps); the
+bridge keeps a ReadsMemo that only the worker touches, so the grid, a head and head roles of one reply decompose
+each layer once (the memo knows a recording that changed).
 """
 from __future__ import annotations
 
@@ -43,26 +47,44 @@ LIVE_ROUTING_S = 1.0  # the Experts lens follows a streaming reply at most this 
 P = ParamSpec("P")
 
 
-def _attention(max_rows: int | None, hidden: tuple[int, ...] = (0,)) -> Callable[..., Any]:
+def _recorded(recorder: Any, cache: Any, at_least: int = 1) -> bool:
+    """Whether the recorder and cache hold at least `at_least` positions of some layer (attention or recurrent)."""
+    return (cache is not None and recorder is not None and min(cache.length, recorder.length) >= at_least
+            and bool(recorder.specs or getattr(recorder, "recurrent", None)))
+
+
+def _attention(max_rows: int | None, hidden: tuple[int, ...] = (0,), memo: Any = None) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.attention import make_attention_record  # noqa: PLC0415
 
-        if cache is None or recorder is None or min(cache.length, recorder.length) == 0 or not recorder.specs:
+        if not _recorded(recorder, cache):
             return None
-        return make_attention_record(model, recorder, cache, texts, max_rows=max_rows, hidden_keys=hidden)
+        return make_attention_record(model, recorder, cache, texts, max_rows=max_rows, hidden_keys=hidden,
+                                     reads_memo=memo)
 
     return compute
 
 
-def _roles(source: str) -> Callable[..., Any]:
+def _roles(source: str, memo: Any = None) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.head_roles import make_head_roles_record, make_probe_record  # noqa: PLC0415
 
         if source == "probe":
             return make_probe_record(model)
-        if cache is None or recorder is None or min(cache.length, recorder.length) < 2 or not recorder.specs:
+        if not _recorded(recorder, cache, 2):
             return None
-        return make_head_roles_record(model, recorder, cache, texts)
+        return make_head_roles_record(model, recorder, cache, texts, reads_memo=memo)
+
+    return compute
+
+
+def _state() -> Callable[..., Any]:
+    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
+        from app.records.recurrent import make_state_record  # noqa: PLC0415
+
+        if not _recorded(recorder, cache):
+            return None
+        return make_state_record(model, recorder, cache, texts)
 
     return compute
 
@@ -82,13 +104,13 @@ def _logit(position: int, width: int, memo: dict[str, Any]) -> Callable[..., Any
     return compute
 
 
-def _head(layer: Any, head: Any, rows: Any) -> Callable[..., Any]:
+def _head(layer: Any, head: Any, rows: Any, memo: Any = None) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.attention import make_head_record  # noqa: PLC0415
 
-        if cache is None or recorder is None or min(cache.length, recorder.length) == 0 or not recorder.specs:
+        if not _recorded(recorder, cache):
             return None
-        return make_head_record(model, recorder, cache, layer, head, rows, texts)
+        return make_head_record(model, recorder, cache, layer, head, rows, texts, reads_memo=memo)
 
     return compute
 
@@ -139,6 +161,9 @@ class LensBridge(QObject):
         self.hidden_keys: tuple[int, ...] = (0,)  # the keys "hide sinks" hides in the attention grid
         self._logit_memo: dict[str, Any] = {}  # the logit lens's last residual streams (worker side only)
         self._context_memo: dict[str, Any] = {}  # the conversation the cache was last brought to (worker side only)
+        from engine.observe.recurrent_maps import ReadsMemo  # noqa: PLC0415 - numpy only
+
+        self._reads_memo = ReadsMemo()  # a hybrid's recurrent layers decomposed (worker side only)
         self.conversation: Any = None  # app.controllers.conversation.Conversation: what is on screen
         self._shown: GenerationRequest | None = None  # the conversation the lenses' records describe
         self._want: GenerationRequest | None = None  # the conversation the lenses were cleared for and wait for
@@ -173,7 +198,13 @@ class LensBridge(QObject):
     # ---- the requests (LensRequests)
 
     def request_head(self, layer: Any, head: Any, rows: Any) -> None:
-        self._ask("head", _head(layer, head, rows))
+        self._ask("head", _head(layer, head, rows, self._reads_memo))
+
+    def request_state(self) -> None:
+        """A hybrid's State view: what each recurrent layer's tokens wrote and kept, and what the state costs."""
+        rec = self.state.model_record
+        if rec is not None and getattr(rec, "recurrent", ()):
+            self._ask("state", _state())
 
     def request_step(self, layer: int, head: int, query: int) -> None:
         self._ask("step", _step(layer, head, query))
@@ -188,7 +219,7 @@ class LensBridge(QObject):
         if str(source) == "probe":  # the probe is its own context: the chat's is not needed
             self.engine.request_lens("roles", _roles("probe"))
         else:
-            self._ask("roles", _roles(str(source)))
+            self._ask("roles", _roles(str(source), self._reads_memo))
 
     def request_logit(self, position: int, width: int) -> None:
         self._ask("logit", _logit(int(position), int(width), self._logit_memo))
@@ -229,14 +260,14 @@ class LensBridge(QObject):
         """Ask the engine for a lens record of the conversation on screen; returns that conversation (None: the
         cache as it is, while a reply is being made)."""
         if self._seq2seq():  # the decoder-only lenses would prefill the decoder with the conversation
-            if kind in ("roles", "logit", "head", "step"):
+            if kind in ("roles", "logit", "head", "step", "state"):
                 self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind,
                              "not shown for an encoder-decoder model: see its Encoder-decoder view")
             return None
         context = self.shown_context()
         conv = self.conversation
         if context is None and conv is not None and not conv.generating:  # an empty chat: nothing to read
-            if kind in ("roles", "logit"):  # say what to do instead of reading another chat's tokens
+            if kind in ("roles", "logit", "state"):  # say what to do instead of reading another chat's tokens
                 self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind, NO_TOKENS)
             return None
         if context is not None:
@@ -419,7 +450,7 @@ class LensBridge(QObject):
         if self._seq2seq():
             self.request_seq2seq()
             return
-        self._ask("attention", _attention(max_rows, self.hidden_keys))
+        self._ask("attention", _attention(max_rows, self.hidden_keys, self._reads_memo))
 
     def reply_progress(self) -> None:
         """A token arrived: refresh the attention overview (and the Experts lens) now and then, if someone is
@@ -443,7 +474,7 @@ class LensBridge(QObject):
 
     def _failed(self, kind: str, message: str) -> None:
         log.info("lens %s: %s", kind, message)
-        if kind in ("roles", "logit", "attention"):  # the view that asked says so instead of waiting for ever
+        if kind in ("roles", "logit", "attention", "state"):  # the view that asked says so instead of waiting for ever
             self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind, message)
 
     def _current(self, result: LensResult) -> tuple[bool, Any]:
@@ -467,14 +498,17 @@ class LensBridge(QObject):
         return self._want is None and self._current_chat() == self._reply_chat, rec
 
     def _context_memo_reset(self) -> None:
+        from engine.observe.recurrent_maps import ReadsMemo  # noqa: PLC0415
+
         self._context_memo = {}  # a fresh dict: a job still running keeps (and fills) the old one
+        self._reads_memo = ReadsMemo()  # another model: its reads go with it
 
     def _ready(self, result: LensResult) -> None:
         keep, rec = self._current(result)
         if not keep:
             return
         if rec is None:
-            if result.kind in ("roles", "logit"):  # nothing to score or decode: say what to do
+            if result.kind in ("roles", "logit", "state"):  # nothing to score or decode: say what to do
                 self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, result.kind, NO_TOKENS)
             return
         attention = self.lens(AttentionLens)
@@ -493,6 +527,8 @@ class LensBridge(QObject):
             self.deliver(attention, AttentionLens.set_logit_lens, rec)
         elif result.kind == "tensor":
             self.deliver(self.lens(QuantLens), QuantLens.set_tensor, rec)
+        elif result.kind == "state":
+            self.deliver(attention, AttentionLens.set_state, rec)
         elif result.kind == "routing":
             self.deliver(self.lens(ExpertsLens), ExpertsLens.set_routing, rec)
         elif result.kind == "seq2seq":

@@ -83,8 +83,9 @@ def _generate(session: Session, req: GenerationRequest, cancel: threading.Event,
 
 def kv_info(cache: Any, paths: list[str]) -> KVInfo:
     """The cache's type and bytes now and at its full context, and the prefill chunks' attention paths."""
-    return KVInfo(str(getattr(cache, "cache_type", "F32")), int(cache.nbytes), int(cache.bytes_for(cache.n_ctx)),
-                  int(cache.length), int(cache.n_ctx), tuple(p for p in paths if p))
+    states = int(getattr(cache, "state_bytes", 0) or 0)  # a hybrid's recurrent layers: constant, in nbytes too
+    return KVInfo(str(getattr(cache, "cache_type", "F32")), int(cache.nbytes), int(cache.bytes_for(cache.n_ctx)) + states,
+                  int(cache.length), int(cache.n_ctx), tuple(p for p in paths if p), states)
 
 
 def plain_text(messages: list[dict[str, str]]) -> str:

@@ -397,7 +397,7 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     record = make_compare_record(
         cmp, logp_a, logp_b, ids, tok.token_text,
         labels=(f"{Path(path).name} (file)", b_label), caches=(opts.a_cache, opts.b_cache), sizes=(a_bytes, b_bytes),
-        bpws=(a_bpw, b_bpw), n_heads=int(a.args.n_heads), elapsed_s=time.perf_counter() - t0, own=own,
+        bpws=(a_bpw, b_bpw), n_heads=max_heads(a), elapsed_s=time.perf_counter() - t0, own=own,
     )
     for run in (ra, rb):  # what the heads need stays; logits and hidden states go
         run.logits = None
@@ -410,18 +410,34 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     return record
 
 
+def max_heads(model: Any) -> int:
+    """The most heads a layer of `model` has: query heads, or a hybrid's recurrent value heads when more."""
+    dims = getattr(model.args, "deltanet", None)
+    return max(int(model.args.n_heads), int(dims.v_heads) if dims is not None else 0)
+
+
 def head_pair(ws: CompareWorkspace, layer: int, head: int) -> HeadPair:
-    """The attention of (layer, head) in both runs of the last comparison."""
+    """The attention of (layer, head) in both runs of the last comparison (a hybrid's recurrent layer: the value
+    head's read maps, app.records.recurrent)."""
     from app.records.attention import make_head_record  # noqa: PLC0415
 
     last = ws.last
     if last is None:
         raise LensError("run a comparison first")
-    n_layers = len(last.a.recorder.specs)
-    n_heads = int(last.a.model.args.n_heads)
-    layer, head = int(np.clip(layer, 0, n_layers - 1)), int(np.clip(head, 0, n_heads - 1))
+    rec = last.a.recorder
+    n_layers = int(last.a.model.args.n_layers)
+    layer = int(np.clip(layer, 0, n_layers - 1))
+    if layer in rec.q:
+        n_heads = int(rec.q[layer].shape[0])
+    elif layer in rec.recurrent:
+        n_heads = int(rec.recurrent[layer]["v"].shape[1])
+    else:
+        raise LensError(f"layer {layer} was not recorded")
+    head = int(np.clip(head, 0, n_heads - 1))
     ha = make_head_record(last.a.model, last.a.recorder, last.a.cache, layer, head, None, last.texts)
     hb = make_head_record(last.b.model, last.b.recorder, last.b.cache, layer, head, None, last.texts)
+    if ha is None or hb is None:
+        raise LensError(f"layer {layer} was not recorded in both runs")
     return HeadPair(layer, head, ha, hb)
 
 

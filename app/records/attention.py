@@ -3,6 +3,13 @@
 Made on the worker from the Recorder and KV cache (engine.observe.attention_maps and attention_steps do the
 math); what crosses to the GUI are frozen records of numpy arrays and plain values, the step records holding
 the engine's frozen AttentionCell and ScalingStats, plus token labels.
+
+A hybrid (Qwen3.5: gated DeltaNet layers between attention layers) puts its recurrent layers in the same grid:
+their rows hold each value head's read map (engine.observe.recurrent_maps, the exact decomposition of what each
+token's output takes from every earlier value), pooled the same way; `layers` names the model layer of every
+row, `recurrent` marks the recurrent rows and `heads` says how many heads each row has (value heads and
+attention heads may differ: the grid is as wide as the widest row). A head of a recurrent layer comes as a
+HeadRecord of kind 'recurrent' (app.records.recurrent).
 """
 from __future__ import annotations
 
@@ -15,6 +22,9 @@ import numpy.typing as npt
 
 from engine.observe import attention_maps as amaps
 from engine.observe.attention_steps import AttentionCell, ScalingStats, attention_cell, scaling_stats
+from app.records.head import HeadRecord
+from app.records.recurrent import make_reads_head_record
+from engine.observe.recurrent_maps import ReadsMemo, reads_grid, recurrent_layers
 
 if TYPE_CHECKING:
     from engine.cache import KVCache
@@ -46,6 +56,31 @@ class AttentionRecord:
     elapsed_s: float
     hidden_keys: tuple[int, ...] = (0,)  # the keys the nosink maps leave out
     learned_sink: F32 | None = None  # (L, H) mean share of attention to the learned sink (gpt-oss), else None
+    layers: tuple[int, ...] = ()  # the model layer of each row (empty: rows are layers 0..n_layers-1)
+    recurrent: tuple[bool, ...] = ()  # per row: a recurrent (gated DeltaNet) layer's read maps, not attention
+    heads: tuple[int, ...] = ()  # per row: its heads (value heads of a recurrent row); empty: n_heads each
+    earlier: F32 | None = None  # (L, H) a recurrent head's mean share read from the earlier context; NaN elsewhere
+    read_start: int = 0  # the first position the recurrent maps decompose (earlier ones: "earlier context")
+
+    def layer_of(self, row: int) -> int:
+        """The model layer drawn in grid row `row`."""
+        return self.layers[row] if self.layers else int(row)
+
+    def row_of(self, layer: int) -> int | None:
+        """The grid row of model layer `layer` (None: not in the grid)."""
+        if not self.layers:
+            return int(layer) if 0 <= int(layer) < self.n_layers else None
+        return self.layers.index(int(layer)) if int(layer) in self.layers else None
+
+    def is_recurrent(self, row: int) -> bool:
+        return bool(self.recurrent[row]) if self.recurrent else False
+
+    def heads_in(self, row: int) -> int:
+        return self.heads[row] if self.heads else self.n_heads
+
+    @property
+    def hybrid(self) -> bool:
+        return any(self.recurrent)
 
 
 def make_attention_record(
@@ -57,55 +92,78 @@ def make_attention_record(
     thumb: int = 32,
     max_rows: int | None = None,
     hidden_keys: tuple[int, ...] = (0,),
+    reads_memo: ReadsMemo | None = None,
 ) -> AttentionRecord:
-    """Pool every head's attention to thumb x thumb; max_rows caps the query rows computed (None = all)."""
+    """Pool every head's attention to thumb x thumb; max_rows caps the query rows computed (None = all). A hybrid's
+    recurrent layers get rows of read maps (their reads decomposed once per recording with `reads_memo`)."""
     t0 = time.perf_counter()
     n = min(recorder.length, cache.length)
-    layers = sorted(recorder.specs)
-    g = amaps.attention_grid(recorder, cache, layers, thumb=thumb, max_rows=max_rows, hidden=hidden_keys)
+    attn = sorted(recorder.specs)
+    rec_layers = recurrent_layers(recorder)
+    g = amaps.attention_grid(recorder, cache, attn, thumb=thumb, max_rows=max_rows, hidden=hidden_keys)
+    if not rec_layers:
+        return AttentionRecord(
+            n_tokens=n,
+            n_layers=len(attn),
+            n_heads=g.max_pooled.shape[1] if g.max_pooled.ndim == 4 else model.args.n_heads,
+            thumbs=g.max_pooled,
+            thumbs_mean=g.mean_pooled,
+            thumbs_nosink=g.nosink_pooled,
+            thumbs_nosink_mean=g.nosink_mean,
+            rows=g.rows,
+            full=g.rows.size == n,
+            sink=g.sink,
+            prev=g.prev,
+            self_=g.self_,
+            token_texts=tuple(token_texts[:n]),
+            elapsed_s=time.perf_counter() - t0,
+            hidden_keys=tuple(int(k) for k in hidden_keys),
+            learned_sink=g.learned_sink,
+            layers=tuple(attn),
+            recurrent=(False,) * len(attn),
+            heads=(int(g.max_pooled.shape[1]),) * len(attn),
+        )
+    memo = reads_memo if reads_memo is not None else ReadsMemo()
+    reads = [memo.get(recorder, i) for i in rec_layers]
+    found = [(i, r) for i, r in zip(rec_layers, reads) if r is not None]
+    r = reads_grid([x for _i, x in found], n, thumb=thumb, max_rows=max_rows, hidden=hidden_keys)
+    return _merged(g, r, attn, [i for i, _x in found], n, token_texts, hidden_keys, t0)
+
+
+def _merged(g: amaps.AttentionGrid, r: Any, attn: list[int], rec_layers: list[int], n: int, token_texts: list[str],
+            hidden_keys: tuple[int, ...], t0: float) -> AttentionRecord:
+    """One record of the attention grid `g` (layers `attn`) and the recurrent read grid `r` (layers `rec_layers`),
+    rows in model-layer order, as wide as the widest (missing heads NaN)."""
+    layers = sorted(attn + rec_layers)
+    h_att = int(g.max_pooled.shape[1]) if attn else 0
+    h_rec = int(r.max_pooled.shape[1])
+    width = max(h_att, h_rec)
+    t = int(r.max_pooled.shape[2]) if rec_layers else int(g.max_pooled.shape[2])
+    maps = {k: np.full((len(layers), width, t, t), np.nan, np.float32) for k in ("mx", "mean", "ns", "nsm")}
+    stats = {k: np.full((len(layers), width), np.nan, np.float32) for k in ("sink", "prev", "self", "earlier")}
+    learned = None if g.learned_sink is None else np.full((len(layers), width), np.nan, np.float32)
+    for src, names, h in ((g, attn, h_att), (r, rec_layers, h_rec)):
+        for li, layer in enumerate(names):
+            row = layers.index(layer)
+            for key, arr in (("mx", src.max_pooled), ("mean", src.mean_pooled), ("ns", src.nosink_pooled),
+                             ("nsm", src.nosink_mean)):
+                maps[key][row, :h] = arr[li]
+            for key, arr in (("sink", src.sink), ("prev", src.prev), ("self", src.self_)):
+                stats[key][row, :h] = arr[li]
+            if src is r:
+                stats["earlier"][row, :h] = r.earlier[li]
+            elif learned is not None and g.learned_sink is not None:
+                learned[row, :h] = g.learned_sink[li]
+    rows = r.rows
     return AttentionRecord(
-        n_tokens=n,
-        n_layers=len(layers),
-        n_heads=g.max_pooled.shape[1] if g.max_pooled.ndim == 4 else model.args.n_heads,
-        thumbs=g.max_pooled,
-        thumbs_mean=g.mean_pooled,
-        thumbs_nosink=g.nosink_pooled,
-        thumbs_nosink_mean=g.nosink_mean,
-        rows=g.rows,
-        full=g.rows.size == n,
-        sink=g.sink,
-        prev=g.prev,
-        self_=g.self_,
-        token_texts=tuple(token_texts[:n]),
-        elapsed_s=time.perf_counter() - t0,
-        hidden_keys=tuple(int(k) for k in hidden_keys),
-        learned_sink=g.learned_sink,
+        n_tokens=n, n_layers=len(layers), n_heads=width, thumbs=maps["mx"], thumbs_mean=maps["mean"],
+        thumbs_nosink=maps["ns"], thumbs_nosink_mean=maps["nsm"], rows=rows, full=rows.size == n,
+        sink=stats["sink"], prev=stats["prev"], self_=stats["self"], token_texts=tuple(token_texts[:n]),
+        elapsed_s=time.perf_counter() - t0, hidden_keys=tuple(int(k) for k in hidden_keys), learned_sink=learned,
+        layers=tuple(layers), recurrent=tuple(i in rec_layers for i in layers),
+        heads=tuple(h_rec if i in rec_layers else h_att for i in layers), earlier=stats["earlier"],
+        read_start=int(r.start),
     )
-
-
-@dataclass(frozen=True)
-class HeadRecord:
-    """One head's attention (or an aggregate over heads and/or layers) for a window of query rows."""
-
-    layer: int | str  # layer index, or 'mean' / 'max' over all layers
-    head: int | str  # query head index, or 'mean' / 'max' over the heads
-    weights: F32  # (R, C) attention of query rows [row_start, row_stop) to keys [0, row_stop) (later keys are all masked)
-    allowed: npt.NDArray[np.bool_]  # (R, C) True where the causal (and window) mask lets the query see the key
-    row_start: int
-    row_stop: int
-    row_step: int  # > 1 when rows were max-pooled to fit max_rows
-    col_step: int
-    n_tokens: int
-    window: int | None  # sliding window of the layer (None = full attention)
-    kv_head: int | None  # the KV head a single query head reads
-    group_heads: tuple[int, ...]  # query heads sharing that KV head
-    token_texts: tuple[str, ...]  # all N token texts (labels are picked by the view)
-    elapsed_s: float
-    sink_share: float | None = None  # gpt-oss: the mean share of these rows' attention that went to the learned sink
-
-    @property
-    def n_rows(self) -> int:
-        return self.row_stop - self.row_start
 
 
 def make_head_record(
@@ -119,15 +177,28 @@ def make_head_record(
     *,
     max_rows: int = 1024,
     max_cols: int = 4096,
-) -> HeadRecord:
+    reads_memo: ReadsMemo | None = None,
+) -> HeadRecord | None:
     """Attention of one head or an aggregate ('mean'/'max') across heads and/or layers for query rows `rows`.
 
-    Keys stop at the last query row (causal); sides longer than max_rows / max_cols are max-pooled.
+    Keys stop at the last query row (causal); sides longer than max_rows / max_cols are max-pooled. A recurrent
+    layer of a hybrid gives its value head's reads (app.records.recurrent); 'mean'/'max' of layers go over the
+    attention layers only. None: nothing recorded (or no attention layer to aggregate).
     """
     t0 = time.perf_counter()
     n = min(recorder.length, cache.length)
     start, stop, _ = (rows or slice(None)).indices(n)
     stop = max(stop, start)
+    if not isinstance(layer, str) and int(layer) not in recorder.specs:
+        if int(layer) in recorder.recurrent:
+            return make_reads_head_record(recorder, cache, int(layer), head, rows, token_texts, memo=reads_memo,
+                                          max_rows=max_rows, max_cols=max_cols)
+        return None
+    if isinstance(layer, str) and not recorder.specs:  # only recurrent layers: no attention to aggregate
+        return None
+    if not isinstance(head, str):
+        head = int(np.clip(int(head), 0, recorder.q[sorted(recorder.specs)[0] if isinstance(layer, str)
+                                                      else int(layer)].shape[0] - 1))
     layers = sorted(recorder.specs) if isinstance(layer, str) else [int(layer)]
     how = layer if isinstance(layer, str) else "mean"
     w = amaps.aggregate_attention(recorder, cache, layers, head, np.arange(start, stop), layer_how=how)[:, :stop]

@@ -2,7 +2,9 @@
 
 `KVInfo` is made on the worker after each prefill and crosses to the GUI as a plain record; `kv_bytes_for`
 answers the same question on the GUI side from a ModelRecord-like object, using the engine's own formula
-(KVCache.bytes_for: 2 x layers x tokens x kv_heads x bytes of one head_dim row in the cache type).
+(KVCache.bytes_for: 2 x layers x tokens x kv_heads x bytes of one head_dim row in the cache type). In a hybrid
+(Qwen3.5) only the attention layers hold KV rows; each recurrent layer holds a state of constant size instead,
+counted in both (it is part of what the cache holds, as HybridCache.nbytes counts it).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class KVInfo:
     n_tokens: int
     n_ctx: int
     attention_paths: tuple[str, ...]  # the path each prefill chunk took: 'plain' or 'tiled'
+    state_bytes: int = 0  # of kv_bytes and full_bytes: the recurrent layers' states (a hybrid), constant
 
     @property
     def attention_path(self) -> str:
@@ -56,21 +59,37 @@ def cache_type_setting(settings: Any) -> str:
 
 
 def kv_bytes_for(record: Any, n_tokens: int, cache_type: str = DEFAULT_CACHE_TYPE) -> int | None:
-    """Bytes a cache of `cache_type` holds for n_tokens of a model (None if the record or type cannot tell)."""
+    """Bytes a cache of `cache_type` holds for n_tokens of a model (None if the record or type cannot tell): the
+    attention layers' KV rows, and the recurrent layers' states of a hybrid."""
     from engine.cache import KVCache  # noqa: PLC0415 - numpy only; builds no arrays until reserve()
     from engine.errors import SettingError  # noqa: PLC0415
 
     try:
-        cache = KVCache(int(record.n_layers), int(record.n_kv_heads), int(record.head_dim), max(1, int(n_tokens)),
-                        cache_type)
+        n_layers = int(record.n_layers)
+        recurrent = frozenset(int(i) for i in getattr(record, "recurrent", ()) or ())
+        cache = KVCache(n_layers, int(record.n_kv_heads), int(record.head_dim), max(1, int(n_tokens)), cache_type,
+                        kv_layers=frozenset(range(n_layers)) - recurrent)
+        states = int(getattr(record, "state_bytes", 0) or 0) * len(recurrent)
     except (AttributeError, TypeError, ValueError, SettingError):
         return None
-    return cache.bytes_for(int(n_tokens))
+    return cache.bytes_for(int(n_tokens)) + states
+
+
+def kv_layers(record: Any) -> int:
+    """How many layers hold KV rows (all of them but a hybrid's recurrent ones)."""
+    return int(record.n_layers) - len(getattr(record, "recurrent", ()) or ())
 
 
 def kv_formula(record: Any, n_tokens: int, cache_type: str) -> str:
-    """'2 × 30 layers × 4,096 tokens × 3 KV heads × 64 head_dim × 2 B (F16)' for tooltips and the Model lens."""
+    """'2 × 30 layers × 4,096 tokens × 3 KV heads × 64 head_dim × 2 B (F16)' for tooltips and the Model lens (a
+    hybrid's attention layers only, '+ 3 recurrent states × 1.0 MiB' after them)."""
     per = {"F32": "4 B", "F16": "2 B", "Q8_0": "34/32 B", "Q4_0": "18/32 B"}.get(cache_type, "?")
-    return (f"2 × {record.n_layers} layers × {n_tokens:,} tokens × {record.n_kv_heads} KV heads × "
+    recurrent = len(getattr(record, "recurrent", ()) or ())
+    layers = f"{kv_layers(record)} attention layers" if recurrent else f"{record.n_layers} layers"
+    text = (f"2 × {layers} × {n_tokens:,} tokens × {record.n_kv_heads} KV heads × "
             f"{record.head_dim} head_dim × {per} ({cache_type})")
+    if recurrent:
+        each = int(getattr(record, "state_bytes", 0) or 0)
+        text += f" + {recurrent} recurrent states × {each / 1024:,.1f} KiB (the same at any length)"
+    return text
 

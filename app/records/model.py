@@ -1,6 +1,7 @@
 """ModelRecord: what the lenses need to know about a loaded model, or a GGUF file alone, and its tensor table."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -18,14 +19,25 @@ _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight|\.bias)?$")
 _PLAIN_NAME = re.compile(r"^(.+?)(?:\.weight|\.bias)?$")
 
 
+RECURRENT = "recurrent"  # LayerInfo.kind of a gated DeltaNet layer (Qwen3.5 / Qwen3-Next linear attention)
+ATTENTION = "attention"
+
+
 @dataclass(frozen=True)
 class LayerInfo:
-    """How one layer attends: its RoPE base, sliding window (None = full) and score scale."""
+    """How one layer mixes tokens: softmax attention (its RoPE base, sliding window (None = full) and score scale)
+    or a recurrent gated DeltaNet layer (a state per value head, no positions, no KV rows)."""
 
     index: int
     rope_base: float
     window: int | None
     scale: float
+    kind: str = ATTENTION  # ATTENTION | RECURRENT
+    n_heads: int = 0  # query heads (attention) or value heads (recurrent); 0: the model's n_heads
+
+    @property
+    def recurrent(self) -> bool:
+        return self.kind == RECURRENT
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,40 @@ class ModelRecord:
     encoder_decoder: bool = False  # T5: an encoder reads the input, a decoder writes the output (app.records.seq2seq)
     n_dec_layers: int = 0  # the decoder's blocks (encoder-decoder models; n_layers counts the encoder's)
     n_buckets: int = 0  # T5's relative position buckets
+    recurrent: tuple[int, ...] = ()  # the gated DeltaNet layers of a hybrid (Qwen3.5): no KV rows, a constant state
+    n_v_heads: int = 0  # a recurrent layer's value heads (each keeps a state_size x state_size matrix)
+    n_k_heads: int = 0  # its key heads (value head h reads key head h % n_k_heads)
+    state_size: int = 0  # head dim of keys and values in a recurrent layer
+    conv_kernel: int = 0  # the causal convolution's width (it keeps conv_kernel - 1 inputs)
+    state_bytes: int = 0  # one recurrent layer's state (float32), the same at every context length
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend (and hold KV rows): every layer but the recurrent ones."""
+        rec = set(self.recurrent)
+        return tuple(i for i in range(self.n_layers) if i not in rec)
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers are recurrent (gated DeltaNet) instead of attention."""
+        return bool(self.recurrent)
+
+    @property
+    def state_total(self) -> int:
+        """Bytes of every recurrent layer's state together."""
+        return self.state_bytes * len(self.recurrent)
+
+    def is_recurrent(self, layer: object) -> bool:
+        return isinstance(layer, int) and layer in self.recurrent
+
+    def heads_of(self, layer: int) -> int:
+        """Heads of one layer: value heads of a recurrent layer, query heads of an attention layer."""
+        return self.n_v_heads if self.is_recurrent(layer) else self.n_heads
+
+    @property
+    def max_heads(self) -> int:
+        """The most heads any layer has (the overview grid's columns)."""
+        return max(self.n_heads, self.n_v_heads if self.recurrent else 0)
 
     @property
     def total_bytes(self) -> int:
@@ -107,10 +153,17 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
     a = net.args if net is not None else _args_from_metadata(md, arch, gguf)
     ropes = layer_rope_layout(md, a.n_layers, a.rope_base, a.head_dim)
     specs = _net_specs(net, a.n_layers) or [None] * len(ropes)
+    mixers = _recurrent(net, a)
+    rec_set = set(mixers.get("recurrent", ()))
     layers = tuple(
         LayerInfo(i, float(sp.rope_base), sp.window, float(sp.scale)) if sp else LayerInfo(i, r.base, r.window, r.scale)
         for i, (r, sp) in enumerate(zip(ropes, specs))
     )
+    if rec_set:
+        layers = tuple(
+            dataclasses.replace(x, window=None, kind=RECURRENT, n_heads=mixers["n_v_heads"]) if x.index in rec_set
+            else dataclasses.replace(x, n_heads=a.n_heads) for x in layers
+        )
     path = str(getattr(model, "path", getattr(gguf, "path", "")))
     name = display_name(md, path)  # a copy of a catalog model goes by its file's name
     return ModelRecord(
@@ -126,7 +179,22 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         n_dec_layers=int(getattr(a, "n_dec_layers", 0) or 0), n_buckets=int(getattr(a, "n_buckets", 0) or 0)
         if getattr(net, "is_encoder_decoder", False) else 0,
         **_scaling(net, a),
+        **mixers,
     )
+
+
+def _recurrent(net: Any, a: Any) -> dict[str, Any]:
+    """The record's recurrent-layer fields from a hybrid's DeltaNet sizes (engine.models.deltanet.DeltaNetDims)."""
+    mixers = tuple(int(i) for i in getattr(net, "mixers", None) or ())
+    dims = getattr(a, "deltanet", None)
+    if not mixers or dims is None:
+        return {}
+    from engine.observe.recurrent_maps import state_bytes  # noqa: PLC0415
+
+    conv_rows, channels = int(dims.conv_kernel) - 1, int(2 * dims.state * dims.k_heads + dims.state * dims.v_heads)
+    return {"recurrent": mixers, "n_v_heads": int(dims.v_heads), "n_k_heads": int(dims.k_heads),
+            "state_size": int(dims.state), "conv_kernel": int(dims.conv_kernel),
+            "state_bytes": state_bytes(int(dims.v_heads), int(dims.state), conv_rows, channels)}
 
 
 def _reasoning_switches(model: Any) -> tuple[str, ...]:
@@ -145,7 +213,12 @@ def _scaling(net: Any, a: Any) -> dict[str, Any]:
     if scaling is None:
         return {}
     prof = scaling_profile(scaling, a.rope_dim, a.rope_base)
-    return {"rope_scaling": prof.text, "rope_ratio": prof.ratio}
+    text = prof.text
+    still = [i for i, r in enumerate(prof.ratio) if r == 0.0]  # factor inf: multi-section RoPE's fourth position
+    if still and all(r in (0.0, 1.0) for r in prof.ratio):  # the only "scaling" is pairs that never turn
+        text = (f"multi-section RoPE: pair{'s' if len(still) > 1 else ''} {', '.join(map(str, still))} never "
+                "turn{} for text (their section reads position 0)".format("" if len(still) > 1 else "s"))
+    return {"rope_scaling": text, "rope_ratio": prof.ratio}
 
 
 def _net_specs(net: Any, n_layers: int) -> list[Any]:

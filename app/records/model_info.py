@@ -40,6 +40,9 @@ class ModelInfo:
     warnings: tuple[str, ...]
     n_tensors: int
     model_name: str = ""  # general.name as the file says it, when `name` is not it (see display_name)
+    layer_kinds: tuple[tuple[str, str], ...] = ()  # (kind, which layers and their sizes): how each layer mixes tokens
+    recurrent: tuple[int, ...] = ()  # a hybrid's recurrent (gated DeltaNet) layers: no KV rows, a constant state
+    state_bytes: int = 0  # one recurrent layer's state (float32)
 
 
 def escape_text(text: str, limit: int = VALUE_LIMIT, keep_lines: bool = False) -> str:
@@ -86,6 +89,21 @@ def _scalar(v: Any) -> str:
     if isinstance(v, (float, np.floating)):
         return f"{float(v):.6g}"
     return str(v)
+
+
+def _arg(v: Any) -> str:
+    """An architecture number as the Model lens shows it: flags per layer as the layers set ('0–2, 4–6'), a nested
+    dataclass (a hybrid's DeltaNet sizes) as its fields, anything else as a scalar."""
+    import dataclasses  # noqa: PLC0415
+
+    if isinstance(v, tuple) and v and all(isinstance(x, (bool, np.bool_)) for x in v):
+        from app.records.logit_lens import layer_runs  # noqa: PLC0415 - plain Python
+
+        on = [i for i, x in enumerate(v) if x]
+        return f"layers {layer_runs(on)}" if on else "none"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return ", ".join(f"{f.name} {_scalar(getattr(v, f.name))}" for f in dataclasses.fields(v))
+    return _scalar(v)
 
 
 def _type_name(types: dict[str, Any], key: str, value: Any) -> str:
@@ -147,6 +165,34 @@ def display_name(metadata: dict[str, Any], path: str) -> str:
     return name
 
 
+def layer_kinds(model: Any) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...], int]:
+    """(rows of the Model lens's Layers box, the recurrent layers, one recurrent state's bytes) of a loaded model:
+    which layers attend and which are recurrent (a hybrid such as Qwen3.5), with the sizes of each kind."""
+    from app.records.logit_lens import layer_runs  # noqa: PLC0415 - plain Python
+    from engine.observe.recurrent_maps import state_bytes  # noqa: PLC0415
+
+    net = getattr(model, "net", None)
+    a = model.args
+    n_layers = int(getattr(a, "n_layers", 0) or 0)
+    recurrent = tuple(int(i) for i in (getattr(net, "mixers", None) or ()))
+    dims = getattr(a, "deltanet", None)
+    attn = [i for i in range(n_layers) if i not in set(recurrent)]
+    heads = f"{a.n_heads} heads, {a.n_kv_heads} KV heads, head_dim {a.head_dim}"
+    if not recurrent or dims is None:
+        return (("attention", f"all {n_layers} layers: {heads}; KV rows grow with the context"),), (), 0
+    channels = 2 * dims.state * dims.k_heads + dims.state * dims.v_heads
+    each = state_bytes(dims.v_heads, dims.state, dims.conv_kernel - 1, channels)
+    rows = (
+        ("recurrent (gated DeltaNet)",
+         f"layers {layer_runs(recurrent)} ({len(recurrent)} of {n_layers}): {dims.v_heads} value heads reading "
+         f"{dims.k_heads} key heads, a {dims.state}×{dims.state} state per value head and a causal convolution of "
+         f"width {dims.conv_kernel}: {each / 1024:,.1f} KiB per layer, the same at any context length; no KV rows"),
+        ("attention", f"layers {layer_runs(attn)} ({len(attn)} of {n_layers}): {heads}; KV rows grow with the context"
+         if attn else "none"),
+    )
+    return rows, recurrent, each
+
+
 def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
     """Describe a loaded model for the Model lens (runs on the worker thread)."""
     md = model.gguf.metadata
@@ -161,7 +207,7 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
         ("EOS", _token(tok, getattr(tok, "eos_id", None))),
         ("end of generation", ", ".join(_token(tok, i) for i in eog[:8]) + (" …" if len(eog) > 8 else "") or "none"),
     )
-    args = tuple((k, _scalar(v)) for k, v in model.args.as_dict().items())
+    args = tuple((k, _arg(v)) for k, v in model.args.as_dict().items())
     source = getattr(model.chat, "source", "") or ""
     source = escape_text(source, TEMPLATE_LIMIT, keep_lines=True)
     builtin = bool(getattr(model.chat, "is_builtin", "tokenizer.chat_template" not in md))
@@ -183,4 +229,5 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
         warnings=tuple(escape_text(w, 500) for w in model.warnings),
         n_tensors=len(model.gguf.tensors),
         model_name=escape_text(general, 120) if isinstance(general, str) and general != name else "",
+        **dict(zip(("layer_kinds", "recurrent", "state_bytes"), layer_kinds(model))),
     )

@@ -146,8 +146,10 @@ class ExpertsLens(QWidget):
         self.layer_box.blockSignals(True)
         self.layer_box.clear()
         if model.n_expert:
-            for i in range(model.n_layers):
-                self.layer_box.addItem(f"{i}", i)
+            for i in range(model.n_layers):  # a hybrid's recurrent layers route their FFN like the attention ones
+                self.layer_box.addItem(f"{i} (recurrent)" if model.is_recurrent(i) else f"{i}", i)
+        self.layer_box.setToolTip("Every layer's feed-forward part routes, whatever mixes its tokens (a hybrid's "
+                                  "recurrent layers too)" if model.hybrid else "")
         self.layer_box.blockSignals(False)
         self.clear_chat()
 
@@ -243,7 +245,10 @@ class ExpertsLens(QWidget):
         which = "" if not part else (f"tokens {span[0]}–{span[1] - 1} (the last {part}): " if span is not None
                                       else f"no {part} in this chat, the whole chat: ")
         ent = lr.entropy() if lr.experts.shape[0] else ent
-        self.status.setText(f"{which}layer {lr.layer}: {lr.n_expert} experts, {lr.experts.shape[1]} per token, "
+        kind = ""
+        if self.model is not None and self.model.hybrid:
+            kind = " (recurrent; its FFN routes as in any layer)" if self.model.is_recurrent(lr.layer) else " (attention)"
+        self.status.setText(f"{which}layer {lr.layer}{kind}: {lr.n_expert} experts, {lr.experts.shape[1]} per token, "
                             f"{int((load > 0).sum())} used by the chat; busiest expert {busiest} "
                             f"({int(load[busiest])} of {lr.experts.shape[0]} tokens); mean entropy "
                             f"{float(ent.mean()):.2f} of {np.log2(lr.n_expert):.2f} bits")

@@ -51,6 +51,9 @@ class LensRequests(Protocol):
     def request_logit(self, position: int, width: int) -> None:
         """The logit lens at a position (-1: the last), `width` tokens per layer."""
 
+    def request_state(self) -> None:
+        """A hybrid's recurrent state: what each token wrote and kept per value head, and the state's bytes."""
+
     def set_hidden_keys(self, keys: object) -> None:
         """The sink keys the overview leaves out changed."""
 

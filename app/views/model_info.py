@@ -1,4 +1,5 @@
-"""The Model lens: the architecture's numbers, tokenizer, KV-cache cost, load warnings, metadata, chat template."""
+"""The Model lens: the architecture's numbers, tokenizer, layers (which attend, which are recurrent), KV-cache cost,
+load warnings, metadata, chat template."""
 from __future__ import annotations
 
 import html
@@ -98,6 +99,11 @@ class ModelLens(QWidget):
         scroll.setWidgetResizable(True)
         host = QWidget()
         v = QVBoxLayout(host)
+        self.layers_box = QGroupBox("Layers")
+        self.layers_box.setToolTip("How each layer mixes tokens: softmax attention (KV rows per token) or a recurrent "
+                                   "gated DeltaNet layer (a constant-size state per value head)")
+        self.layers_form = QFormLayout(self.layers_box)
+        v.addWidget(self.layers_box)  # first: which layers attend and which are recurrent
         row = QHBoxLayout()
         self.arch_box = QGroupBox("Architecture")
         self.arch_form = QFormLayout(self.arch_box)
@@ -198,7 +204,7 @@ class ModelLens(QWidget):
         """Fill every section from a ModelInfo (None clears them)."""
         self.info = info
         self._show_kv()
-        for form in (self.arch_form, self.tok_form):
+        for form in (self.arch_form, self.tok_form, self.layers_form):
             while form.rowCount():
                 form.removeRow(0)
         while self.warn_layout.count():
@@ -219,6 +225,8 @@ class ModelLens(QWidget):
             self.arch_form.addRow(_plain(key, "color: #555;"), _plain(value))
         for key, value in info.tokenizer:
             self.tok_form.addRow(_plain(key, "color: #555;"), _plain(value))
+        for key, value in info.layer_kinds:
+            self.layers_form.addRow(_plain(key, "color: #555;"), _plain(value))
         if info.warnings:
             for w in info.warnings:
                 self.warn_layout.addWidget(_plain("• " + w, "color: #a05a00;"))
@@ -236,6 +244,7 @@ def _kv_shape(info: ModelInfo | None) -> SimpleNamespace | None:
     args = dict(info.args)
     try:
         return SimpleNamespace(n_layers=int(args["n_layers"]), n_kv_heads=int(args["n_kv_heads"]),
-                               head_dim=int(args["head_dim"]), n_ctx=int(info.n_ctx))
+                               head_dim=int(args["head_dim"]), n_ctx=int(info.n_ctx), recurrent=info.recurrent,
+                               state_bytes=info.state_bytes)
     except (KeyError, ValueError):
         return None

@@ -41,6 +41,29 @@ BASE_COLOURS = ((0, 114, 178), (213, 94, 0), (0, 158, 115), (204, 121, 167))  # 
 GREY = (120, 120, 120)
 
 
+def _wavelengths(freqs: np.ndarray) -> np.ndarray:
+    """Tokens per turn of each pair; NaN (not drawn on the log axis) for a pair that never turns (frequency 0: the
+    pairs multi-section RoPE gives a fourth position, 0 for text, as Qwen3-VL's sections leave some)."""
+    with np.errstate(divide="ignore"):
+        w = wavelengths(np.asarray(freqs, np.float64))
+    return np.where(np.isfinite(w), w, np.nan)
+
+
+def _count(n: int, hybrid: bool, base: float) -> str:
+    """'10,000 (30 layers)', or a hybrid's '10,000,000 (1 attention layer)'."""
+    return f"{base:,.0f} ({n} {'attention ' if hybrid else ''}layer{'' if n == 1 else 's'})"
+
+
+def _recurrent_note(model: ModelRecord) -> str:
+    """A hybrid: its recurrent layers have no positions at all ('' for any other model)."""
+    if not model.hybrid:
+        return ""
+    from app.records.logit_lens import layer_runs  # noqa: PLC0415 - plain Python
+
+    return (f". Layers {layer_runs(model.recurrent)} are recurrent (gated DeltaNet): no RoPE and no positions; "
+            "order reaches them through the recurrence itself (and a short causal convolution)")
+
+
 class PositionsLens(QWidget):
     """Sinusoid heatmap and frequencies, RoPE per base: token angles on the unit circle, q.k vs distance, M_k.
 
@@ -206,10 +229,11 @@ class PositionsLens(QWidget):
         self.ratio = model.rope_ratio
         self.n_ctx = model.n_ctx
         self.pair_spin.setRange(0, max(0, self.rope_dim // 2 - 1))
-        layers = ", ".join(f"{b:,.0f} ({sum(1 for x in model.layers if x.rope_base == b)} layers)" for b in self.bases)
+        attends = [x for x in model.layers if not x.recurrent]  # a hybrid's recurrent layers use no positions
+        layers = ", ".join(_count(sum(1 for x in attends if x.rope_base == b), model.hybrid, b) for b in self.bases)
         self.summary.setText(f"{model.name}: d_model {model.dim}, RoPE on {model.rope_dim} of {model.head_dim} head dims "
                              f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}"
-                             + (f"; {model.rope_scaling}" if model.rope_scaling else ""))
+                             + (f"; {model.rope_scaling}" if model.rope_scaling else "") + _recurrent_note(model))
         self.redraw()
 
     def set_t5_tables(self, tables: object) -> None:
@@ -238,7 +262,7 @@ class PositionsLens(QWidget):
         out = []
         layers = self.model.layers if self.model is not None else ()
         for k, b in enumerate(self.bases):
-            mine = [x for x in layers if x.rope_base == b]
+            mine = [x for x in layers if x.rope_base == b and not x.recurrent]
             windows = sorted({x.window for x in mine if x.window})
             where = ""
             if mine:
@@ -271,8 +295,8 @@ class PositionsLens(QWidget):
         self.sinusoid_curve.setData(np.arange(len(w)) * (self.rope_dim / self.d_model), w)
         for k, curve in enumerate(self.freq_curves):
             if k < len(self.bases):
-                wl = wavelengths(self._freqs(k))
-                curve.setData(np.arange(len(wl)), wl)
+                wl = _wavelengths(self._freqs(k))
+                curve.setData(np.arange(len(wl)), wl, connect="finite")
             curve.setVisible(k < len(self.bases))
         plain = wavelengths(rope_freqs(self.rope_dim, self.bases[0]))  # dotted: before the model's scaling
         self.unscaled_curve.setData(np.arange(len(plain)), plain)

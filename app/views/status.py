@@ -98,7 +98,8 @@ class StatusPanel(QStatusBar):
         state.tok_s_changed.connect(self._speed)
         state.ctx_used_changed.connect(lambda _v: self._ctx())
         state.ctx_size_changed.connect(lambda _v: self._ctx())
-        for signal in (state.kv_bytes_changed, state.kv_type_changed, state.kv_full_bytes_changed, state.ctx_size_changed):
+        for signal in (state.kv_bytes_changed, state.kv_type_changed, state.kv_full_bytes_changed, state.ctx_size_changed,
+                       state.model_record_changed):
             signal.connect(lambda _v: self._kv())
         state.attention_path_changed.connect(self._path)
         state.memory_bytes_changed.connect(lambda v: self.memory.setText(f"memory {human_bytes(v)}"))
@@ -159,7 +160,14 @@ class StatusPanel(QStatusBar):
         st = self.state
         full = st.kv_full_bytes
         tail = f" · {human_bytes(full)} at {st.ctx_size:,}" if full is not None and st.ctx_size else ""
-        self.kv.setText(f"KV {human_bytes(st.kv_bytes)}")
+        states = int(getattr(st.model_record, "state_total", 0) or 0)  # a hybrid's recurrent layers: constant
+        if states and st.kv_bytes >= states:
+            self.kv.setText(f"KV {human_bytes(st.kv_bytes - states)} + state {human_bytes(states)}")
+            self.kv.setToolTip("KV rows of the attention layers (they grow with the context) + the recurrent layers' "
+                               "state (the same at any length)")
+        else:
+            self.kv.setText(f"KV {human_bytes(st.kv_bytes)}")
+            self.kv.setToolTip("memory the KV cache holds now")
         self.kv_cost.setText(f"{st.kv_type}{tail}")
 
     def _path(self, path: str) -> None:

@@ -19,6 +19,7 @@ class OverviewBar(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.model: ModelRecord | None = None
         self.layer_box, self.head_box = QComboBox(), QComboBox()
         for box in (self.layer_box, self.head_box):
             box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
@@ -53,19 +54,46 @@ class OverviewBar(QWidget):
             flow.addWidget(w)
 
     def set_model(self, model: ModelRecord) -> None:
-        """Fill the layer and head pickers for a new model."""
+        """Fill the layer and head pickers for a new model (a hybrid's recurrent layers say so)."""
+        self.model = model
         self.layer_box.clear()
         for layer in model.layers:
             tag = f"  (local, window {layer.window})" if layer.window else ""
+            if layer.recurrent:
+                tag = "  (recurrent)"
             self.layer_box.addItem(f"{layer.index}{tag}", layer.index)
-        self.layer_box.addItem("mean of layers", "mean")
-        self.layer_box.addItem("max of layers", "max")
+        which = "attention layers" if model.hybrid else "layers"
+        self.layer_box.addItem(f"mean of {which}", "mean")
+        self.layer_box.addItem(f"max of {which}", "max")
+        if model.hybrid:
+            tip = ("Recurrent layers (gated DeltaNet) show what each value head reads; 'mean/max of attention layers' "
+                   "aggregate the softmax layers only (a read share and an attention weight are not the same quantity)")
+            self.layer_box.setToolTip(tip)
+        self.set_heads(model.layers[0].index if model.layers else 0)
+        self.end_spin.setRange(0, 0)
+
+    def set_heads(self, layer: object) -> None:
+        """The head picker for `layer`: a recurrent layer's value heads (and the key head each reads), an attention
+        layer's query heads (and their KV head); the pick stays when the new layer has it."""
+        model = getattr(self, "model", None)
+        if model is None:
+            return
+        current = self.head_box.currentData()
+        recurrent = model.is_recurrent(layer)
+        self.head_box.blockSignals(True)
         self.head_box.clear()
-        for h in range(model.n_heads):
-            self.head_box.addItem(f"h{h} · KV {model.kv_head(h)}" if model.group > 1 else f"h{h}", h)
+        if recurrent:
+            for h in range(model.n_v_heads):
+                key = f" · key {h % model.n_k_heads}" if model.n_k_heads and model.n_k_heads < model.n_v_heads else ""
+                self.head_box.addItem(f"v{h}{key}", h)
+        else:
+            for h in range(model.n_heads):
+                self.head_box.addItem(f"h{h} · KV {model.kv_head(h)}" if model.group > 1 else f"h{h}", h)
         self.head_box.addItem("mean of heads", "mean")
         self.head_box.addItem("max of heads", "max")
-        self.end_spin.setRange(0, 0)
+        i = self.head_box.findData(current) if current is not None else -1
+        self.head_box.setCurrentIndex(max(0, i))
+        self.head_box.blockSignals(False)
 
 
 class NoHfwLabel(QLabel):
@@ -156,8 +184,16 @@ class FlowLayout(QLayout):
 
 
 def describe_selection(rec: HeadRecord, model: ModelRecord | None) -> str:
-    """'layer 3, head 4 (KV 1, shared with h3–h5), sliding window 512' for the info line and titles."""
-    layer = f"layer {rec.layer}" if isinstance(rec.layer, int) else f"{rec.layer} of layers"
+    """'layer 3, head 4 (KV 1, shared with h3–h5), sliding window 512' for the info line and titles; a recurrent
+    layer's 'layer 0 (recurrent), value head 2 (key head 0)'."""
+    if rec.recurrent:
+        head = f"value head {rec.head}" if isinstance(rec.head, int) else f"{rec.head} of value heads"
+        if isinstance(rec.head, int) and rec.kv_head is not None and rec.n_key_heads and len(rec.group_heads) > 1:
+            head += f", key head {rec.kv_head}"
+        return f"layer {rec.layer} (recurrent), {head}"
+    hybrid = model is not None and model.hybrid
+    layer = (f"layer {rec.layer}" if isinstance(rec.layer, int)
+             else f"{rec.layer} of {'attention ' if hybrid else ''}layers")
     if isinstance(rec.head, int):
         head = f"head {rec.head}"
         if rec.kv_head is not None and len(rec.group_heads) > 1:

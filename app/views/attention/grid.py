@@ -2,12 +2,18 @@
 
 When a role is chosen in Head roles, each thumbnail gets a frame coloured (and thickened) by that head's score,
 with a legend beside the grid (`set_role_scores`); no role: no frames.
+
+A hybrid's record (AttentionRecord.layers / recurrent / heads) has rows of two kinds: attention layers, and the
+recurrent (gated DeltaNet) layers, whose thumbnails are their value heads' read maps. Recurrent rows sit on a
+tinted band with an "R" on the right, and a legend under the grid says what they show; rows may have fewer
+heads than the grid has columns (the rest is left empty). Clicks, hover and the selection speak model layers.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QPen
 from PySide6.QtWidgets import QGraphicsRectItem
 
 from app.records.attention import AttentionRecord
@@ -18,6 +24,10 @@ GAP = 2  # pixels between thumbnails of one KV group
 GROUP_GAP = 6  # between KV groups, so heads that share a KV head sit together
 FRAME_COLOURS = ((225, 225, 225), (240, 160, 0), (190, 0, 110))  # score 0, 0.5, 1: grey, orange, magenta
 FRAME_WIDTH = (0.8, 4.0)  # cosmetic pen width in screen pixels at score 0 and 1
+RECURRENT_TINT = (0, 150, 136)  # teal: the band behind a recurrent row, its "R" and the legend
+RECURRENT_LEGEND = ("<span style='color:#00968a'><b>R</b></span> rows: recurrent (gated DeltaNet) layers, each value "
+                    "head's read map: the share of |W| its output takes from each earlier token (exact, no softmax). "
+                    "Other rows: softmax attention.")
 
 
 class GridView(pg.GraphicsLayoutWidget):
@@ -69,8 +79,23 @@ class GridView(pg.GraphicsLayoutWidget):
         self.frame_map = pg.ColorMap(pos=[0.0, 0.5, 1.0], color=list(FRAME_COLOURS))
         self.legend = pg.ColorBarItem(values=(0, 1), colorMap=self.frame_map, interactive=False, width=10)
         self.legend.setVisible(False)  # in the layout only while frames are drawn (a hidden item keeps its room)
+        self.bands: list[QGraphicsRectItem] = []  # behind the recurrent rows of a hybrid
+        self.kinds_legend = pg.LabelItem(RECURRENT_LEGEND, size="8pt", color="#333", justify="left")
+        self.kinds_legend.setVisible(False)  # in the layout only for a hybrid's record
+        self._fit_legend()
 
     # ---- geometry
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(ev)
+        self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """The legend wraps to the grid's width (one long line would widen the layout past the widget)."""
+        if not hasattr(self, "kinds_legend") or getattr(self, "closed", False):  # before our constructor ran, or
+            return  # after close() cleared the scene (the item is gone with it)
+        self.kinds_legend.item.setTextWidth(max(60.0, float(self.width()) - 16.0))
+        self.kinds_legend.updateMin()
 
     def _group(self) -> int:
         if self.model is not None:
@@ -99,6 +124,7 @@ class GridView(pg.GraphicsLayoutWidget):
         rec = self.record
         if rec is None or rec.thumbs.size == 0:
             self.image.clear()
+            self._draw_bands(0.0)
             return
         maps = {"max": rec.thumbs, "mean": rec.thumbs_mean}[self.pool]
         if self.hide_sink:
@@ -123,9 +149,40 @@ class GridView(pg.GraphicsLayoutWidget):
         lut = colormap(self.cmap_name).getLookupTable(0.0, 1.0, 256)
         self.image.setImage(mosaic, autoLevels=False, levels=(0.0, top), lut=lut)
         self._axes(n_layers, n_heads, t)
+        self._draw_bands(width)
         self.plot.getViewBox().setRange(QRectF(0, 0, width, height), padding=0.01)
         self._draw_frames()
         self._draw_selection()
+
+    def _draw_bands(self, width: float) -> None:
+        """A tinted band behind each recurrent row (it shows through the masked upper triangles) and the legend."""
+        for item in self.bands:
+            self.plot.removeItem(item)
+        self.bands = []
+        rec = self.record
+        hybrid = rec is not None and rec.thumbs.size > 0 and rec.hybrid
+        in_layout = self.kinds_legend.scene() is not None
+        if hybrid and not in_layout:
+            self._fit_legend()
+            self.addItem(self.kinds_legend, row=1, col=0)
+        elif not hybrid and in_layout:
+            self.ci.removeItem(self.kinds_legend)
+        self.kinds_legend.setVisible(hybrid)
+        if not hybrid:
+            return
+        assert rec is not None
+        t = self._t
+        colour = QColor(*RECURRENT_TINT)
+        colour.setAlpha(60)
+        for li in range(rec.n_layers):
+            if not rec.is_recurrent(li):
+                continue
+            band = QGraphicsRectItem(QRectF(-GAP, li * (t + GAP) - GAP / 2, width + 2 * GAP, t + GAP))
+            band.setBrush(QBrush(colour))
+            band.setPen(QPen(Qt.PenStyle.NoPen))
+            band.setZValue(-1)  # behind the thumbnails
+            self.plot.addItem(band)
+            self.bands.append(band)
 
     def set_role_scores(self, role: str | None, scores: np.ndarray | None = None) -> None:
         """Frame every thumbnail by its head's `role` score in 0..1 (rows: model layers); None clears the frames."""
@@ -155,10 +212,9 @@ class GridView(pg.GraphicsLayoutWidget):
         if not show:
             return
         t = self._t
-        n_layers, n_heads = min(s.shape[0], rec.thumbs.shape[0]), min(s.shape[1], len(self._xs))
-        for li in range(n_layers):
-            for h in range(n_heads):
-                v = self.frame_score(li, h)
+        for li in range(rec.thumbs.shape[0]):
+            for h in range(min(rec.heads_in(li), len(self._xs))):
+                v = self.frame_score(rec.layer_of(li), h)
                 if v is None:
                     continue
                 v = min(1.0, max(0.0, v))
@@ -184,75 +240,116 @@ class GridView(pg.GraphicsLayoutWidget):
                                             if h % every == 0]])
 
     def _axes(self, n_layers: int, n_heads: int, t: int) -> None:
+        rec = self.record
+        assert rec is not None
         g = self._group()
         self._head_ticks()
         groups = []
-        for kv in range(max(1, n_heads // g)):
-            a, b = self._xs[kv * g], self._xs[min(n_heads, (kv + 1) * g) - 1] + t
+        n_att = min(n_heads, self.model.n_heads) if self.model is not None else n_heads  # KV groups: attention heads
+        for kv in range(max(1, n_att // g)):
+            a, b = self._xs[kv * g], self._xs[min(n_att, (kv + 1) * g) - 1] + t
             groups.append((float((a + b) / 2), f"KV {kv}" if g > 1 else ""))
         self.plot.getAxis("bottom").setTicks([groups])
         self.plot.getAxis("bottom").setLabel("KV groups (GQA)" if g > 1 else "")  # short: the grid can be 160 px wide
         self.plot.getAxis("bottom").setToolTip("Heads under one KV label share that KV head (grouped-query attention)"
                                                if g > 1 else "")
-        rows = [(float(li * (t + GAP) + t / 2), f"L{li}") for li in range(n_layers)]
+        rows = [(float(li * (t + GAP) + t / 2), f"L{rec.layer_of(li)}") for li in range(n_layers)]
         self.plot.getAxis("left").setTicks([rows])
         right = []
-        if self.model is not None and any(layer.window for layer in self.model.layers):
-            for layer in self.model.layers[:n_layers]:
-                tag = f"local {layer.window}" if layer.window else "global"
-                right.append((float(layer.index * (t + GAP) + t / 2), tag))
-        self.plot.getAxis("right").setTicks([right])
-        self.plot.getAxis("right").setWidth(60 if right else 8)
+        infos = {x.index: x for x in self.model.layers} if self.model is not None else {}
+        windows = any(x.window for x in infos.values())
+        for li in range(n_layers):
+            y = float(li * (t + GAP) + t / 2)
+            info = infos.get(rec.layer_of(li))
+            if rec.is_recurrent(li):
+                right.append((y, "R"))
+            elif windows and info is not None:
+                right.append((y, f"local {info.window}" if info.window else "global"))
+            elif rec.hybrid:
+                right.append((y, "attn"))
+        axis = self.plot.getAxis("right")
+        axis.setTicks([right])
+        axis.setWidth((60 if windows else 34) if right else 8)
+        axis.setTextPen(pg.mkPen(RECURRENT_TINT) if rec.hybrid and not windows else pg.mkPen("#444"))
+        axis.setToolTip("R: a recurrent (gated DeltaNet) layer: its value heads' read maps" if rec.hybrid else "")
 
     def select(self, layer: int, head: int) -> None:
+        """Outline (model layer, head)."""
         self.selected = (layer, head)
         self._draw_selection()
 
     def _draw_selection(self) -> None:
-        if self.selected is None or self.record is None or not len(self._xs):
+        row = None if self.selected is None or self.record is None else self.record.row_of(self.selected[0])
+        if row is None or not len(self._xs):
             self.selection.setVisible(False)
             self.group_box.setVisible(False)
             return
-        layer, head = self.selected
+        assert self.selected is not None and self.record is not None
+        _layer, head = self.selected
         t, g = self._t, self._group()
         if not (0 <= head < len(self._xs)):
             return
-        y = layer * (t + GAP)
+        y = row * (t + GAP)
         self.selection.setRect(QRectF(self._xs[head] - 1, y - 1, t + 2, t + 2))
         kv = head // g
         a = self._xs[kv * g]
         b = self._xs[min(len(self._xs), (kv + 1) * g) - 1] + t
         self.group_box.setRect(QRectF(a - 3, y - 3, b - a + 6, t + 6))
         self.selection.setVisible(True)
-        self.group_box.setVisible(g > 1)
+        self.group_box.setVisible(g > 1 and not self.record.is_recurrent(row))
 
     # ---- interaction
 
     def head_at(self, x: float, y: float) -> tuple[int, int] | None:
-        """(layer, head) of the thumbnail under image pixel (x, y), or None in a gap."""
+        """(model layer, head) of the thumbnail under image pixel (x, y), or None in a gap."""
         rec = self.record
         if rec is None or not len(self._xs):
             return None
         t = self._t
-        layer, dy = divmod(int(np.floor(y)), t + GAP)
+        row, dy = divmod(int(np.floor(y)), t + GAP)
         head = int(np.searchsorted(self._xs, np.floor(x), side="right")) - 1
-        if not (0 <= layer < rec.thumbs.shape[0]) or dy >= t or head < 0 or x - self._xs[head] >= t:
+        if not (0 <= row < rec.thumbs.shape[0]) or dy >= t or head < 0 or x - self._xs[head] >= t:
             return None
-        return layer, head
+        if head >= rec.heads_in(row):  # a row with fewer heads than the grid is wide
+            return None
+        return rec.layer_of(row), head
 
     def describe(self, layer: int, head: int) -> str:
+        """The hover text of (model layer, head)."""
         rec = self.record
         assert rec is not None
+        row = rec.row_of(layer)
+        if row is None:
+            return f"layer {layer} is not in the grid"
+        if rec.is_recurrent(row):
+            return self._describe_recurrent(row, layer, head)
         g = self._group()
         kv = head // g
-        parts = [f"layer {layer}, head {head}"]
+        parts = [f"layer {layer}{' (attention)' if rec.hybrid else ''}, head {head}"]
         if g > 1:
             parts.append(f"KV head {kv} (shared by h{kv * g}–h{kv * g + g - 1})")
-        if self.model is not None and layer < len(self.model.layers) and self.model.layers[layer].window:
-            parts.append(f"sliding window {self.model.layers[layer].window}")
-        parts.append(f"sink {rec.sink[layer, head]:.2f} · previous token {rec.prev[layer, head]:.2f} · self {rec.self_[layer, head]:.2f}")
+        info = next((x for x in self.model.layers if x.index == layer), None) if self.model is not None else None
+        if info is not None and info.window:
+            parts.append(f"sliding window {info.window}")
+        parts.append(f"sink {rec.sink[row, head]:.2f} · previous token {rec.prev[row, head]:.2f} · "
+                     f"self {rec.self_[row, head]:.2f}")
         if rec.learned_sink is not None:  # gpt-oss: the share no key got
-            parts.append(f"attention to nothing (learned sink) {rec.learned_sink[layer, head]:.2f}")
+            parts.append(f"attention to nothing (learned sink) {rec.learned_sink[row, head]:.2f}")
+        framed = self.frame_score(layer, head)
+        if framed is not None:
+            parts.append(f"frame: {self.role} {framed:.2f}")
+        return " · ".join(parts)
+
+    def _describe_recurrent(self, row: int, layer: int, head: int) -> str:
+        rec = self.record
+        assert rec is not None
+        n_k = self.model.n_k_heads if self.model is not None and self.model.n_k_heads else 0
+        parts = [f"layer {layer} (recurrent, gated DeltaNet), value head {head}"
+                 + (f" (reads key head {head % n_k})" if n_k else "")]
+        parts.append(f"reads: first token {rec.sink[row, head]:.2f} · previous token {rec.prev[row, head]:.2f} · "
+                     f"self {rec.self_[row, head]:.2f}")
+        if rec.earlier is not None and rec.read_start > 0:
+            parts.append(f"earlier context (before token {rec.read_start}) {rec.earlier[row, head]:.2f}")
         framed = self.frame_score(layer, head)
         if framed is not None:
             parts.append(f"frame: {self.role} {framed:.2f}")

@@ -1,4 +1,9 @@
-"""The large heatmap of one head (or an aggregate): query rows x key columns with token labels and a colour bar."""
+"""The large heatmap of one head (or an aggregate): query rows x key columns with token labels and a colour bar.
+
+A recurrent (gated DeltaNet) head of a hybrid is drawn the same way from its read shares (|W| per row); the
+hover gives the signed weight W[t, s] with which token t's output reads the value of token s, and the share of
+the row that came from the earlier context (before the decomposed window, through the state).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -115,12 +120,15 @@ class HeadView(pg.GraphicsLayoutWidget):
         top = top if top > 0 else 1.0
         sink_max = float(np.nanmax(w[:, 0])) if self.first_col == 0 and np.isfinite(w[:, 0]).any() else 0.0
         saturated = f" (key 0 saturates, up to {sink_max:.2f})" if sink_max > top * 1.01 else ""
-        self._bar_titles = ("attention weight" + saturated, "weight" + (f" (key 0 ≤ {sink_max:.2f})" if saturated
-                                                                         else ""), "weight")
-        self.colorbar.setToolTip("attention weight" + saturated)
+        what = "share of the read (|W|)" if rec.recurrent else "attention weight"
+        self._bar_titles = (what + saturated, ("share" if rec.recurrent else "weight")
+                            + (f" (key 0 ≤ {sink_max:.2f})" if saturated else ""), "share" if rec.recurrent else "weight")
+        self.colorbar.setToolTip(what + saturated)
         self._fit_bar_title()
         if rec.sink_share is not None:  # gpt-oss: what the learned sink took never reaches a key of the map
             self.plot.setTitle(f"sink (attention to nothing): {rec.sink_share:.0%}", size="9pt", color="#444")
+        elif rec.recurrent:
+            self.plot.setTitle(_reads_title(rec), size="9pt", color="#00796b")
         else:
             self.plot.setTitle(None)
         x0 = self.first_col * rec.col_step
@@ -174,8 +182,31 @@ class HeadView(pg.GraphicsLayoutWidget):
         qt = token_label(texts[q], 24) if q < len(texts) else "?"
         kt = token_label(texts[k], 24) if k < len(texts) else "?"
         pooled = " (max over a pooled block)" if rec.row_step > 1 or rec.col_step > 1 else ""
+        if rec.recurrent:
+            return self._describe_read(rec, q, k, qt, kt, weight, pooled)
         value = "masked (cannot attend)" if not np.isfinite(weight) else f"{weight:.4f}"
         return f"query {q} “{qt}” → key {k} “{kt}”: {value}{pooled}"
+
+    @staticmethod
+    def _describe_read(rec: HeadRecord, q: int, k: int, qt: str, kt: str, share: float, pooled: str) -> str:
+        """A recurrent head's cell: the signed weight with which token q reads the value of token k."""
+        r = (q - rec.row_start) // max(1, rec.row_step)
+        earlier = ""
+        if rec.earlier is not None and 0 <= r < len(rec.earlier) and np.isfinite(rec.earlier[r]) and rec.read_start:
+            earlier = f" · earlier context {float(rec.earlier[r]):.1%}"
+        if not np.isfinite(share):
+            if k > q:
+                return f"token {q} “{qt}” cannot read token {k} “{kt}”: it comes later"
+            if k < rec.read_start or q < rec.read_start:
+                return (f"token {k} “{kt}” is in the earlier context (before token {rec.read_start}): token {q} reads "
+                        f"it only through the state, not decomposed here{earlier}")
+            return f"token {q} “{qt}” → token {k} “{kt}”: not read"
+        signed = rec.signed
+        if signed is not None and 0 <= r < signed.shape[0] and 0 <= k < signed.shape[1]:
+            w = float(signed[r, k])
+            return (f"token {q} “{qt}” reads v of token {k} “{kt}” with weight {w:+.4g} (signed) · share {share:.1%}"
+                    + earlier)
+        return f"token {q} “{qt}” reads token {k} “{kt}”: share {share:.4f} of |W|{pooled}{earlier}"
 
     def _hover(self, ev) -> None:
         if ev.isExit():
@@ -190,6 +221,15 @@ class HeadView(pg.GraphicsLayoutWidget):
             ev.accept()
             self.mark(cell[0], cell[1])
             self.cell_clicked.emit(cell[0], cell[1])
+
+
+def _reads_title(rec: HeadRecord) -> str:
+    """The title over a recurrent head's map: what the colours are, and the earlier context's share."""
+    text = "exact reads (hover: the signed weight)"
+    e = rec.earlier
+    if rec.read_start and e is not None and np.isfinite(e).any():
+        text = f"earlier context (before {rec.read_start}): {float(np.nanmean(e)):.0%} of the reads"
+    return text
 
 
 def _display(w: np.ndarray) -> np.ndarray:

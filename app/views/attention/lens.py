@@ -4,6 +4,10 @@ The lens only draws records; heavy work happens on a worker. It asks through sig
 `head_requested(layer, head, rows)` (layer: int | 'mean' | 'max', head: int | 'mean' | 'max', rows: slice
 | None) is answered with `set_head(HeadRecord)`; `attention_requested(max_rows)` (None = every query
 row, exact) is answered with `set_attention(AttentionRecord)`.
+
+A hybrid (Qwen3.5) shows its recurrent layers in the same grid and head view (each value head's read map), and
+one more view, State (`state_requested`, answered with `set_state(StateRecord)`): what the recurrent layers
+keep instead of a KV cache.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QSizePolicy, QS
 from superqt.utils import qthrottled
 
 from app.records.attention import AttentionRecord, HeadRecord
+from app.records.logit_lens import layer_runs
 from app.records.model import ModelRecord
 from app.views.attention.controls import (
     EMPTY_TEXT,
@@ -29,6 +34,7 @@ from app.views.attention.head import HeadView
 from app.views.attention.logit_view import LogitLensView
 from app.views.attention.roles import HeadRolesView
 from app.views.attention.seq2seq import Seq2SeqView
+from app.views.attention.state import StateView
 from app.views.attention.steps import StepThroughView
 from app.views.attention.text import TokenTextView
 
@@ -52,6 +58,7 @@ class AttentionLens(QWidget):
     hidden_keys_changed = Signal(object)  # the sink keys to leave out of the grid: answered with set_attention
     seq2seq_requested = Signal()  # an encoder-decoder model's maps: answered with set_seq2seq
     cross_step_requested = Signal(int, int, int)  # decoder layer, head, output position: answered with set_cross_step
+    state_requested = Signal()  # a hybrid's recurrent state: answered with set_state(StateRecord)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -114,6 +121,11 @@ class AttentionLens(QWidget):
         self.views.addTab(self.roles, "Head roles")
         self.views.addTab(self.logit, "Logit lens")
         self.views.addTab(self.steps, "Step through")
+        self.state_view = StateView()  # a hybrid's recurrent layers: shown for one only
+        self.views.addTab(self.state_view, "State")
+        self.views.setTabVisible(self.views.indexOf(self.state_view), False)
+        self.state_view.hovered.connect(self.status.setText)
+        self.state_view.state_requested.connect(self.state_requested)
         self.seq2seq = Seq2SeqView()  # an encoder-decoder model's view: the only tab shown for one
         self.views.addTab(self.seq2seq, "Encoder-decoder")
         self.views.setTabVisible(self.views.indexOf(self.seq2seq), False)
@@ -139,7 +151,7 @@ class AttentionLens(QWidget):
         self.head_view.hovered.connect(self.status.setText)
         self.head_view.cell_clicked.connect(lambda q, k: self.show_token_attention(q))
         self.text_view.token_clicked.connect(self.show_token_attention)
-        self.layer_box.activated.connect(lambda _: self.request_head())
+        self.layer_box.activated.connect(lambda _: self._layer_picked())
         self.head_box.activated.connect(lambda _: self.request_head())
         self.rows_box.activated.connect(lambda _: self.request_head())
         self.end_spin.editingFinished.connect(self._end_edited)
@@ -162,6 +174,7 @@ class AttentionLens(QWidget):
         self.hidden_keys_changed.connect(to.set_hidden_keys)
         self.seq2seq_requested.connect(to.request_seq2seq)
         self.cross_step_requested.connect(to.request_cross_step)
+        self.state_requested.connect(to.request_state)
 
     def set_model(self, model: ModelRecord) -> None:
         """A new model: rebuild the layer and head pickers; forget old records."""
@@ -173,15 +186,18 @@ class AttentionLens(QWidget):
         self.grid.set_model(model)
         self.steps.set_model(model)
         self.roles.set_model(model)
+        self.logit.set_recurrent(model.recurrent)
+        self.state_view.set_model(model)
         self.clear_chat()
-        self.status.setText(f"{model.name}: {model.n_layers} layers × {model.n_heads} heads"
-                            + (f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""))
+        self.status.setText(model_line(model))
 
     def _seq2seq_mode(self, on: bool) -> None:
         """An encoder-decoder model shows its Encoder-decoder view only (the decoder-only views read a conversation
-        through one stack); any other model shows every view but that one."""
+        through one stack); any other model shows every view but that one (State: a hybrid's only)."""
+        hybrid = self.model is not None and self.model.hybrid
         for i in range(self.views.count()):
-            self.views.setTabVisible(i, (self.views.widget(i) is self.seq2seq) == on)
+            widget = self.views.widget(i)
+            self.views.setTabVisible(i, (widget is self.seq2seq) == on and (widget is not self.state_view or hybrid))
         self.bar.setVisible(not on)
         self.views.setCurrentWidget(self.seq2seq if on else self.overview)
 
@@ -211,6 +227,7 @@ class AttentionLens(QWidget):
             self.steps.set_model(self.model)
         self.roles.clear()
         self.logit.clear()
+        self.state_view.clear()
         self.overview.setCurrentWidget(self.empty)
         self.empty.setText(EMPTY_TEXT)
 
@@ -241,6 +258,14 @@ class AttentionLens(QWidget):
         """Draw a LogitLensRecord in the Logit lens view."""
         self.logit.set_record(rec)  # type: ignore[arg-type]
 
+    def set_state(self, rec: object) -> None:
+        """Draw a StateRecord (a hybrid's recurrent layers) in the State view."""
+        self.state_view.set_record(rec)  # type: ignore[arg-type]
+
+    def show_state(self) -> None:
+        """Bring the State view on screen (a hybrid's; it asks for its record when it has none yet)."""
+        self.views.setCurrentWidget(self.state_view)
+
     def lens_failed(self, kind: str, message: str) -> None:
         """A Head roles or logit-lens computation failed (or had nothing to work on): its view shows why."""
         if kind == "roles":
@@ -249,12 +274,15 @@ class AttentionLens(QWidget):
             self.logit.panel.clear(f"Could not decode the layers: {message}")
         elif kind == "attention" and self.attention is None:
             self.empty.setText(f"No attention to show: {message}")
+        elif kind == "state":
+            self.state_view.clear(f"Could not read the recurrent state: {message}")
 
     def new_reply(self) -> None:
         """A reply is being made (a new message, Regenerate, Continue): head roles, the logit lens and the step
         shown describe the context before it, so they go; the overview follows the reply live."""
         self.roles.clear()
         self.logit.clear()
+        self.state_view.asked = False  # the reply's tokens make it stale; it asks again when on screen
         self._lens_pick = None
         if self.model is not None:
             self.steps.set_model(self.model)
@@ -278,14 +306,19 @@ class AttentionLens(QWidget):
         rows = f"query rows {rec.row_start}–{rec.row_stop - 1} of {rec.n_tokens}"
         pooled = f", pooled ×{rec.row_step}×{rec.col_step}" if rec.row_step > 1 or rec.col_step > 1 else ""
         note = self._part_note if isinstance(self.rows_box.currentData(), str) else ""
+        if rec.recurrent and rec.read_start:  # a long conversation: what came before is one "earlier context" share
+            note = (f"{note} · " if note else "") + f"reads decomposed from token {rec.read_start} on"
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms" + (f" · {note}" if note else ""))
         if self.views.currentWidget() is self.overview:  # the old hover text described another selection
-            self.status.setText("Hover a cell for its weight; click a token to tint the context by its attention.")
+            self.status.setText("Hover a cell for the signed weight of each read; click a token to tint the context by "
+                                "what it reads." if rec.recurrent else
+                                "Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid
             self.steps.set_tokens(rec.token_texts)
         if isinstance(rec.layer, int) and isinstance(rec.head, int):
             self.grid.select(rec.layer, rec.head)
-            if self._lens_pick != (rec.layer, rec.head):  # the lens moved: the step-through view follows
+            if self._lens_pick != (rec.layer, rec.head) and not rec.recurrent:  # the step-through view follows
+                # (an attention head only: a recurrent layer has no softmax cell to step through)
                 self._lens_pick = (rec.layer, rec.head)
                 self.steps.select(rec.layer, rec.head)
                 self._refresh_steps()
@@ -381,7 +414,12 @@ class AttentionLens(QWidget):
 
     def _grid_clicked(self, layer: int, head: int) -> None:
         self.layer_box.setCurrentIndex(max(0, self.layer_box.findData(layer)))
+        self.bar.set_heads(layer)  # a recurrent layer lists its value heads, an attention layer its query heads
         self.head_box.setCurrentIndex(max(0, self.head_box.findData(head)))
+        self.request_head()
+
+    def _layer_picked(self) -> None:
+        self.bar.set_heads(self._layer())
         self.request_head()
 
     def _views_changed(self) -> None:
@@ -403,6 +441,8 @@ class AttentionLens(QWidget):
                 self.roles_requested.emit("chat")
         elif current is self.logit and self.logit.stale():
             self.logit.request()
+        elif current is self.state_view and self.state_view.stale(rec.n_tokens):
+            self.state_view.request()
 
     def _end_edited(self) -> None:
         """The user set "to row": the window stays there until it is set back to the newest token."""
@@ -453,6 +493,11 @@ class AttentionLens(QWidget):
         row = rec.weights[index - rec.row_start] if exact else None
         self.head_view.mark(index, index)
         title = f"Attention of token {index} ({describe_selection(rec, self.model)})"
+        if rec.recurrent:
+            title = f"What token {index} reads · {describe_selection(rec, self.model)} · shares of |W|"
+            r = index - rec.row_start
+            if rec.read_start and rec.earlier is not None and exact and 0 <= r < len(rec.earlier):
+                title += f"; earlier context (before token {rec.read_start}) {float(rec.earlier[r]):.0%}"
         if not exact:
             title = f"Token {index}: this view is pooled; click a token to see its exact attention"
         hidden = self.hidden_keys if self.sink_check.isChecked() else ()
@@ -463,3 +508,13 @@ class AttentionLens(QWidget):
         if path:
             ok = self.export_png(path)
             self.status.setText(f"Saved {path}" if ok else f"Could not save {path}")
+
+
+def model_line(model: ModelRecord) -> str:
+    """'name: 24 layers × 16 heads, 2 KV heads (groups of 8)'; a hybrid's recurrent and attention layers apart."""
+    gqa = f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""
+    if not model.hybrid:
+        return f"{model.name}: {model.n_layers} layers × {model.n_heads} heads{gqa}"
+    return (f"{model.name}: {model.n_layers} layers: recurrent (gated DeltaNet) {layer_runs(model.recurrent)}, "
+            f"{model.n_v_heads} value heads each; attention {layer_runs(model.attention_layers)}, "
+            f"{model.n_heads} heads{gqa}")

@@ -56,6 +56,7 @@ class LogitLensPanel(QWidget):
     def __init__(self, parent: QWidget | None = None, vertical: bool = True):
         super().__init__(parent)
         self.record: LogitLensRecord | None = None
+        self.recurrent: frozenset[int] = frozenset()  # a hybrid's recurrent layers: "R" beside their rows
         self.metric_key = "prob"  # not `metric`: QWidget.metric() is a virtual Qt calls
         self.column = 0
         self.title = NoHfwLabel("")
@@ -178,7 +179,8 @@ class LogitLensPanel(QWidget):
         self.colorbar.setToolTip(tip)
         self._position_ticks()
         step = max(1, n_l // 12)
-        self.plot.getAxis("left").setTicks([[(li + 0.5, str(lens.layers[li])) for li in range(0, n_l, step)]])
+        self.plot.getAxis("left").setTicks([[(li + 0.5, self.layer_text(int(lens.layers[li])))
+                                             for li in range(0, n_l, step)]])
         self.plot.setRange(QRectF(0, 0, n_p, n_l), padding=0)
         first = int(lens.positions[0]) if n_p else 0
         self.plot.setLabel("bottom", f"positions {first}–{first + n_p - 1}")  # short: a narrow panel cuts a long one
@@ -219,7 +221,7 @@ class LogitLensPanel(QWidget):
                            f"{on_top_text(lens, c)}.")
         self.table.setRowCount(n_l)
         for li in range(n_l):
-            cells = [str(lens.layers[li]), str(int(lens.rank[li, c]) + 1), f"{float(lens.prob[li, c]):.3f}"]
+            cells = [self.layer_text(int(lens.layers[li])), str(int(lens.rank[li, c]) + 1), f"{float(lens.prob[li, c]):.3f}"]
             for k in range(lens.top_ids.shape[2]):
                 t = int(lens.top_ids[li, c, k])
                 cells.append(f"{token_label(rec.text(t), 14)}  {float(lens.top_probs[li, c, k]):.2f}")
@@ -233,6 +235,10 @@ class LogitLensPanel(QWidget):
         self.table.setToolTip("rank 1 = the layer's top token; p = its softmax probability at temperature 1; "
                               "green = the produced token")
 
+    def layer_text(self, layer: int) -> str:
+        """A layer's row label: '12', or '3 R' for a hybrid's recurrent layer."""
+        return f"{layer} R" if layer in self.recurrent else str(layer)
+
     # ---- interaction
 
     def describe(self, li: int, c: int) -> str:
@@ -241,7 +247,8 @@ class LogitLensPanel(QWidget):
         lens = rec.lens
         pos, target = int(lens.positions[c]), int(lens.targets[c])
         tops = ", ".join(f"“{token_label(rec.text(int(t)), 10)}”" for t in lens.top_ids[li, c, :3])
-        return (f"layer {lens.layers[li]}, position {pos} “{token_label(rec.token_texts[pos], 14)}” → "
+        kind = " (recurrent)" if int(lens.layers[li]) in self.recurrent else ""
+        return (f"layer {lens.layers[li]}{kind}, position {pos} “{token_label(rec.token_texts[pos], 14)}” → "
                 f"“{token_label(rec.text(target), 14)}”: rank {int(lens.rank[li, c]) + 1}, "
                 f"p = {float(lens.prob[li, c]):.3f} · top: {tops}")
 
@@ -304,9 +311,15 @@ class LogitLensView(QWidget):
             flow.addWidget(w)
         self.panel = LogitLensPanel()
         self.panel.fit_width()  # the top 5 share the pane's width: no sideways scrolling at 1280x800
+        self.kinds = NoHfwLabel("")  # a hybrid: why its recurrent layers are rows like the others
+        self.kinds.setWordWrap(True)
+        self.kinds.setTextFormat(Qt.TextFormat.PlainText)
+        self.kinds.setStyleSheet("color: #00796b;")
+        self.kinds.setVisible(False)
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(bar)
+        root.addWidget(self.kinds)
         root.addWidget(self.panel, 1)
         self.run.clicked.connect(self.request)
         self.position.valueChanged.connect(lambda _v: self._position_changed())
@@ -318,6 +331,13 @@ class LogitLensView(QWidget):
         self.n_tokens = 0
         self._set_position(0, 0)
         self.panel.clear(message)
+
+    def set_recurrent(self, layers: tuple[int, ...] | list[int]) -> None:
+        """A hybrid's recurrent layers: marked 'R'; every layer is decoded, whatever mixes its tokens."""
+        self.panel.recurrent = frozenset(int(i) for i in layers)
+        self.kinds.setVisible(bool(layers))
+        self.kinds.setText("Every layer is decoded, recurrent (R, gated DeltaNet) and attention alike: each adds its "
+                           "output to the same residual stream, which is what the lens reads." if layers else "")
 
     def set_tokens(self, n: int) -> None:
         """The context has n tokens; the position follows the end when it was there."""

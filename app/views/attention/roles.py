@@ -5,6 +5,10 @@ probe (random tokens repeated twice, run apart from the chat). Clicking a head (
 row) emits `head_opened(layer, head)`; the sinks found are listed with a tick box each, and the ticked keys are
 what "hide sinks" hides (`hidden_keys_changed`). The chosen score also frames the overview's thumbnails
 (`grid_scores_changed(role, scores by model layer)`, or (None, None) when there is none to show or framing is off).
+
+A hybrid's recurrent (gated DeltaNet) layers are scored too, on their read maps (the share of |W| each token's
+output takes from each earlier value: engine.observe.recurrent_roles); their rows say "R", and the line above the
+map says how they were scored. Sinks come from the attention layers only.
 """
 from __future__ import annotations
 
@@ -250,22 +254,25 @@ class HeadRolesView(QWidget):
         r = rec.roles
         self.table.setSortingEnabled(False)
         n_l, n_h = r.scores[ROLES[0]].shape
-        self.table.setRowCount(n_l * n_h)
+        hybrid = bool(rec.recurrent)  # rows as wide as the widest layer: a layer's own heads only
+        cells = [(li, h) for li in range(n_l)
+                 for h in range(_heads_of(rec, int(r.layers[li]), n_h) if hybrid else n_h)]
+        self.table.setRowCount(len(cells))
         stack = np.stack([r.scores[role] for role in ROLES], axis=-1)  # (L, H, roles)
-        for li in range(n_l):
-            for h in range(n_h):
-                row = li * n_h + h
-                self.table.setItem(row, 0, _Num(r.layers[li], str(r.layers[li])))
-                self.table.setItem(row, 1, _Num(h, f"h{h}"))
-                for c, role in enumerate(ROLES):
-                    v = float(stack[li, h, c])
-                    self.table.setItem(row, 2 + c, _Num(v, f"{v:.3f}" if np.isfinite(v) else "–"))
-                # "strongest" ignores broad and local, which overlap the others (a previous-token head is local too)
-                pick = [ROLES.index(x) for x in ("previous", "sink", "self", "induction")]
-                vals = np.where(np.isfinite(stack[li, h, pick]), stack[li, h, pick], -1.0)
-                best = ROLES[pick[int(np.argmax(vals))]]
-                item = QTableWidgetItem(f"{best} {float(vals.max()):.2f}")
-                self.table.setItem(row, 2 + len(ROLES), item)
+        for row, (li, h) in enumerate(cells):
+            layer = int(r.layers[li])
+            recurrent = layer in rec.recurrent
+            self.table.setItem(row, 0, _Num(layer, f"{layer} R" if recurrent else str(layer)))
+            self.table.setItem(row, 1, _Num(h, f"v{h}" if recurrent else f"h{h}"))
+            for c, role in enumerate(ROLES):
+                v = float(stack[li, h, c])
+                self.table.setItem(row, 2 + c, _Num(v, f"{v:.3f}" if np.isfinite(v) else "–"))
+            # "strongest" ignores broad and local, which overlap the others (a previous-token head is local too)
+            pick = [ROLES.index(x) for x in ("previous", "sink", "self", "induction")]
+            vals = np.where(np.isfinite(stack[li, h, pick]), stack[li, h, pick], -1.0)
+            best = ROLES[pick[int(np.argmax(vals))]]
+            item = QTableWidgetItem(f"{best} {float(vals.max()):.2f}")
+            self.table.setItem(row, 2 + len(ROLES), item)
         self.table.setSortingEnabled(True)
         self.table.sortItems(2 + ROLES.index(self.role()), Qt.SortOrder.DescendingOrder)
 
@@ -306,14 +313,16 @@ class HeadRolesView(QWidget):
                             rect=QRectF(0, 0, n_h, n_l))
         self.map.getAxis("bottom").setTicks([[(h + 0.5, f"h{h}") for h in range(n_h)]])
         step = max(1, n_l // 15)
-        self.map.getAxis("left").setTicks([[(li + 0.5, str(rec.roles.layers[li])) for li in range(0, n_l, step)]])
+        self.map.getAxis("left").setTicks([[(li + 0.5, f"{rec.roles.layers[li]}" + (" R" if rec.roles.layers[li] in
+                                                                                     rec.recurrent else ""))
+                                            for li in range(0, n_l, step)]])
         self.map.setRange(QRectF(0, 0, n_h, n_l), padding=0)
         top = rec.roles.top(role, 3)
-        best = ", ".join(f"L{layer} h{h} ({v:.2f})" for layer, h, v in top)
+        best = ", ".join(f"L{layer} {'v' if layer in rec.recurrent else 'h'}{h} ({v:.2f})" for layer, h, v in top)
         src = (f"the induction probe ({rec.roles.n_tokens} tokens: random, then the same again)"
                if rec.source == "probe" else f"the chat ({rec.roles.n_tokens} tokens)")
         self.about.setText(f"{role}: {ROLE_TEXT[role]}. On {src}, strongest: {best or '–'}. "
-                           "Click a head to open it in the overview.")
+                           "Click a head to open it in the overview." + recurrent_text(rec))
 
     # ---- interaction
 
@@ -329,7 +338,10 @@ class HeadRolesView(QWidget):
         rec = self.record
         assert rec is not None
         parts = [f"{role} {float(rec.roles.scores[role][li, h]):.3f}" for role in ROLES]
-        return f"layer {rec.roles.layers[li]}, head {h}: " + " · ".join(parts)
+        layer = rec.roles.layers[li]
+        if layer in rec.recurrent:
+            return f"layer {layer} (recurrent), value head {h}, on its read map: " + " · ".join(parts)
+        return f"layer {layer}, head {h}: " + " · ".join(parts)
 
     def _hover(self, ev) -> None:
         if ev.isExit():
@@ -348,3 +360,25 @@ class HeadRolesView(QWidget):
         layer, head = self.table.item(row, 0), self.table.item(row, 1)
         if layer is not None and head is not None:
             self.head_opened.emit(int(layer.value), int(head.value))
+
+
+def _heads_of(rec: HeadRolesRecord, layer: int, width: int) -> int:
+    """A layer's scored heads: those with any finite score (rows are as wide as the widest layer)."""
+    li = list(rec.roles.layers).index(layer)
+    finite = np.zeros(width, bool)
+    for role in ROLES:
+        finite |= np.isfinite(rec.roles.scores[role][li])
+    return int(np.flatnonzero(finite).max() + 1) if finite.any() else width
+
+
+def recurrent_text(rec: HeadRolesRecord) -> str:
+    """How a hybrid's recurrent layers were scored ('' without them)."""
+    if not rec.recurrent:
+        return ""
+    from app.records.logit_lens import layer_runs  # noqa: PLC0415 - plain Python
+
+    window = (f" over tokens {rec.read_start}–{rec.roles.n_tokens - 1} (their reads are decomposed for the last "
+              "positions; 'sink' is the first of those)") if rec.read_start else ""
+    return (f" Layers marked R ({layer_runs(rec.recurrent)}) are recurrent (gated DeltaNet): no softmax, so each value "
+            f"head is scored on its read map, the share of |W| its output takes from each earlier token{window}. "
+            "Sinks come from the attention layers.")

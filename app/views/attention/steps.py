@@ -137,14 +137,17 @@ class StepThroughView(QWidget):
             box.blockSignals(True)
             box.clear()
         for layer in model.layers:
+            if layer.recurrent:  # no softmax cell to take apart: the Overview's read maps and State show them
+                continue
             self.layer_box.addItem(f"{layer.index}" + (f"  (window {layer.window})" if layer.window else ""), layer.index)
         for h in range(model.n_heads):
             self.head_box.addItem(f"h{h} · KV {model.kv_head(h)}" if model.group > 1 else f"h{h}", h)
         for box in (self.layer_box, self.head_box):
             box.blockSignals(False)
+        self.layer_box.setToolTip(recurrent_note(model).strip())
         self.set_tokens(())
         self.header.setText(f"{model.name}: {model.n_layers} layers × {model.n_heads} heads, d_k = {model.head_dim}. "
-                            "Run a prompt to step through an attention cell.")
+                            "Run a prompt to step through an attention cell." + recurrent_note(model))
 
     def set_tokens(self, texts: tuple[str, ...] | list[str]) -> None:
         """The tokens of the context (the query picker's range); keeps the chosen query when it still exists."""
@@ -173,7 +176,8 @@ class StepThroughView(QWidget):
 
     def picks(self) -> tuple[int, int, int]:
         """(layer, head, query) the pickers show."""
-        return int(self.layer_box.currentData() or 0), int(self.head_box.currentData() or 0), self.query_spin.value()
+        layer = self.layer_box.currentData()
+        return int(layer if layer is not None else 0), int(self.head_box.currentData() or 0), self.query_spin.value()
 
     def stale(self) -> bool:
         """Whether the pickers (or the context) moved past the record shown and nothing was asked for yet."""
@@ -350,3 +354,13 @@ class StepThroughView(QWidget):
     def _label_query(self) -> None:
         i = self.query_spin.value()
         self.query_text.setText(f"“{token_label(self.texts[i], 20)}”" if 0 <= i < len(self.texts) else "")
+
+
+def recurrent_note(model: ModelRecord) -> str:
+    """Why a hybrid's recurrent layers are not in the layer picker ('' for a model without them)."""
+    if not model.hybrid:
+        return ""
+    from app.records.logit_lens import layer_runs  # noqa: PLC0415 - plain Python
+
+    return (f" Layers {layer_runs(model.recurrent)} are recurrent (gated DeltaNet): no softmax cell to step through, "
+            "so only the attention layers are listed; their reads are in the Overview and their state in State.")

@@ -121,7 +121,9 @@ class HeadPairView(QWidget):
             axis.set_tokens(texts if rec.row_step == 1 and rec.col_step == 1 else ())
         self.views[0].getViewBox().setRange(rect, padding=0.0)
         dnorm = float(np.sqrt(np.nansum(d * d)) / max(np.sqrt(np.nansum(a * a)), 1e-30))
-        self.info.setText(f"layer {pair.layer}, head {pair.head} (KV head {rec.kv_head}) · "
+        which = (f"layer {pair.layer} (recurrent: read shares of |W|, no softmax), value head {pair.head}"
+                 if rec.recurrent else f"layer {pair.layer}, head {pair.head} (KV head {rec.kv_head})")
+        self.info.setText(f"{which} · "
                           f"largest change {largest:.3g} · ‖B−A‖/‖A‖ = {dnorm:.3g} · colours end at the "
                           f"{100 * LEVEL_QUANTILE:g}th percentile")
 

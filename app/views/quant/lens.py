@@ -277,7 +277,11 @@ class QuantLens(QWidget):
         self.grid.setRowCount(model.n_layers + 1)
         self.grid.setColumnCount(len(columns))
         self.grid.setHorizontalHeaderLabels([c.replace("_", "\n", 1) for c in columns])  # two short lines keep columns narrow
-        self.grid.setVerticalHeaderLabels([GLOBAL_ROW] + [f"blk.{i}" for i in range(model.n_layers)])
+        self.grid.setVerticalHeaderLabels([GLOBAL_ROW] + [f"blk.{i} R" if model.is_recurrent(i) else f"blk.{i}"
+                                                          for i in range(model.n_layers)])
+        if model.hybrid:  # a hybrid's recurrent blocks have other tensors (attn_qkv, ssm_*) than its attention blocks
+            self.grid.verticalHeader().setToolTip("R: a recurrent (gated DeltaNet) block: attn_qkv, attn_gate and ssm_* "
+                                                  "in place of attn_q/k/v/output")
         self._cells = {}
         for j, t in enumerate(globals_):
             self._set_cell(0, len(roles) + j, t)

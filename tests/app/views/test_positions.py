@@ -46,7 +46,7 @@ def test_two_bases_give_two_curves_and_two_rings(qtbot) -> None:
     assert "10,000" in lens.legend.text() and "1,000,000" in lens.legend.text() and "sinusoid" in lens.legend.text()
     assert sum(c.isVisible() for c in lens.dot_curves) == 2
     np.testing.assert_allclose(10 ** lens.freq_curves[1].getData()[1], 2 * np.pi / rope_freqs(16, 1_000_000.0), rtol=1e-6)  # log axis
-    assert "2 layers" in lens.summary.text() and "1 layers" in lens.summary.text()
+    assert "2 layers" in lens.summary.text() and "(1 layer)" in lens.summary.text()
     lens.set_tokens([f"t{i}" for i in range(10)])
     lens.pair_spin.setValue(3)
     rings = [r for r in lens.rings if r.isVisible()]
