@@ -87,3 +87,18 @@ def stats(ref: Reference, logits: np.ndarray) -> dict[str, float]:
     kl = kld_topk(ref.top_ids, ref.top_logp, lp)
     return {"kld_mean": float(kl.mean()), "kld_max": float(kl.max()),
             "same_top": float((lp.argmax(-1) == ref.top_ids[:, 0]).mean())}
+
+
+def split_prompt_stats(folder: Path, name: str) -> dict[str, float]:
+    """`name`'s Q8_0 file run as one prompt in batches of tools.make_arch_models.SPLIT (ggml numerics), against the
+    fixture's `Q8_0_split` log-probabilities from llama.cpp run the same way."""
+    from tools.make_arch_models import SPLIT  # noqa: PLC0415
+
+    z = np.load(FIXTURES / f"{name}.npz")
+    ref = Reference(z["ids"].tolist(), z["Q8_0_split_top_ids"], z["Q8_0_split_top_logp"], "")
+    model = load_model(model_file(folder, name, "Q8_0"), numerics="ggml")
+    try:
+        logits = prefill(model, ref.ids, model.new_cache(N_CTX), all_logits=True, chunk_size=SPLIT)
+    finally:
+        model.close()
+    return stats(ref, logits)

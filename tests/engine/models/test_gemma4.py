@@ -34,14 +34,14 @@ from tests.engine.models.arch_cases import (
     F32_BOUNDS,
     MOE_F32_BOUNDS,
     MOE_GGML_KLD_MAX,
-    Reference,
     model_file,
     our_logits,
     reference,
     sha256,
+    split_prompt_stats,
     stats,
 )
-from tools.make_arch_models import FIXTURES, SPLIT, build
+from tools.make_arch_models import build
 from tools.make_gemma4_models import GEMMA4, QUANTS
 
 CASES = [(name, q) for name in GEMMA4 for q in (*QUANTS, *(("MXFP4_MOE",) if GEMMA4[name].n_expert else ()))]
@@ -76,14 +76,7 @@ def test_gemma4_logits_match_llama_cpp(folder: Path, name: str, quant: str, nume
 @pytest.mark.parametrize("name", list(GEMMA4))
 def test_a_gemma4_prompt_split_across_batches_matches_llama_cpp(folder: Path, name: str) -> None:
     """The KV-sharing blocks read rows their source wrote in earlier batches; the per-layer inputs are per batch."""
-    z = np.load(FIXTURES / f"{name}.npz")
-    ref = Reference(z["ids"].tolist(), z["Q8_0_split_top_ids"], z["Q8_0_split_top_logp"], "")
-    model = load_model(model_file(folder, name, "Q8_0"), numerics="ggml")
-    try:
-        logits = prefill(model, ref.ids, model.new_cache(1024), all_logits=True, chunk_size=SPLIT)
-    finally:
-        model.close()
-    got = stats(ref, logits)
+    got = split_prompt_stats(folder, name)
     assert got["kld_max"] <= MOE_GGML_KLD_MAX and got["same_top"] == 1.0, got
 
 

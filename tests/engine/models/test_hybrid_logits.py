@@ -17,24 +17,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from engine.generate import prefill
-from engine.model import load_model
 from tests.engine.models.arch_cases import (
     F32_BOUNDS,
     MOE_F32_BOUNDS,
     MOE_GGML_KLD_MAX,
     QUANTS,
-    Reference,
     model_file,
     our_logits,
     reference,
     sha256,
+    split_prompt_stats,
     stats,
 )
-from tools.make_arch_models import FIXTURES, SPLIT
 from tools.make_hybrid_models import HYBRIDS
 
 QUANT_NOISE = (0.3, 0.75)  # float32 numerics on a quantized hybrid: mean KLD, same top token (see the docstring)
@@ -69,12 +65,5 @@ def test_hybrid_logits_match_llama_cpp(folder: Path, name: str, quant: str, nume
 
 @pytest.mark.parametrize("name", list(HYBRIDS))
 def test_a_prompt_split_across_batches_matches_llama_cpp(folder: Path, name: str) -> None:
-    z = np.load(FIXTURES / f"{name}.npz")
-    ref = Reference(z["ids"].tolist(), z["Q8_0_split_top_ids"], z["Q8_0_split_top_logp"], "")
-    model = load_model(model_file(folder, name, "Q8_0"), numerics="ggml")
-    try:
-        logits = prefill(model, ref.ids, model.new_cache(1024), all_logits=True, chunk_size=SPLIT)
-    finally:
-        model.close()
-    got = stats(ref, logits)
+    got = split_prompt_stats(folder, name)
     assert got["kld_max"] <= MOE_GGML_KLD_MAX and got["same_top"] == 1.0, got
