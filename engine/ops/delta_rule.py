@@ -199,15 +199,17 @@ if HAVE_NUMBA:
                 out[t, c] = acc
 
     @njit(cache=True, forceinline=True)
-    def _token(m, kt, qt, vt, dec, b, scale, acc, out):  # pragma: no cover - compiled
+    def _token(m, kt, qt, vt, dec, b, scale, acc, out, src=None):  # pragma: no cover - compiled
         """One token of one head, row by row of the transposed state: row j is column j of S, and its four steps
         (the decay, d_j from its dot with k, its update by k d_j, its dot with q) touch no other row, so each row is
-        done whole while it is in cache; every value is the op-by-op sequence's."""
+        done whole while it is in cache; every value is the op-by-op sequence's. With `src`, the state is read from
+        src and written to m (the copy ggml makes first, folded into the decay's pass)."""
         size = m.shape[0]
         for j in range(size):
             row = m[j]
+            old = row if src is None else src[j]
             for i in range(size):
-                row[i] = row[i] * dec
+                row[i] = old[i] * dec
             dj = (vt[j] - _dot_f32_row(row, kt, acc)) * b
             for i in range(size):
                 row[i] = fma32(kt[i], dj, row[i])
@@ -244,7 +246,7 @@ def step(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32
     and the gated norm. key_map 0: value head h reads key head h % k_heads, 1: h // (H / k_heads). Returns y
     (value_dim,) for ssm_out, the new conv rows, the new state and the delta rule's inputs (for the recorder)."""
     n_heads, size = state.shape[0], state.shape[1]
-    new_state = np.array(state, np.float32, copy=True)
+    new_state = np.empty(state.shape, np.float32)  # written whole by the step (the decay's pass reads `state`)
     new_conv = np.empty_like(conv)
     y = np.empty(n_heads * size, np.float32)
     x = np.empty(conv.shape[1], np.float32)
@@ -252,7 +254,8 @@ def step(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32
     with KERNEL_LOCK:
         _step(np.ascontiguousarray(qkv, np.float32).reshape(-1), np.ascontiguousarray(z, np.float32).reshape(-1),
               np.ascontiguousarray(b, np.float32).reshape(-1), np.ascontiguousarray(alpha, np.float32).reshape(-1),
-              dt_bias, a, kernel, norm, np.float32(eps), conv, new_conv, new_state, x, gdb, y, np.int64(k_heads),
+              dt_bias, a, kernel, norm, np.float32(eps), conv, new_conv, np.ascontiguousarray(state, np.float32),
+              new_state, x, gdb, y, np.int64(k_heads),
               np.int64(key_map), isa.lanes() == 8)
     kd = k_heads * size
     inputs = {"q": x[:kd].reshape(1, k_heads, size), "k": x[kd : 2 * kd].reshape(1, k_heads, size),
@@ -269,16 +272,6 @@ if HAVE_NUMBA:
         return v / (np.float32(1.0) + v_expf_lane(np.float32(0.0) - v, w8))
 
     @njit(cache=True, forceinline=True)
-    def _silu_row(x, o, n, w8):  # pragma: no cover - compiled
-        """ggml_vec_silu_f32 over x[o:o + n]: the vector lanes, then libm's ggml_silu_f32 for the n % lanes left."""
-        lanes = 8 if w8 else 16
-        body = n - n % lanes
-        for i in range(o, o + body):
-            x[i] = _silu1(x[i], w8)
-        for i in range(o + body, o + n):
-            x[i] = x[i] / (np.float32(1.0) + np.exp(-x[i]))
-
-    @njit(cache=True, forceinline=True)
     def _rms_scale(x, o, n, eps):  # pragma: no cover - compiled
         """ggml_rms_norm's 1.0f / sqrtf(mean + eps) for x[o:o + n] (the squares summed in double, in order)."""
         total = 0.0
@@ -288,12 +281,14 @@ if HAVE_NUMBA:
         return np.float32(1.0) / np.sqrt(np.float32(total / n) + eps)
 
     @njit(cache=True, parallel=True)
-    def _step(qkv, z, b, alpha, dt, a, kernel, norm, eps, conv, new_conv, state, x, gdb, y, k_heads, key_map,
+    def _step(qkv, z, b, alpha, dt, a, kernel, norm, eps, conv, new_conv, old_state, state, x, gdb, y, k_heads, key_map,
               w8):  # pragma: no cover - compiled
-        """See `step`; gdb rows: g, exp(g), beta. Every op as its NumPy path computes it (the same bits)."""
+        """See `step`; gdb rows: g, exp(g), beta. Every op as its NumPy path computes it (the same bits): the channels
+        (convolution, SiLU) and then the heads (delta rule, SiLU of z, gated norm) each split over the threads."""
         n_heads, size = state.shape[0], state.shape[1]
         rows, channels = conv.shape
         one = np.float32(1.0)
+        lanes = 8 if w8 else 16
         for h in range(n_heads):  # the gates (_gates)
             v = alpha[h] + dt[h]
             sp = v if v > np.float32(20.0) else np.log(one + np.exp(v))
@@ -301,16 +296,17 @@ if HAVE_NUMBA:
             gdb[0, h] = g
             gdb[1, h] = np.exp(g)
             gdb[2, h] = one / (one + np.exp(-b[h]))
-        for c in range(channels):  # the convolution over the carried rows and this token (_ssm_conv)
+        body = channels - channels % lanes  # ggml_vec_silu_f32 on the row of channels: vector lanes, then libm
+        for c in prange(channels):  # the convolution over the carried rows and this token (_ssm_conv), then SiLU
             acc = np.float32(0.0)
             for i in range(rows):
                 acc = fma32(conv[i, c], kernel[c, i], acc)
-            x[c] = fma32(qkv[c], kernel[c, rows], acc)
+            v = fma32(qkv[c], kernel[c, rows], acc)
+            x[c] = _silu1(v, w8) if c < body else v / (one + np.exp(-v))
             for i in range(rows - 1):
                 new_conv[i, c] = conv[i + 1, c]
             if rows:
                 new_conv[rows - 1, c] = qkv[c]
-        _silu_row(x, 0, channels, w8)  # ggml_silu on the conv's row of channels
         n_f = np.float32(size)
         l2_eps = np.float32(eps / n_f)
         inv = one / np.sqrt(n_f)
@@ -321,16 +317,15 @@ if HAVE_NUMBA:
         kd = k_heads * size
         scale = one / np.float32(np.sqrt(np.float32(size)))
         group = n_heads // k_heads
-        for h in prange(n_heads):  # the delta rule, one token (_delta_rule_ggml's _token), a head per task
+        zbody = size - size % lanes
+        for h in prange(n_heads):  # per head: the delta rule (_token), SiLU of its z row, the gated norm
             acc = np.empty(32 if w8 else 64, np.float32)
             hk = h % k_heads if key_map == 0 else h // group
-            vo = 2 * kd + h * size
+            vo, o = 2 * kd + h * size, h * size
             _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
-                   x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[h * size : (h + 1) * size])
-        zs = z.copy()  # the gate: ggml_silu on each head's row of z
-        for h in range(n_heads):
-            _silu_row(zs, h * size, size, w8)
-        for h in range(n_heads):  # the gated norm: rms_norm(o) * ssm_norm, times silu(z)
-            s = _rms_scale(y, h * size, size, eps)
+                   x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])
+            s = _rms_scale(y, o, size, eps)
             for j in range(size):
-                y[h * size + j] = ((y[h * size + j] * s) * norm[j]) * zs[h * size + j]
+                zv = z[o + j]
+                gate = _silu1(zv, w8) if j < zbody else zv / (one + np.exp(-zv))
+                y[o + j] = ((y[o + j] * s) * norm[j]) * gate
