@@ -64,9 +64,6 @@ def l2_norm(x: npt.ArrayLike, eps: float, exact: bool) -> F32:
     return (x / np.sqrt(ms) / np.sqrt(float(n))).astype(np.float32)
 
 
-# ---- the short causal convolution
-
-
 def gates(alpha: F32, dt_bias: F32, a: F32, b: F32, exact: bool) -> tuple[F32, F32, F32]:
     """A DeltaNet layer's per-token gates from its products' outputs alpha, b (T, heads): g = softplus(alpha +
     dt_bias) * a (the log decay), exp(g) and beta = sigmoid(b), each op as ggml computes it (exact) or in float32."""
@@ -78,6 +75,9 @@ def gates(alpha: F32, dt_bias: F32, a: F32, b: F32, exact: bool) -> tuple[F32, F
     with np.errstate(over="ignore"):
         decay = libm_expf(g) if exact else np.exp(g).astype(np.float32)
     return g, decay, sigmoid(b, exact)
+
+
+# ---- the short causal convolution
 
 
 def ssm_conv(window: F32, kernel: F32, exact: bool) -> F32:
@@ -172,19 +172,21 @@ def _delta_rule_numpy(q: F32, k: F32, v: F32, decay: F32, beta: F32, s: F32, out
 if HAVE_NUMBA:
     from engine.kernels.floats.vec_dot import _dot_f32_row
 
+    @njit(cache=True, forceinline=True)
+    def _gate(alpha, dt, a, b):  # pragma: no cover - compiled
+        """One head's g = op_softplus(alpha + dt) * a, expf(g) and beta = op_sigmoid(b): numba's float32 exp and log
+        are the C library's expf and logf (the NumPy twins: engine.ops.ggml_math)."""
+        one = np.float32(1.0)
+        x = alpha + dt
+        g = (x if x > np.float32(20.0) else np.log(one + np.exp(x))) * a
+        return g, np.exp(g), one / (one + np.exp(-b))
+
     @njit(cache=True)
     def _gates(alpha, dt, a, b, g_out, decay, beta):  # pragma: no cover - compiled
-        """op_softplus, ggml_mul, expf and op_sigmoid per element: numba's float32 exp and log are the C library's
-        expf and logf (the NumPy twins: engine.ops.ggml_math)."""
-        one = np.float32(1.0)
+        """`_gate` for every token and head."""
         for t in range(alpha.shape[0]):
             for h in range(alpha.shape[1]):
-                x = alpha[t, h] + dt[h]
-                sp = x if x > np.float32(20.0) else np.log(one + np.exp(x))
-                g = sp * a[h]
-                g_out[t, h] = g
-                decay[t, h] = np.exp(g)
-                beta[t, h] = one / (one + np.exp(-b[t, h]))
+                g_out[t, h], decay[t, h], beta[t, h] = _gate(alpha[t, h], dt[h], a[h], b[t, h])
 
     @njit(cache=True, parallel=True)
     def _ssm_conv(window, kernel, out):  # pragma: no cover - compiled
@@ -264,21 +266,13 @@ def step(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32
 
 
 if HAVE_NUMBA:
-    from engine.ops.ggml_kernels import v_expf_lane
+    from engine.ops.ggml_kernels import rms_scale, silu_lane
 
     @njit(cache=True, forceinline=True)
-    def _silu1(v, w8):  # pragma: no cover - compiled
-        """ggml_v_silu's lane: v / (1 + v_expf(0 - v))."""
-        return v / (np.float32(1.0) + v_expf_lane(np.float32(0.0) - v, w8))
-
-    @njit(cache=True, forceinline=True)
-    def _rms_scale(x, o, n, eps):  # pragma: no cover - compiled
-        """ggml_rms_norm's 1.0f / sqrtf(mean + eps) for x[o:o + n] (the squares summed in double, in order)."""
-        total = 0.0
-        for i in range(o, o + n):
-            v = x[i] * x[i]
-            total += np.float64(v)
-        return np.float32(1.0) / np.sqrt(np.float32(total / n) + eps)
+    def _silu(v, lane, w8):  # pragma: no cover - compiled
+        """ggml_vec_silu_f32 on one element: ggml_v_silu's lane where the row's vector body covers it, else libm's
+        ggml_silu_f32 (the row's n % lanes leftovers)."""
+        return silu_lane(v, w8) if lane else v / (np.float32(1.0) + np.exp(-v))
 
     @njit(cache=True, parallel=True)
     def _step(qkv, z, b, alpha, dt, a, kernel, norm, eps, conv, new_conv, old_state, state, x, gdb, y, k_heads, key_map,
@@ -289,20 +283,15 @@ if HAVE_NUMBA:
         rows, channels = conv.shape
         one = np.float32(1.0)
         lanes = 8 if w8 else 16
-        for h in range(n_heads):  # the gates (_gates)
-            v = alpha[h] + dt[h]
-            sp = v if v > np.float32(20.0) else np.log(one + np.exp(v))
-            g = sp * a[h]
-            gdb[0, h] = g
-            gdb[1, h] = np.exp(g)
-            gdb[2, h] = one / (one + np.exp(-b[h]))
+        for h in range(n_heads):  # the gates
+            gdb[0, h], gdb[1, h], gdb[2, h] = _gate(alpha[h], dt[h], a[h], b[h])
         body = channels - channels % lanes  # ggml_vec_silu_f32 on the row of channels: vector lanes, then libm
         for c in prange(channels):  # the convolution over the carried rows and this token (_ssm_conv), then SiLU
             acc = np.float32(0.0)
             for i in range(rows):
                 acc = fma32(conv[i, c], kernel[c, i], acc)
             v = fma32(qkv[c], kernel[c, rows], acc)
-            x[c] = _silu1(v, w8) if c < body else v / (one + np.exp(-v))
+            x[c] = _silu(v, c < body, w8)
             for i in range(rows - 1):
                 new_conv[i, c] = conv[i + 1, c]
             if rows:
@@ -311,7 +300,7 @@ if HAVE_NUMBA:
         l2_eps = np.float32(eps / n_f)
         inv = one / np.sqrt(n_f)
         for hk in range(2 * k_heads):  # build_gdn_l2_norm on each head of q and k: rms_norm(eps / n), then the scale
-            s = _rms_scale(x, hk * size, size, l2_eps)
+            s = rms_scale(x, hk * size, size, l2_eps)
             for i in range(hk * size, (hk + 1) * size):
                 x[i] = (x[i] * s) * inv
         kd = k_heads * size
@@ -324,8 +313,6 @@ if HAVE_NUMBA:
             vo, o = 2 * kd + h * size, h * size
             _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
                    x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])
-            s = _rms_scale(y, o, size, eps)
+            s = rms_scale(y, o, size, eps)
             for j in range(size):
-                zv = z[o + j]
-                gate = _silu1(zv, w8) if j < zbody else zv / (one + np.exp(-zv))
-                y[o + j] = ((y[o + j] * s) * norm[j]) * gate
+                y[o + j] = ((y[o + j] * s) * norm[j]) * _silu(z[o + j], j < zbody, w8)

@@ -80,6 +80,23 @@ def v_expf_lane(x, w8):
     return v_expf8_1(x) if w8 else v_expf1(x)
 
 
+@njit(cache=True, forceinline=True)
+def silu_lane(x, w8):
+    """One lane of ggml_v_silu: x / (1 + v_expf(0 - x)), the AVX2 build's v_expf with w8."""
+    return x / (_ONE + v_expf_lane(_ZERO - x, w8))
+
+
+@njit(cache=True, forceinline=True)
+def rms_scale(x, o, n, eps):
+    """ggml_rms_norm's 1.0f / sqrtf(mean + eps) for x[o:o + n]: the float32 squares summed in double one after
+    another, the mean rounded to float."""
+    total = 0.0
+    for i in range(o, o + n):
+        v = x[i] * x[i]
+        total += np.float64(v)
+    return _ONE / np.sqrt(np.float32(total / n) + eps)
+
+
 @njit(cache=True)
 def tanhf_flat(x, out):
     """out = tanhf(x) elementwise on float32 (1-D): the C library's tanhf, which ggml_vec_tanh_f32 calls
@@ -183,8 +200,7 @@ def _swiglu_chunks(g, u, out, body):
     build's v_expf with W8)."""
     for r in prange(g.shape[0]):
         for i in range(body):
-            x = g[r, i]
-            out[r, i] = (x / (_ONE + v_expf_lane(_ZERO - x, W8))) * u[r, i]
+            out[r, i] = silu_lane(g[r, i], W8) * u[r, i]
 
 
 # {w8: kernel} in each build's order, on numba's threads and (for the few rows of a decode step, where starting
@@ -226,11 +242,7 @@ def rms_norm_rows(x, w, eps, out):
     float, 1.0f / sqrtf(mean + eps), then (x * scale) * w; w empty for no multiply."""
     n = x.shape[1]
     for r in prange(x.shape[0]):
-        total = 0.0
-        for i in range(n):
-            v = x[r, i] * x[r, i]
-            total += np.float64(v)
-        s = _ONE / np.sqrt(np.float32(total / n) + eps)
+        s = rms_scale(x[r], 0, n, eps)
         if w.shape[0]:
             for i in range(n):
                 out[r, i] = (x[r, i] * s) * w[i]

@@ -7,19 +7,16 @@ there is nothing to route.
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from app.data.store import Store
-from app.main_window import MainWindow
 from app.views.experts import DENSE_TEXT, EMPTY_TEXT, ExpertsLens
+from tests.app.windows import greedy_window
 from tests.tiny_models import make_tiny_llama
 from tools.make_arch_models import write_arch
 
-LOAD_MS = 60_000
 REPLY_MS = 120_000
 
 
@@ -28,18 +25,8 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_arch(tmp_path_factory.mktemp("moe") / "moe.gguf", "qwen3moe")
 
 
-def _window(qtbot, path: Path, data_dir: Path) -> MainWindow:
-    w = MainWindow(model=str(path), store=Store(data_dir))
-    qtbot.addWidget(w)
-    w.resize(1280, 800)
-    w.show()
-    qtbot.waitUntil(lambda: w.state.model is not None, timeout=LOAD_MS)
-    w.state.settings = dataclasses.replace(w.state.settings, temperature=0.0, max_tokens=8, seed=1)
-    return w
-
-
 def test_the_lens_shows_each_tokens_experts_after_a_reply(qtbot, moe: Path, data_dir: Path) -> None:
-    w = _window(qtbot, moe, data_dir)
+    w = greedy_window(qtbot, moe, data_dir)
     lens = w.lens_tabs.lens(ExpertsLens)
     w.lens_tabs.select("Experts")  # a hidden lens is handed the model when its tab comes on screen
     assert lens is not None and lens.layer_box.count() == 2 and lens.empty.text() == EMPTY_TEXT
@@ -66,7 +53,7 @@ def test_the_lens_shows_each_tokens_experts_after_a_reply(qtbot, moe: Path, data
 
 
 def test_a_dense_model_says_there_is_nothing_to_route(qtbot, tmp_path: Path, data_dir: Path) -> None:
-    w = _window(qtbot, make_tiny_llama(tmp_path / "dense.gguf"), data_dir)
+    w = greedy_window(qtbot, make_tiny_llama(tmp_path / "dense.gguf"), data_dir)
     lens = w.lens_tabs.lens(ExpertsLens)
     w.lens_tabs.select("Experts")
     assert lens.empty.text() == DENSE_TEXT and lens.layer_box.count() == 0 and not lens.wants_routing()
