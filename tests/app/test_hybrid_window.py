@@ -10,7 +10,6 @@ keeps answering), and a switch to a plain model and back shows each model's own 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -21,31 +20,20 @@ import pytest
 from PySide6.QtCore import QTimer
 
 import engine.observe.recurrent_maps as recurrent_maps
-from app.data.store import Store
 from app.main_window import MainWindow
 from app.views.attention.lens import AttentionLens
 from app.views.experts import ExpertsLens
 from app.views.positions import PositionsLens
+from tests.app.windows import LOAD_MS, greedy_window
 from tests.tiny_models import make_tiny_llama
 from tools.make_arch_models import write_arch
 
-LOAD_MS = 60_000
 REPLY_MS = 120_000
 
 
 @pytest.fixture(scope="module")
 def qwen35(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_arch(tmp_path_factory.mktemp("hybrid") / "qwen35.gguf", "qwen35")
-
-
-def _window(qtbot, path: Path, data_dir: Path) -> MainWindow:
-    w = MainWindow(model=str(path), store=Store(data_dir))
-    qtbot.addWidget(w)
-    w.resize(1280, 800)
-    w.show()
-    qtbot.waitUntil(lambda: w.state.model is not None, timeout=LOAD_MS)
-    w.state.settings = dataclasses.replace(w.state.settings, temperature=0.0, max_tokens=8, seed=1)
-    return w
 
 
 def _chat(qtbot, w: MainWindow, text: str) -> AttentionLens:
@@ -66,7 +54,7 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_every_lens_works_on_a_hybrid_after_a_chat(qtbot, qwen35: Path, data_dir: Path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    w = _window(qtbot, qwen35, data_dir)
+    w = greedy_window(qtbot, qwen35, data_dir)
     lens = _chat(qtbot, w, "The cat sat on the mat.")
     n = w.engine.session.cache.length
     rec = lens.attention
@@ -120,7 +108,7 @@ def test_every_lens_works_on_a_hybrid_after_a_chat(qtbot, qwen35: Path, data_dir
 
 def test_recurrent_maps_compute_on_the_worker_while_the_window_answers(qtbot, qwen35: Path, data_dir: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    w = _window(qtbot, qwen35, data_dir)
+    w = greedy_window(qtbot, qwen35, data_dir)
     lens = _chat(qtbot, w, "Hello there")
     engine = w.engine
     qtbot.waitUntil(lambda: engine._lens is None and not engine._lens_pending, timeout=REPLY_MS)  # the reply's own
@@ -135,13 +123,10 @@ def test_recurrent_maps_compute_on_the_worker_while_the_window_answers(qtbot, qw
     monkeypatch.setattr(recurrent_maps, "layer_reads_carried", slow)
     bridge = w.bridge
     bridge._reads_memo.clear()
-    gaps: list[float] = []
-    last = [time.perf_counter()]
+    seen: list[int] = []  # at each turn of the event loop: how many layers the worker had started
 
     def tick() -> None:
-        now = time.perf_counter()
-        gaps.append(now - last[0])
-        last[0] = now
+        seen.append(len(threads))
 
     timer = QTimer()
     timer.timeout.connect(tick)
@@ -151,7 +136,7 @@ def test_recurrent_maps_compute_on_the_worker_while_the_window_answers(qtbot, qw
     qtbot.waitUntil(lambda: lens.attention is not old, timeout=REPLY_MS)
     timer.stop()
     assert len(threads) == 3 and threading.main_thread().name not in threads
-    assert max(gaps) < 0.25, max(gaps)  # the event loop kept turning
+    assert any(1 <= n < 3 for n in seen), seen  # the event loop kept turning while the worker decomposed
     lens._grid_clicked(2, 1)  # the same recording: the memo has its reads, nothing is decomposed again
     qtbot.waitUntil(lambda: lens.head.layer == 2 and lens.head.head == 1, timeout=REPLY_MS)
     assert len(threads) == 3
@@ -160,7 +145,7 @@ def test_recurrent_maps_compute_on_the_worker_while_the_window_answers(qtbot, qw
 
 def test_a_switch_to_a_plain_model_and_back_shows_each_models_lenses(qtbot, qwen35: Path, data_dir: Path,
                                                                       tmp_path: Path) -> None:
-    w = _window(qtbot, qwen35, data_dir)
+    w = greedy_window(qtbot, qwen35, data_dir)
     lens = w.lens_tabs.lens(AttentionLens)
     state_tab = lens.views.indexOf(lens.state_view)
 
@@ -188,7 +173,7 @@ def test_a_switch_to_a_plain_model_and_back_shows_each_models_lenses(qtbot, qwen
 
 
 def test_the_experts_lens_routes_every_layer_of_a_hybrid_moe(qtbot, tmp_path: Path, data_dir: Path) -> None:
-    w = _window(qtbot, write_arch(tmp_path / "qwen35moe.gguf", "qwen35moe"), data_dir)
+    w = greedy_window(qtbot, write_arch(tmp_path / "qwen35moe.gguf", "qwen35moe"), data_dir)
     experts = w.lens_tabs.lens(ExpertsLens)
     w.lens_tabs.select("Experts")
     assert [experts.layer_box.itemText(i) for i in range(experts.layer_box.count())] == [

@@ -615,7 +615,7 @@ CHANGED_CHILD = textwrap.dedent(r"""
     model, data, how = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     make_tiny_llama(model, n_ctx=256)
 
-    def wait(cond, timeout=30.0):
+    def wait(cond, timeout=180.0):
         end = time.monotonic() + timeout
         while not cond():
             qapp.processEvents()

@@ -3,7 +3,7 @@
 Each example is one seed (tiny llama, tiny gemma3, header only) with 1-4 mutations (bit flips, boundary
 integers over typed fields, splices, truncations, insertions, deletions, and structured ones: a metadata
 key set to a hostile typed value, a tensor reshaped, cut or poisoned), run in a forked child under
-RLIMIT_AS 1 GiB and a 5 s timeout through open_gguf, Tokenizer.from_metadata, load_model(warm=False), a
+RLIMIT_AS 1 GiB and a 120 s hang guard through open_gguf, Tokenizer.from_metadata, load_model(warm=False), a
 checked forward pass and a chat render. Only LensError subclasses may escape (crash classes already kept
 as open regressions are left to test_fuzz_regressions, which xfails them until fixed). The examples are
 derandomized (the same every run); GGUF_LENS_FUZZ_EXAMPLES sets how many (default 400, ~10-20 s here).

@@ -1,7 +1,7 @@
 """RELIABILITY.md cases 16-20, 30 (load-time part) and 35: valid GGUF containers with hostile model contents.
 
 Every variant is a tiny model (tests/tiny_models.py, then edited) loaded with load_model(path, warm=False)
-in a forked child under RLIMIT_AS 2 GiB and a 10 s timeout (tests/reliability/harness.py). A rejected
+in a forked child under RLIMIT_AS 2 GiB and a 120 s hang guard (tests/reliability/harness.py). A rejected
 file must end the child with a ModelFormatError (exit 3) whose message names the key or tensor and the
 value, within 1 s and 64 MiB; an accepted one must load, tokenize and generate without any other
 exception. Tracebacks, signals and timeouts fail the case.
@@ -522,7 +522,7 @@ print(json.dumps({"n_vocab": tok.n_vocab, "build_s": built, "encode_s": time.per
 @pytest.mark.parametrize(("n", "model"), [(1_000_000, "llama"), (200_000, "gpt2")], ids=["1M-spm", "200k-bpe"])
 def test_case20_huge_self_similar_vocab_bounded(server: LoaderServer, n: int, model: str) -> None:
     """Case 20: a 1M-token vocabulary of 90-code-point self-similar strings builds in bounded time and memory."""
-    res = server.run(_HUGE_VOCAB_CHILD, str(2 * GIB), str(n), "90", model, timeout=30)
+    res = server.run(_HUGE_VOCAB_CHILD, str(2 * GIB), str(n), "90", model, timeout=300)
     assert_exit(res, ACCEPTED)
     assert res.out["n_vocab"] == n and res.out["in_range"], res.out
     assert res.out["build_s"] < 15 and res.out["encode_s"] < 2, res.out
