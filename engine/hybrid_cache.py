@@ -44,6 +44,11 @@ class RecurrentShape:
     heads: int  # value heads
     size: int  # head dim (keys and values alike)
 
+    @property
+    def nbytes(self) -> int:
+        """One layer's state in bytes (float32), the same at every context length."""
+        return 4 * (self.conv_rows * self.channels + self.heads * self.size * self.size)
+
     def zeros(self) -> RecurrentState:
         return RecurrentState(np.zeros((self.conv_rows, self.channels), np.float32),
                               np.zeros((self.heads, self.size, self.size), np.float32))

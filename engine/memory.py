@@ -215,7 +215,7 @@ def kv_cache_bytes(args: BaseArgs, n_ctx: int, cache_type: str = "F32") -> int:
     dims = getattr(args, "deltanet", None)
     state = 0
     if recurrent and dims is not None:
-        state = recurrent * 4 * (dims.v_heads * dims.state * dims.state + (dims.conv_kernel - 1) * dims.conv_dim)
+        state = recurrent * dims.recurrent_shape().nbytes
     return 2 * (args.n_layers - recurrent) * n_ctx * args.n_kv_heads * row + state
 
 

@@ -59,5 +59,3 @@ def _pattern(m: MetadataView, n_all: int, n_layers: int) -> tuple[bool, ...]:
         raise ModelFormatError(f"{m.arch}.full_attention_interval", f"must be between 1 and block_count {n_all}", interval)
     return tuple((i + 1) % interval != 0 for i in range(n_layers))
 
-
-Qwen35Args = HybridArgs  # the name the architecture files use

@@ -27,7 +27,7 @@ from engine.errors import ModelFormatError
 from engine.hybrid_cache import HybridCache, RecurrentShape
 from engine.models.deltanet import DeltaNetMixer, MixerLayer, load_deltanet
 from engine.models.experts import load_moe
-from engine.models.hybrid import Qwen35Args
+from engine.models.hybrid import HybridArgs
 from engine.models.registry import register
 from engine.models.rope import imrope_factors
 from engine.models.transformer import Layer, Transformer, TransformerArgs
@@ -38,7 +38,7 @@ from engine.models.weights import Weights
 class Qwen35(Transformer):
     """Qwen3.5 as llama.cpp's qwen35 graph runs it (see the module docstring)."""
 
-    Args = Qwen35Args
+    Args = HybridArgs
     rope_mode = "neox"
     qk_norm = True
     attn_output_gate = True
@@ -46,11 +46,11 @@ class Qwen35(Transformer):
     shared_sigmoid = "sigmoid"  # qwen35moe's shared expert gate: ggml_sigmoid
 
     @classmethod
-    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> Qwen35Args:
-        return Qwen35Args.from_metadata(md, n_vocab, cls.arch_name, cls.moe)
+    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> HybridArgs:
+        return HybridArgs.from_metadata(md, n_vocab, cls.arch_name, cls.moe)
 
     def __init__(self, args: TransformerArgs, w: Weights, ops: Any):
-        a: Qwen35Args = args  # type: ignore[assignment]
+        a: HybridArgs = args  # type: ignore[assignment]
         if a.rope_dim > a.head_dim or sum(a.rope_sections) * 2 > a.rope_dim:
             raise ModelFormatError(f"{a.arch}.rope.dimension_sections", f"sum to more than the {a.rope_dim // 2} rotated "
                                    "pairs", list(a.rope_sections))
@@ -58,7 +58,7 @@ class Qwen35(Transformer):
         super().__init__(args, w, ops)
 
     def load_layer(self, w: Weights, i: int, a: TransformerArgs) -> Layer | MixerLayer:  # type: ignore[override]
-        args: Qwen35Args = a  # type: ignore[assignment]
+        args: HybridArgs = a  # type: ignore[assignment]
         if a.n_expert and not w.has(gate := f"blk.{i}.ffn_gate_exps.weight"):  # load_moe would run llama's gate-less
             raise ModelFormatError(gate, "required tensor is missing from the file")  # experts; llama.cpp requires it
         if not args.recurrent[i]:
@@ -70,7 +70,7 @@ class Qwen35(Transformer):
         ffn = load_moe(self, w, i, a) if a.n_expert else self.load_ffn(w, b, a)
         return MixerLayer(attn_norm, mixer, ffn_norm, ffn)
 
-    def load_mixer(self, w: Weights, i: int, a: Qwen35Args) -> DeltaNetMixer:
+    def load_mixer(self, w: Weights, i: int, a: HybridArgs) -> DeltaNetMixer:
         """Block i's DeltaNet layer: attn_qkv, attn_gate, ssm_beta, ssm_alpha and the rest (engine.models.deltanet)."""
         assert a.deltanet is not None
         return load_deltanet(w, i, a.dim, a.deltanet, a.norm_eps)
@@ -88,7 +88,7 @@ class Qwen35(Transformer):
 
     def new_cache(self, n_ctx: int | None = None, cache_type: str | None = None) -> HybridCache:
         """KV rows for the attention layers, a constant-size state for each DeltaNet layer (engine.hybrid_cache)."""
-        a: Qwen35Args = self.args  # type: ignore[assignment]
+        a: HybridArgs = self.args  # type: ignore[assignment]
         shape = a.deltanet.recurrent_shape() if a.deltanet is not None else RecurrentShape(1, 1, 1, 1)  # none recurs
         return HybridCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx or a.n_ctx, cache_type or self.ops.cache_type,
                            frozenset(self.mixers), shape)

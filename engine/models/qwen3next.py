@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from engine.errors import ModelFormatError
 from engine.models.deltanet import DeltaNetMixer, load_deltanet
-from engine.models.hybrid import Qwen35Args
+from engine.models.hybrid import HybridArgs
 from engine.models.qwen35 import Qwen35MoE
 from engine.models.registry import register
 from engine.models.transformer import TransformerArgs
@@ -81,10 +81,10 @@ class Qwen3Next(Qwen35MoE):
     rope_mode = "neox"
 
     @classmethod
-    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> Qwen35Args:
-        return Qwen35Args.from_metadata(md, n_vocab, cls.arch_name, cls.moe, imrope=False, rope_base=10000.0)
+    def args_from_metadata(cls, md: dict[str, Any], n_vocab: int) -> HybridArgs:
+        return HybridArgs.from_metadata(md, n_vocab, cls.arch_name, cls.moe, imrope=False, rope_base=10000.0)
 
-    def load_mixer(self, w: Weights, i: int, a: Qwen35Args) -> DeltaNetMixer:
+    def load_mixer(self, w: Weights, i: int, a: HybridArgs) -> DeltaNetMixer:
         """Block i's DeltaNet layer: attn_qkv + attn_gate, else the legacy ssm_in, then ssm_ba (llama.cpp's order)."""
         d, b = a.deltanet, f"blk.{i}."
         assert d is not None

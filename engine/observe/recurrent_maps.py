@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from engine.hybrid_cache import RecurrentShape
 from engine.observe.attention_maps import bin_starts, pool_rows, sample_rows
 from engine.observe.recurrent import RecurrentReads, delta_rule_outputs, delta_rule_reads
 
@@ -344,5 +345,5 @@ def write_keep(recorder: Recorder, layer: int) -> tuple[F32, F32] | None:
 
 
 def state_bytes(n_heads: int, size: int, conv_rows: int, channels: int) -> int:
-    """Bytes of one recurrent layer's state (float32), the same at every context length."""
-    return 4 * (n_heads * size * size + conv_rows * channels)
+    """Bytes of one recurrent layer's state (float32), the same at every context length (the cache's own count)."""
+    return RecurrentShape(conv_rows, channels, n_heads, size).nbytes
