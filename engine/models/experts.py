@@ -323,7 +323,7 @@ def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
         shared = DenseFFN(parts, w.linear(b + "ffn_down_shexp.weight", sw, a.dim), "swiglu")
         shared_gate = w.linear(b + "ffn_gate_inp_shexp.weight", a.dim, 1)
     ffn = MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate,
-                 model.moe_gating, shared_sigmoid=getattr(model, "shared_sigmoid", "silu_div"))
+                 model.moe_gating, shared_sigmoid=model.shared_sigmoid)
     if model.expert_biases:  # gpt-oss: the router's and every expert's biases, all required
         ffn.router_bias = w.vector(b + "ffn_gate_inp.bias", n)
         ffn.up_bias = w.qtensor(b + "ffn_up_exps.bias", (width, n)).dequantize().reshape(n, width)
