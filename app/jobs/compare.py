@@ -398,6 +398,7 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
         cmp, logp_a, logp_b, ids, tok.token_text,
         labels=(f"{Path(path).name} (file)", b_label), caches=(opts.a_cache, opts.b_cache), sizes=(a_bytes, b_bytes),
         bpws=(a_bpw, b_bpw), n_heads=max_heads(a), elapsed_s=time.perf_counter() - t0, own=own,
+        recurrent=getattr(a.net, "mixers", None) or (),
     )
     for run in (ra, rb):  # what the heads need stays; logits and hidden states go
         run.logits = None

@@ -77,6 +77,7 @@ class CompareRecord:
     elapsed_s: float
     own_l2: F32 | None = None  # (L,) each layer's own damage: B's layer run on A's input to it, against A's output
     own_cosine: F32 | None = None
+    recurrent: tuple[int, ...] = ()  # a hybrid's recurrent (gated DeltaNet) layers: marked apart in the layer curve
 
     @property
     def n_tokens(self) -> int:
@@ -168,9 +169,10 @@ def plan_label(name: str, plan: object) -> str:
 def make_compare_record(
     stats: Comparison, logp_a: F32, logp_b: F32, ids: Sequence[int], vocab_text: Callable[[int], str], *,
     labels: tuple[str, str], caches: tuple[str, str], sizes: tuple[int, int], bpws: tuple[float, float],
-    n_heads: int, elapsed_s: float, own: tuple[F32, F32] | None = None,
+    n_heads: int, elapsed_s: float, own: tuple[F32, F32] | None = None, recurrent: Sequence[int] = (),
 ) -> CompareRecord:
-    """Pack the engine's Comparison with the token texts and each position's top tokens on both sides."""
+    """Pack the engine's Comparison with the token texts and each position's top tokens on both sides; `recurrent`:
+    the layers whose mixer is a recurrent one (a hybrid's), which the layer curve draws apart."""
     top_ids, la, lb = top_union(logp_a, logp_b)
     vocab = {int(i): vocab_text(int(i)) for i in np.unique(top_ids[top_ids >= 0])}
     texts = [vocab_text(int(i)) for i in ids]
@@ -184,6 +186,7 @@ def make_compare_record(
         top_ids=top_ids, top_logp_a=la, top_logp_b=lb, vocab=vocab, n_layers=len(layers), n_heads=n_heads,
         elapsed_s=elapsed_s, own_l2=None if own is None else np.asarray(own[0], np.float32),
         own_cosine=None if own is None else np.asarray(own[1], np.float32),
+        recurrent=tuple(sorted(int(i) for i in recurrent)),
     )
 
 

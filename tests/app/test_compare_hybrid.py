@@ -12,6 +12,7 @@ import pytest
 
 from app.jobs.compare import CompareWorkspace, compare_job, head_job
 from app.records.compare import CompareOptions, CompareRecord, HeadPair, TaskProgress
+from app.views.compare.charts import LayerCurve
 from app.views.compare.heads import HeadPairView
 from tools.make_arch_models import write_arch
 
@@ -32,12 +33,21 @@ def test_compare_measures_every_layer_and_pairs_recurrent_heads(qtbot, qwen35: P
         rec = next(i for i in items if isinstance(i, CompareRecord))
         first = next(i for i in items if isinstance(i, HeadPair))
         assert rec.n_layers == 4 and rec.n_heads == 4 and len(rec.stats.per_layer) == 4
+        assert rec.recurrent == (0, 1, 2)  # the layer curve marks them apart from the attention layer 3
         assert first.layer == 0 and first.head == 3 and first.a.recurrent and first.b.recurrent
         assert np.abs(first.difference()[first.a.allowed]).max() > 0  # B's weights read otherwise
         attn = next(iter(head_job(ws, 3, 9)))
         assert attn.layer == 3 and attn.head == 3 and not attn.a.recurrent
     finally:
         ws.close()
+    curve = LayerCurve()
+    qtbot.addWidget(curve)
+    curve.set_record(rec)
+    xs, _ys = curve.recurrent.getData()
+    assert list(xs) == [0.0, 1.0, 2.0]
+    assert "recurrent layer" in curve.getAxis("bottom").labelText
+    curve.clear_record()
+    assert len(curve.recurrent.getData()[0]) == 0 and "recurrent" not in curve.getAxis("bottom").labelText
     view = HeadPairView()
     qtbot.addWidget(view)
     view.set_shape(rec.n_layers, rec.n_heads)

@@ -37,6 +37,7 @@ def test_compare_measures_and_shows_routing_changes(qtbot, moe: Path) -> None:
     rec = _record(moe, "Q2_K")
     routing = rec.stats.routing
     assert [r.layer for r in routing] == [0, 1] and any(r.changed_pct > 0 for r in routing)
+    assert rec.recurrent == ()  # every layer attends: the layer curve marks none
     view = CompareView()
     qtbot.addWidget(view)
     view.set_model(synthetic_model_record())

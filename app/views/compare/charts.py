@@ -32,6 +32,8 @@ FRONT = (213, 94, 0)
 OVERRIDES = (0, 158, 115)
 MIX = (204, 121, 167)
 OWN = (0, 158, 115)
+RECURRENT = (86, 180, 233)
+BOTTOM = "layer · bars: B's layer on A's input"
 TITLE_WIDTH = 430  # px: a layer chart narrower than this gets the short title
 
 
@@ -84,12 +86,17 @@ class LayerCurve(pg.PlotWidget):
         self.setToolTip("Accumulated: the residual stream after each layer in B against A (everything before adds up).\n"
                         "Own share (green): B's layer run on A's input to it, against A's output of that layer: "
                         "the damage that layer adds by itself.")
-        self.setLabel("bottom", "layer · bars: B's layer on A's input")
+        self.setLabel("bottom", BOTTOM)
         self.showGrid(x=False, y=True, alpha=0.2)
         self.rel = self.plot([], [], pen=pg.mkPen(POINT, width=2), symbol="o", symbolSize=5, symbolBrush=POINT)
         self.cos = self.plot([], [], pen=pg.mkPen(FRONT, width=2, style=Qt.PenStyle.DashLine))
         self.own = pg.BarGraphItem(x=[], height=[], width=0.6, brush=pg.mkBrush(*OWN, 110), pen=pg.mkPen(None))
         self.addItem(self.own)
+        # a hybrid's recurrent layers: open squares over their points (their residual update has no attention map)
+        self.recurrent = pg.ScatterPlotItem(symbol="s", size=11, pen=pg.mkPen(RECURRENT, width=2), brush=None,
+                                            hoverable=True, tip=lambda x, y, data: f"layer {int(x)}: recurrent "
+                                            "(gated DeltaNet), no attention map")
+        self.addItem(self.recurrent)
 
     def _fit_title(self) -> None:
         if "_titles" not in self.__dict__:  # a resize while PlotWidget's __init__ runs
@@ -107,6 +114,8 @@ class LayerCurve(pg.PlotWidget):
         self.rel.setData([], [])
         self.cos.setData([], [])
         self.own.setOpts(x=[], height=[], y0=[])
+        self.recurrent.setData([], [])
+        self.setLabel("bottom", BOTTOM)
 
     def set_record(self, rec: CompareRecord) -> None:
         x = rec.layers.astype(float)
@@ -124,6 +133,10 @@ class LayerCurve(pg.PlotWidget):
         else:
             self.own.setOpts(x=[], height=[], y0=[])
         self.setYRange(lo - 0.1, hi + 0.1, padding=0)
+        marked = np.isin(rec.layers, np.asarray(rec.recurrent, np.int64))
+        self.recurrent.setData(x[marked], rel[marked])
+        self.setLabel("bottom", BOTTOM + (" · <span style='color:%s'>□</span> recurrent layer" % _hex(RECURRENT)
+                                          if marked.any() else ""))
         set_log_ticks(self.getAxis("left"), lo - 0.1, hi + 0.1)
 
 
