@@ -94,6 +94,12 @@ if HAVE_NUMBA:
         return _nbt.float32(_nbt.uint32), lambda context, builder, signature, args: builder.bitcast(
             args[0], _ir.FloatType())
 
+    @_intrinsic
+    def bits_f64(typingctx, u):
+        """The float64 whose bit pattern is the uint64 `u`."""
+        return _nbt.float64(_nbt.uint64), lambda context, builder, signature, args: builder.bitcast(
+            args[0], _ir.DoubleType())
+
     # numba widens integer arithmetic to int64, which LLVM then vectorises as 64-bit lanes; these
     # keep byte work in bytes (vpand / vpsrlw on 64 lanes, vpmovzxbd + vcvtdq2ps to float)
     @_intrinsic

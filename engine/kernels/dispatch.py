@@ -127,6 +127,18 @@ def _find_kernels() -> None:
         log.warning("CPU kernels: NumPy fallback (%s); products follow ggml's numerics, more slowly", _REG.reason)
 
 
+_KQUANT_ROWS: dict = {}
+
+
+def _kquant_rows() -> dict:
+    """Q5_K's and Q6_K's one-row products -> their few-rows twins (engine.kernels.kquant.dot), loaded once."""
+    if not _KQUANT_ROWS:
+        from engine.kernels.kquant import dot  # noqa: PLC0415 - compiled kernels only
+
+        _KQUANT_ROWS.update({dot.gemv_q5_k: dot.gemv_rows_q5_k, dot.gemv_q6_k: dot.gemv_rows_q6_k})
+    return _KQUANT_ROWS
+
+
 def compiled() -> bool:
     """Whether the numba kernels are in use (else the NumPy fallback)."""
     return _load().compiled
@@ -376,6 +388,10 @@ class BlockProduct:
             return
         if self.path == "mxfp4_x8" and xq.shape[0] > 1:  # its gemm gives each row the gemv's value, blocks read once
             self.gemm(self.weight, np.ascontiguousarray(xq), out)
+            return
+        rows = _kquant_rows().get(self.gemv) if xq.shape[0] > 1 else None
+        if rows is not None:  # Q5_K / Q6_K: each weight row read once for all the rows (the same bits)
+            rows(self.weight, np.ascontiguousarray(xq), out)
             return
         weight, gemv = self.weight, self.gemv
         for r in range(xq.shape[0]):

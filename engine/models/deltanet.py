@@ -116,8 +116,13 @@ class DeltaNetMixer:
 
     def projections(self, h: F32) -> tuple[F32, F32, F32, F32]:
         """q|k|v for the convolution (T, conv_dim), z (T, value_dim), beta's and alpha's inputs (T, v_heads) from the
-        normed input h: here the four products as they are."""
-        qkv, z, b, alpha = self.inputs(h)
+        normed input h: `split` of the four products."""
+        return self.split(self.inputs(h))
+
+    def split(self, parts: list[F32]) -> tuple[F32, F32, F32, F32]:
+        """qkv, z, b, alpha from the input products' outputs (T, n) in the order of `parts`: here as they are (the
+        compiled decode step, engine.runtime.decode_plan, hands its own product rows)."""
+        qkv, z, b, alpha = parts
         return qkv, z, b, alpha
 
     def key_heads(self, x: F32) -> F32:

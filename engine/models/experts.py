@@ -99,10 +99,12 @@ class ExpertLinear:
             p = self._products[e] = BlockProduct(self.weight.qtype, self.expert(e).blocks, self.n_in)
         return p
 
-    def warm_rows(self, m: int = 16) -> None:
-        """Compile (or load) what MUL_MAT_ID runs for m rows routed to one expert (expert 0's product is built)."""
-        ids = np.zeros(m, np.int64)
-        self._into(Activation(np.zeros((m, self.n_in), np.float32)), ids, None, np.empty((m, self.n_out), np.float32))
+    def warm_rows(self, sizes: tuple[int, ...] = (16, 2)) -> None:
+        """Compile (or load) what MUL_MAT_ID runs for each number of rows routed to one expert (a band or tiled
+        kernel for many, the few-rows one for two; expert 0's product is built)."""
+        for m in sizes:
+            ids = np.zeros(m, np.int64)
+            self._into(Activation(np.zeros((m, self.n_in), np.float32)), ids, None, np.empty((m, self.n_out), np.float32))
 
     def __call__(self, x: F32 | Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None = None) -> F32:
         """Row r of the output: activation row src[r] (row r without src) through expert ids[r], the rows grouped by

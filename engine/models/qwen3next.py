@@ -51,12 +51,12 @@ class Qwen3NextMixer(DeltaNetMixer):
 
     key_map = 1  # value head h reads key head h // (value_heads / key_heads)
 
-    def projections(self, h: F32) -> tuple[F32, F32, F32, F32]:
+    def split(self, parts: list[F32]) -> tuple[F32, F32, F32, F32]:
         """qkv, z, beta's and alpha's inputs as qwen3next.cpp's build_qkvz and its ssm_ba views make them: copies of
         the products' values, so the numbers are the products'."""
-        d, t = self.dims, h.shape[0]
+        d, t = self.dims, parts[0].shape[0]
         r, s = d.v_heads // d.k_heads, d.state
-        *front, ba = self.inputs(h)
+        *front, ba = parts
         ba = ba.reshape(t, d.k_heads, 2 * r)  # per key head: its value heads' betas, then their alphas
         b = ba[:, :, :r].reshape(t, d.v_heads)
         alpha = ba[:, :, r:].reshape(t, d.v_heads)

@@ -3,12 +3,14 @@ softmax rows.
 
 From what the recorder kept of each recurrent layer (q, k after their L2 norms, v after the convolution, the log
 decay g and beta per value head: `Recorder.recurrent_inputs`), `layer_reads` gives engine.observe.recurrent's
-exact decomposition for the last `window` positions of the recorded conversation: each output as a sum over the
-values of the tokens in the window, plus one term for everything before it, carried by the state the window
-started from (the recurrence run in float64 up to there; for a conversation shorter than the window that state
-is zero and the term too). The window bounds the work (a triangular solve of window^3 / 3 per head) whatever the
-context length. `LayerReads.rows` normalises rows for a heatmap (|W| over the row's sum, the earlier-context term
-as one more column), `state_bytes` is a layer's constant memory, `write_keep` the per-token write strengths and decays.
+exact decomposition for a window of the last positions of the recorded conversation (at least `window` of them,
+up to a stride more: engine.observe.recurrent_extend.window_start, a start that moves once every stride positions):
+each output as a sum over the values of the tokens in the window, plus one term for everything before it, carried
+by the state the window started from (the recurrence run in float64 up to there; for a conversation shorter than
+the window that state is zero and the term too). The window bounds the work (a triangular solve of window^3 / 3
+per head) whatever the context length. `LayerReads.rows` normalises rows for a heatmap (|W| over the row's sum,
+the earlier-context term as one more column), `state_bytes` is a layer's constant memory, `write_keep` the per-token
+write strengths and decays.
 
 For the lenses (the grid beside attention layers, one head large, the text tinted by a token's reads):
 `LayerReads.full_rows` puts rows in the recording's coordinates (keys 0..N-1, the keys before the window 0 and
@@ -17,7 +19,8 @@ as engine.observe.attention_maps.attention_grid pools softmax rows, and `ReadsMe
 recording as it is now per layer (within a byte budget), so the requests that follow one another for the same
 conversation (the grid, then a head, then a clicked token) decompose each layer once; past the window it also keeps
 the state each window started from (`layer_reads_carried`), so a conversation that grows runs only its new
-positions through the recurrence.
+positions through the recurrence, and a layer's reads grown by a few positions (a streaming reply) get only their
+new rows (engine.observe.recurrent_extend), not a new triangular solve.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy.typing as npt
 from engine.hybrid_cache import RecurrentShape
 from engine.observe.attention_maps import bin_starts, pool_rows, sample_rows
 from engine.observe.recurrent import RecurrentReads, delta_rule_outputs, delta_rule_reads
+from engine.observe.recurrent_extend import extend_reads, window_start
 
 if TYPE_CHECKING:
     from engine.observe.recorder import Recorder
@@ -225,7 +229,10 @@ class ReadsMemo:
     An entry is found again only for the same recorder, length, window and recorded gates (g and beta of every
     position: a regenerated reply of the same length has other ones). Past the window, the state each layer's
     window started from is kept too (within `carry_budget`), so a longer recording runs only its new positions
-    through the recurrence. Not thread-safe: one worker uses it.
+    through the recurrence. A recording that continues a kept one (the same gates over the positions it had: a reply
+    that streamed on) is extended rather than decomposed again: its new rows only, the kept rows as they were
+    (`extended` counts those, `computed` the layers decomposed whole). A layer whose reads or starting state did
+    not stay within the budgets is decomposed whole. Not thread-safe: one worker uses it.
     """
 
     def __init__(self, budget: int = MEMO_BYTES, window: int = WINDOW, carry_budget: int = CARRY_BYTES):
@@ -234,11 +241,13 @@ class ReadsMemo:
         self.window = int(window)  # positions decomposed exactly when a caller does not say
         self._items: OrderedDict[tuple[object, ...], LayerReads] = OrderedDict()
         self._carry: dict[tuple[int, int, int], PrefixState] = {}  # per layer: the last window's starting state
-        self.computed = 0  # layers decomposed (tests: what was not found again)
+        self.computed = 0  # layers decomposed whole (tests: what was not found again)
+        self.extended = 0  # layers grown from their kept reads by the new positions' rows
 
     def get(self, recorder: Recorder, layer: int, window: int | None = None) -> LayerReads | None:
         """layer_reads(recorder, layer, window (default: the memo's)), from the memo when the recording has not
-        changed; when it has grown, the state before the window is run on from where the last one was."""
+        changed; when it has grown, the state before the window is run on from where the last one was, and when it
+        continues the kept one (a reply that streamed on) only the new positions' rows are computed (`_extend`)."""
         window = self.window if window is None else int(window)
         got = recorder.recurrent_inputs(layer)
         if got is None:
@@ -252,8 +261,12 @@ class ReadsMemo:
             self._items.move_to_end(key)
             return hit
         where = (id(recorder), int(layer), int(window))
-        reads, carry = layer_reads_carried(recorder, layer, window, self._carry.get(where))
-        self.computed += 1
+        reads, carry = self._extend(got, where, int(got["q"].shape[0]))
+        if reads is not None:
+            self.extended += 1
+        else:
+            reads, carry = layer_reads_carried(recorder, layer, window, self._carry.get(where))
+            self.computed += 1
         if carry is not None:  # kept within its budget: a layer that does not fit starts from zero next time
             self._carry.pop(where, None)
             if sum(c.state.nbytes for c in self._carry.values()) + carry.state.nbytes <= self.carry_budget:
@@ -267,6 +280,29 @@ class ReadsMemo:
             self._items.popitem(last=False)
         return reads
 
+    def _extend(self, got: dict[str, np.ndarray], where: tuple[int, int, int],
+                n: int) -> tuple[LayerReads | None, PrefixState | None]:
+        """The reads of `got` (n positions) grown from this layer's kept reads of a shorter recording it continues
+        (the same gates over the positions those had), or (None, None): nothing kept, another recording, or a window
+        that moved past the kept one. The window's starting state is the carried one, run on over the positions it
+        moved."""
+        olds = [k for k, r in self._items.items() if k[:2] == where[:2] and k[3] == where[2] and r.stop < n]
+        if not olds:
+            return None, None
+        old_key = max(olds, key=lambda k: self._items[k].stop)
+        old = self._items[old_key]
+        start = window_start(n, where[2])
+        if not old.start <= start < old.stop or 2 * (n - old.stop) > n - start:  # most of it new: a solve is as cheap
+            return None, None
+        if _gates_digest(got, old.stop) != old_key[4]:
+            return None, None
+        n_v, n_k = got["v"].shape[1], got["q"].shape[1]
+        heads = np.arange(n_v) % n_k
+        state0, carried = _state_at(got, heads, start, self._carry.get(where))
+        q, k, v, g, beta = (got[name][start:].astype(np.float64) for name in ("q", "k", "v", "g", "beta"))
+        reads = extend_reads(old.reads, start - old.start, q[:, heads], k[:, heads], v, g, beta, state0)
+        return LayerReads(where[1], start, reads, n_k, np.mean(v ** 2, axis=(0, 2)) * v.shape[2]), carried
+
     def clear(self) -> None:
         self._items.clear()
         self._carry.clear()
@@ -278,7 +314,8 @@ def recurrent_layers(recorder: Recorder) -> list[int]:
 
 
 def layer_reads(recorder: Recorder, layer: int, window: int = WINDOW) -> LayerReads | None:
-    """The exact reads of the last `window` recorded positions of a recurrent layer (None: not recorded)."""
+    """The exact reads of a recurrent layer's last recorded positions (None: not recorded): at least `window` of
+    them, from engine.observe.recurrent_extend.window_start (a start that moves in strides)."""
     return layer_reads_carried(recorder, layer, window)[0]
 
 
@@ -306,7 +343,7 @@ def layer_reads_carried(recorder: Recorder, layer: int, window: int = WINDOW,
         return None, None
     n_v, n_k = got["v"].shape[1], got["q"].shape[1]
     heads = np.arange(n_v) % n_k  # value head h reads key head h % n_k
-    start = max(0, got["q"].shape[0] - window)
+    start = window_start(got["q"].shape[0], window)
     state0, carried = _state_at(got, heads, start, carry)
     q, k, v, g, beta = (got[name][start:].astype(np.float64) for name in ("q", "k", "v", "g", "beta"))
     reads = delta_rule_reads(q[:, heads], k[:, heads], v, g, beta, state0)

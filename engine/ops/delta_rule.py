@@ -190,15 +190,24 @@ if HAVE_NUMBA:
 
     @njit(cache=True, parallel=True)
     def _ssm_conv(window, kernel, out):  # pragma: no cover - compiled
-        """ggml_compute_forward_ssm_conv_f32: per channel and token, the taps' contracted multiply-adds from 0."""
+        """ggml_compute_forward_ssm_conv_f32: per channel and token, the taps' contracted multiply-adds from 0. The
+        channels go in chunks (one per task), a token's row of a chunk at a time: each tap a contiguous pass over
+        the chunk (the same multiply-adds in the same order per element, in vector lanes)."""
         n_tokens, channels = out.shape
         taps = kernel.shape[1]
-        for c in prange(channels):
+        kt = np.ascontiguousarray(kernel.T)  # (K, C): a tap's weights contiguous
+        chunk = 512
+        for task in prange((channels + chunk - 1) // chunk):
+            c0 = task * chunk
+            c1 = min(c0 + chunk, channels)
             for t in range(n_tokens):
-                acc = np.float32(0.0)
+                row = out[t]
+                for c in range(c0, c1):
+                    row[c] = np.float32(0.0)
                 for i in range(taps):
-                    acc = fma32(window[t + i, c], kernel[c, i], acc)
-                out[t, c] = acc
+                    w, kr = window[t + i], kt[i]
+                    for c in range(c0, c1):
+                        row[c] = fma32(w[c], kr[c], row[c])
 
     @njit(cache=True, forceinline=True)
     def _token(m, kt, qt, vt, dec, b, scale, acc, out, src=None):  # pragma: no cover - compiled
@@ -248,21 +257,36 @@ def step(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32
     and the gated norm. key_map 0: value head h reads key head h % k_heads, 1: h // (H / k_heads). Returns y
     (value_dim,) for ssm_out, the new conv rows, the new state and the delta rule's inputs (for the recorder)."""
     n_heads, size = state.shape[0], state.shape[1]
-    new_state = np.empty(state.shape, np.float32)  # written whole by the step (the decay's pass reads `state`)
-    new_conv = np.empty_like(conv)
     y = np.empty(n_heads * size, np.float32)
     x = np.empty(conv.shape[1], np.float32)
     gdb = np.empty((3, n_heads), np.float32)
     with KERNEL_LOCK:
-        _step(np.ascontiguousarray(qkv, np.float32).reshape(-1), np.ascontiguousarray(z, np.float32).reshape(-1),
-              np.ascontiguousarray(b, np.float32).reshape(-1), np.ascontiguousarray(alpha, np.float32).reshape(-1),
-              dt_bias, a, kernel, norm, np.float32(eps), conv, new_conv, np.ascontiguousarray(state, np.float32),
-              new_state, x, gdb, y, np.int64(k_heads),
-              np.int64(key_map), isa.lanes() == 8)
+        new_conv, new_state = step_into(qkv, z, b, alpha, dt_bias, a, kernel, norm, eps, conv, state, k_heads, key_map,
+                                        x, gdb, y)
+    return y, new_conv, new_state, step_inputs(x, gdb, k_heads, n_heads, size)
+
+
+def step_into(qkv: F32, z: F32, b: F32, alpha: F32, dt_bias: F32, a: F32, kernel: F32, norm: F32, eps: float,
+              conv: F32, state: F32, k_heads: int, key_map: int, x: F32, gdb: F32, y: F32,
+              w8: bool | None = None) -> tuple[F32, F32]:
+    """`step` into the caller's scratch (x (conv_dim,), gdb (3, H): g, exp(g), beta) and output y (value_dim,), the
+    kernel lock held by the caller (engine.runtime.decode_plan's step); returns the new conv rows and state (fresh
+    arrays: the cache's snapshots keep the old ones). w8: the AVX2 build's lanes (None: engine.kernels.isa's)."""
+    new_state = np.empty(state.shape, np.float32)  # written whole by the step (the decay's pass reads `state`)
+    new_conv = np.empty_like(conv)
+    _step(np.ascontiguousarray(qkv, np.float32).reshape(-1), np.ascontiguousarray(z, np.float32).reshape(-1),
+          np.ascontiguousarray(b, np.float32).reshape(-1), np.ascontiguousarray(alpha, np.float32).reshape(-1),
+          dt_bias, a, kernel, norm, np.float32(eps), conv, new_conv, np.ascontiguousarray(state, np.float32),
+          new_state, x, gdb, y, np.int64(k_heads), np.int64(key_map), isa.lanes() == 8 if w8 is None else w8)
+    return new_conv, new_state
+
+
+def step_inputs(x: F32, gdb: F32, k_heads: int, n_heads: int, size: int) -> dict[str, F32]:
+    """The delta rule's inputs of a step as the recorder takes them (views of x and gdb): q, k (1, k_heads, S) after
+    the L2 norms, v (1, H, S), g and beta (1, H)."""
     kd = k_heads * size
-    inputs = {"q": x[:kd].reshape(1, k_heads, size), "k": x[kd : 2 * kd].reshape(1, k_heads, size),
-              "v": x[2 * kd :].reshape(1, n_heads, size), "g": gdb[0][None], "beta": gdb[2][None]}
-    return y, new_conv, new_state, inputs
+    return {"q": x[:kd].reshape(1, k_heads, size), "k": x[kd : 2 * kd].reshape(1, k_heads, size),
+            "v": x[2 * kd :].reshape(1, n_heads, size), "g": gdb[0][None], "beta": gdb[2][None]}
 
 
 if HAVE_NUMBA:

@@ -126,10 +126,16 @@ def silu_rows(x: npt.ArrayLike) -> F32:
     n = x.shape[-1]
     lanes = isa.lanes()
     body = n - n % lanes
-    if _compiled() and body:  # the compiled SwiGLU with up = 1 (an exact multiply): the same bits
-        return swiglu(x, np.ones(n, np.float32))
     out = np.empty(x.shape, np.float32)
-    out[..., :body] = silu(x[..., :body], lanes)
+    if _compiled() and body:  # the compiled lanes (SwiGLU's with up = 1, an exact multiply: the same bits)
+        from engine.ops import ggml_kernels as gk  # noqa: PLC0415
+
+        x2 = _rows(x)
+        kernel = (gk.silu_chunks_serial if x2.size < gk.SERIAL_ELEMENTS else gk.silu_chunks)[lanes == 8]
+        with KERNEL_LOCK:
+            kernel(x2, out.reshape(x2.shape), body)
+    else:
+        out[..., :body] = silu(x[..., :body], lanes)
     out[..., body:] = _silu_libm(x[..., body:])
     return out
 
@@ -151,11 +157,9 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
         from engine.ops import ggml_kernels as gk  # noqa: PLC0415
 
         g2, u2 = _rows(np.broadcast_to(g, shape)), _rows(np.broadcast_to(u, shape))
-        o2 = np.empty(g2.shape, np.float32)
         kernel = (gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks)[lanes == 8]
         with KERNEL_LOCK:
-            kernel(g2, u2, o2, body)
-        out[..., :body] = o2.reshape(shape)[..., :body]
+            kernel(g2, u2, out.reshape(g2.shape), body)  # a view: `out` is new and contiguous
     else:
         out[..., :body] = silu(g[..., :body], lanes) * u[..., :body]
     if body < n:

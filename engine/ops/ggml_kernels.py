@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.activations import bits_f32, f32_bits, f32_to_f16, fma32, njit, prange
+from engine.kernels.activations import bits_f32, bits_f64, f32_bits, f32_to_f16, fma32, njit, prange
 from engine.kernels.variants import lane_variants, serial_until_late
 
 _R = np.float32(float.fromhex("0x1.8p23"))
@@ -27,22 +27,23 @@ _P4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 _INF = np.float32(np.inf)
-_POW2 = np.array([2.0**k for k in range(-192, 193)], np.float64)  # 2^n for the scalef step, |n| <= 192
+_R_BITS = np.int64(0x4B400000)  # the bits of _R: z's bits minus these are n while |n| < 2^22
 
 
 @njit(cache=True, forceinline=True)
 def v_expf1(x):
-    """One lane of ggml_v_expf (AVX-512): see engine.ops.ggml_math.v_expf."""
+    """One lane of ggml_v_expf (AVX-512): see engine.ops.ggml_math.v_expf. The scalef step is an exact
+    multiplication by 2^n in double, 2^n built from n's bits (z holds n in its low mantissa bits), and the range
+    checks are selects: no table, no branch, so a loop of lanes compiles to vector code."""
     z = fma32(x, _LOG2E, _R)
     n = z - _R
     b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
     u = b * b
     j = fma32(fma32(fma32(_P0, b, _P1), u, fma32(_P2, b, _P3)), u, fma32(_P4, b, _ONE))
-    if abs(n) > 192:
-        return _ZERO if n <= 0 else _INF
-    if math.isnan(n):  # NaN in, NaN out
-        return j
-    return np.float32(np.float64(j) * _POW2[int(n) + 192])  # exact in double, rounded once (as VSCALEFPS)
+    k = min(max(np.int64(f32_bits(z)) - _R_BITS, np.int64(-193)), np.int64(193))  # n, for |n| <= 192
+    r = np.float32(np.float64(j) * bits_f64(np.uint64(k + 1023) << np.uint64(52)))  # rounded once (as VSCALEFPS)
+    r = (_ZERO if n <= 0 else _INF) if abs(n) > 192 else r
+    return j if n != n else r  # NaN in, NaN out
 
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -203,12 +204,22 @@ def _swiglu_chunks(g, u, out, body):
             out[r, i] = silu_lane(g[r, i], W8) * u[r, i]
 
 
+def _silu_chunks(g, out, body):
+    """out[:, :body] = x / (1 + v_expf(0 - x)): ggml_v_silu lane by lane (ggml_silu on a tensor's rows)."""
+    for r in prange(g.shape[0]):
+        for i in range(body):
+            out[r, i] = silu_lane(g[r, i], W8)
+
+
 # {w8: kernel} in each build's order, on numba's threads and (for the few rows of a decode step, where starting
 # threads costs more than the work) on the calling one
 soft_max_chunks = lane_variants(_soft_max_chunks, cache=True, parallel=True)
-swiglu_chunks = lane_variants(_swiglu_chunks, cache=True, parallel=True)
+# error_model="numpy": IEEE division (no zero check), which lets LLVM turn a row of lanes into vector code
+swiglu_chunks = lane_variants(_swiglu_chunks, cache=True, parallel=True, error_model="numpy")
 soft_max_chunks_serial = lane_variants(_soft_max_chunks, "serial", cache=True)
-swiglu_chunks_serial = lane_variants(_swiglu_chunks, "serial", cache=True)
+swiglu_chunks_serial = lane_variants(_swiglu_chunks, "serial", cache=True, error_model="numpy")
+silu_chunks = lane_variants(_silu_chunks, cache=True, parallel=True, error_model="numpy")
+silu_chunks_serial = lane_variants(_silu_chunks, "serial", cache=True, error_model="numpy")
 SERIAL_ELEMENTS = 1 << 15  # below this many elements a call runs serially
 
 
@@ -219,6 +230,7 @@ def load_parallel(w8: bool) -> None:
     KERNEL_LOCK."""
     a = np.zeros((1, 16), np.float32)
     swiglu_chunks[w8](a, a, np.empty_like(a), 16)
+    silu_chunks[w8](a, np.empty_like(a), 16)
     soft_max_chunks[w8](a, np.empty_like(a), np.empty(1, np.float64), 16)
 
 

@@ -1,5 +1,9 @@
 """A decode step (one token) with ggml numerics as a short list of compiled calls: eight per block.
 
+A hybrid's recurrent block (engine.models.deltanet.MixerLayer) takes the same calls with its mixer's products and
+one compiled call for the recurrence in place of attention, and gated attention (Qwen3.5) one more for its output
+gate (engine.runtime.decode_mixer).
+
 Per block: residual + RMSNorm + activation quantization (one call), the q/k/v product(s), attention with RoPE
 and the fp16 cache write (one call), the output product, residual + norm + quantization, the gate/up
 product(s), the GLU + quantization, the down product. The products are the kernels of engine.kernels bound
@@ -30,7 +34,9 @@ from engine.kernels.types import VEC_DOT_TYPE, act_bytes
 from engine.ops import attention_ggml as ggml_attention
 from engine.ops import ggml as ggml_ops
 from engine.runtime import decode_step as ggml_step
+from engine.runtime.decode_mixer import MixerStep, gate_quant
 from engine.models.decoder import DecoderModel
+from engine.models.deltanet import MixerLayer
 from engine.models.experts import MoEFFN
 from engine.models.ffn import DenseFFN
 from engine.models.transformer import Layer
@@ -126,6 +132,9 @@ class _Layer:
     moe: MoEFFN | None = None  # an experts FFN: run by its own module between the compiled calls
     sinks: F32 = field(default_factory=lambda: _EMPTY)  # gpt-oss: one softmax logit per head (empty: none)
     wo_bias: F32 | None = None  # gpt-oss: added to the output product's row (ggml_add)
+    q_gated: F32 | None = None  # Qwen3.5's gated attention: the q product's rows (Hq, 2, d), q then its output gate
+    out_gate: F32 | None = None  # (Hq * d,) the gates, copied out of q_gated each token (q too, into `q`)
+    mixer: MixerStep | None = None  # a recurrent block: its mixer instead of attention (q, k, v unused)
 
 
 class DecodePlan:
@@ -168,32 +177,68 @@ class DecodePlan:
         """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap)."""
         return (Linear.swaps, isa.bits())
 
-    def _layer(self, index: int, layer: Layer) -> _Layer | None:
-        if not isinstance(layer, Layer) or not isinstance(layer.ffn, (DenseFFN, MoEFFN)):
-            return None  # another kind of block or FFN: the graph runs it op by op
+    def _layer(self, index: int, layer: Layer | MixerLayer) -> _Layer | None:
+        if isinstance(layer, MixerLayer):
+            return self._mixer_layer(index, layer)
+        if (not isinstance(layer, Layer) or layer.kv_source is not None or layer.v_from_k or layer.v_norm is not None
+                or layer.head_dim or layer.n_heads or layer.n_kv_heads or (layer.gated and layer.biases is not None)):
+            return None  # Gemma 4's shared KV, V norms and per-layer shapes: the graph runs them op by op
         qkv_groups = layer.qkv.products()
         h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
         qkv = _bind_all(qkv_groups, h_in)
         o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
         wo = _bind(layer.wo.product(), [layer.wo], o_in)
-        if qkv is None or wo is None or len(h_in.vdts) > 2:
+        ffn = self._ffn(layer)
+        if qkv is None or wo is None or ffn is None or len(h_in.vdts) > 2:
             return None  # residual_norm_quant fills two activation types
         q, k, v = layer.split_qkv(_views(qkv))
+        gated: dict = {}
+        if layer.gated:  # q's product rows hold each head's query then its gate: both copied out before attention
+            a = self.model.args  # (the layer's q_dim counts the gates too)
+            gated = {"q_gated": q.reshape(a.n_heads, 2, a.head_dim),
+                     "out_gate": np.zeros(a.n_heads * a.head_dim, np.float32)}
+            q = np.zeros(a.n_heads * a.head_dim, np.float32)
         spec = self.model.attention_spec(index)
         one, scale = np.float32(1.0), np.float32(spec.scale)
         q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
         o_vdt = o_in.vdts[0]
-        head = (tuple(p.run for p in qkv), q, k, v, wo)
-        tail = (layer.attn_norm, layer.ffn_norm, _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm),
-                _vec(layer.post_ffn_norm), h_in.slots())
-        extra = {"sinks": _vec(layer.sinks), "wo_bias": layer.wo_bias}
-        if isinstance(layer.ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
-            f_in = _Inputs(self.dim, [layer.ffn.router.weight.qtype])
-            vdt = f_in.vdts[0]
-            return _Layer(*head, (), _EMPTY, _EMPTY, None, *tail, f_in.slots(), int(o_vdt), o_in.bufs[o_vdt], int(vdt),
-                          f_in.bufs[vdt], layer.biases, spec.window or 0, spec.rope_base, q_scale, kq_scale,
-                          layer.input_names(), layer.ffn, **extra)
+        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, *ffn[:4], layer.attn_norm, layer.ffn_norm,
+                      _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
+                      h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt], ffn[5], ffn[6], layer.biases,
+                      spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names(), ffn[7],
+                      sinks=_vec(layer.sinks), wo_bias=layer.wo_bias, **gated)
+
+    def _mixer_layer(self, index: int, layer: MixerLayer) -> _Layer | None:
+        """A recurrent block: the mixer's input products, its compiled token (MixerStep), ssm_out, then the FFN."""
+        mixer = layer.mixer
+        groups = mixer.inputs.products()
+        h_in = _Inputs(self.dim, [p.qtype for p, _ in groups])
+        bound = _bind_all(groups, h_in)
+        o_in = _Inputs(mixer.w_out.n_in, [mixer.w_out.weight.qtype])
+        wo = _bind(mixer.w_out.product(), [mixer.w_out], o_in)
+        ffn = self._ffn(layer)
+        if (bound is None or wo is None or ffn is None or len(h_in.vdts) > 2 or layer.post_attn_norm is not None
+                or layer.post_ffn_norm is not None):
+            return None
+        o_vdt = o_in.vdts[0]
+        step = MixerStep(mixer, [b.out[:, s:e] for b in bound for _, s, e in b.parts], int(o_vdt), o_in.bufs[o_vdt])
+        one = np.float32(1.0)
+        return _Layer(tuple(b.run for b in bound), _EMPTY, _EMPTY, _EMPTY, wo, *ffn[:4], layer.attn_norm,
+                      layer.ffn_norm, _EMPTY, _EMPTY, _EMPTY, _EMPTY, h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt],
+                      ffn[5], ffn[6], None, 0, 0.0, one, one, layer.input_names(), ffn[7], mixer=step)
+
+    def _ffn(self, layer: Layer | MixerLayer) -> tuple | None:
+        """The block's FFN bound: (gate/up runs, gate, up, down, its input slots, the GLU output's type and buffer,
+        the experts module or None); None for an FFN the plan does not take (the graph runs it)."""
         ffn = layer.ffn
+        if layer.ffn_norm is None:
+            return None  # the FFN seam norms the residual itself (Gemma 4)
+        if isinstance(ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
+            f_in = _Inputs(self.dim, [ffn.router.weight.qtype])
+            vdt = f_in.vdts[0]
+            return (), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], ffn
+        if not isinstance(ffn, DenseFFN):
+            return None
         gu_groups = ffn.gate_up.products()
         f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
         gate_up = _bind_all(gu_groups, f_in)
@@ -203,25 +248,48 @@ class DecodePlan:
             return None
         gate, up = ffn.split(_views(gate_up))
         d_vdt = d_in.vdts[0]
-        return _Layer(*head, tuple(p.run for p in gate_up), gate, up, down, *tail, f_in.slots(), int(o_vdt),
-                      o_in.bufs[o_vdt], int(d_vdt), d_in.bufs[d_vdt], layer.biases, spec.window or 0, spec.rope_base,
-                      q_scale, kq_scale, layer.input_names(), **extra)
+        return tuple(p.run for p in gate_up), gate, up, down, f_in.slots(), int(d_vdt), d_in.bufs[d_vdt], None
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
         if not self.ok or cache.qtype != GGMLType.F16:
             return False
+        if not all(lay.mixer is None or lay.mixer.fits() for lay in self.layers):
+            return False  # an ablated DeltaNet value head: the layer runs op by op
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
         lanes = isa.lanes()  # a softmax / SiLU chunk of the build whose order the numerics follow
         return (self.hidden_dim % lanes == 0 or self.moe_only) and pos + 1 <= n_kv - n_kv % lanes
+
+    def _attend(self, i: int, lay: _Layer, cache: KVCache, pos: int, n_kv: int, rope: tuple[F32, F32],
+                attend: Callable[..., None], parts: np.int64, recorder: Recorder | None) -> None:
+        """Layer i's attention after its q/k/v products: the output quantized for attn_output."""
+        if lay.biases is not None:  # build_qkv's ggml_add of each bias, in place in the product rows
+            lay.q += lay.biases[0]
+            lay.k += lay.biases[1]
+            lay.v += lay.biases[2]
+        gated = lay.q_gated is not None and lay.out_gate is not None
+        if gated:  # qwen35.cpp's views of each head's query and gate, made contiguous
+            heads = lay.q_gated.shape[0]
+            np.copyto(lay.q.reshape(heads, -1), lay.q_gated[:, 0])
+            np.copyto(lay.out_gate.reshape(heads, -1), lay.q_gated[:, 1])
+        k_rows, v_rows = cache.rows(i)
+        cos, sin = rope
+        q_rot, o = self.q_rot, self.o
+        attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, self.eps, k_rows, v_rows, pos, n_kv, lay.window, cos, sin,
+               self.model.rope_mode == "neox", lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o,
+               -1 if gated else lay.o_vdt, lay.o_buf, parts)
+        if gated:  # the output times sigmoid(gate), then its bytes for attn_output
+            gate_quant(o, lay.out_gate, np.int64(lay.o_vdt), lay.o_buf)
+        if recorder is not None:
+            recorder.record_q(i, pos, q_rot[:, None, :].copy(), self.model.attention_spec(i))
+            recorder.record_input(lay.names[1], o.copy())
 
     def step(self, x0: F32, cache: KVCache, pos: int, recorder: Recorder | None) -> F32:
         """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
         model = self.model
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
-        neox = model.rope_mode == "neox"
-        rope = {base: self.ops.rope_row(model, base, pos) for base in {lay.base for lay in self.layers}}
-        x, h, eps, q_rot, o = self.x, self.h, self.eps, self.q_rot, self.o
+        rope = {base: self.ops.rope_row(model, base, pos) for base in {lay.base for lay in self.layers if lay.mixer is None}}
+        x, h, eps = self.x, self.h, self.eps
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
         w8 = bool(isa.w8())
@@ -236,18 +304,10 @@ class DecodePlan:
                     recorder.record_input(lay.names[0], h.copy())
                 for run in lay.runs:
                     run()
-                if lay.biases is not None:  # build_qkv's ggml_add of each bias, in place in the product rows
-                    lay.q += lay.biases[0]
-                    lay.k += lay.biases[1]
-                    lay.v += lay.biases[2]
-                k_rows, v_rows = cache.rows(i)
-                cos, sin = rope[lay.base]
-                attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, eps, k_rows, v_rows, pos, n_kv, lay.window, cos,
-                       sin, neox, lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o, lay.o_vdt, lay.o_buf,
-                       parts)
-                if recorder is not None:
-                    recorder.record_q(i, pos, q_rot[:, None, :].copy(), model.attention_spec(i))
-                    recorder.record_input(lay.names[1], o.copy())
+                if lay.mixer is not None:  # a recurrent block: its token in one call, y quantized for ssm_out
+                    lay.mixer.run(cache, pos, recorder)  # type: ignore[arg-type]
+                else:
+                    self._attend(i, lay, cache, pos, n_kv, rope[lay.base], attend, parts, recorder)
                 lay.wo.run()
                 if lay.wo_bias is not None:  # build_attn's ggml_add of wo_b
                     lay.wo.out[0] += lay.wo_bias

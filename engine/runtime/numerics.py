@@ -176,9 +176,8 @@ class GgmlNumerics(Float32Numerics):
         self.rounding = attention_rounding(cache.qtype)
 
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
-        """The compiled decode step (eight calls per block) where the kernels and the cache allow it."""
-        if getattr(model, "mixers", None) or getattr(model, "attn_output_gate", False):
-            return None  # a hybrid (recurrent layers): op by op, the recurrence compiled (engine.ops.delta_rule)
+        """The compiled decode step (eight calls per block; a hybrid's recurrent blocks too) where the kernels and the
+        cache allow it."""
         if (not compiled() or getattr(model, "ablated_heads", None) or getattr(model, "ablated_blocks", None)
                 or getattr(model, "control", None)
                 or getattr(model, "lora_adapters", None) or getattr(model, "hooks", None)):

@@ -327,6 +327,30 @@ def gemv_q6_k(blocks, xq, out):
 
 
 @njit(**_KERNEL)
+def gemv_rows_q5_k(blocks, xq, out):
+    """out[a] = gemv_q5_k of each Q8_K row xq[a] (m, nb * 292): MUL_MAT_ID's few rows routed to one expert (a vec_dot
+    per row and weight row, the same bits), each weight row read once for all m rows."""
+    nb = _check_gemm(blocks, xq, out, np.int64(176))
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = _dot_q5_k(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
+
+
+@njit(**_KERNEL)
+def gemv_rows_q6_k(blocks, xq, out):
+    """out[a] = gemv_q6_k of each Q8_K row xq[a] (m, nb * 292), each weight row read once for all m rows (see
+    gemv_rows_q5_k)."""
+    nb = _check_gemm(blocks, xq, out, np.int64(210))
+    rs, xs = u64(blocks.strides[0]), u64(xq.strides[0])
+    for r in prange(blocks.shape[0]):
+        for a in range(xq.shape[0]):
+            out[a, r] = _dot_q6_k(blocks, u64(r) * rs, nb, xq, u64(a) * xs)
+    return out
+
+
+@njit(**_KERNEL)
 def gemv_experts_q6_k(weights, xq, rows, out):
     """out[i] = gemv_q6_k of weights[i] (a tuple of same-shaped Q6_K experts) with the Q8_K row xq[rows[i]]: a
     decode step's routed experts in one parallel region instead of one each (the same bits)."""

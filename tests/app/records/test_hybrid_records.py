@@ -20,6 +20,7 @@ from app.records.model_info import make_model_info
 from app.records.recurrent import make_state_record
 from engine.observe import attention_maps as amaps
 from engine.observe.recorder import Recorder
+from engine.observe.recurrent_extend import window_start
 from engine.observe.recurrent_maps import ReadsMemo, layer_reads, reads_grid
 from tools.make_arch_models import write_arch
 
@@ -147,8 +148,8 @@ def test_past_the_window_the_earlier_context_is_one_share(hybrid) -> None:
     n, window = hybrid.n, 16
     memo = ReadsMemo(window=window)
     head = make_head_record(hybrid.model, hybrid.recorder, hybrid.cache, 0, 1, None, hybrid.texts, reads_memo=memo)
-    start = n - window
-    assert head.read_start == start and head.recurrent
+    start = window_start(n, window)  # the last `window` positions and up to a stride more
+    assert n - window - 2 < start <= n - window and head.read_start == start and head.recurrent
     assert not head.allowed[:start].any() and not head.allowed[:, :start].any()  # before the window: not decomposed
     inside = head.weights[start:].sum(-1) + head.earlier[start:]
     np.testing.assert_allclose(inside, 1.0, atol=1e-5)

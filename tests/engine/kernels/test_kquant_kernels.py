@@ -65,6 +65,14 @@ def _gemm(qtype: GGMLType, w: np.ndarray, xq: np.ndarray) -> np.ndarray:
     return K.GEMM[qtype](w, xq, np.empty((len(xq), len(w)), np.float32))
 
 
+def _few_rows(qtype: GGMLType, w: np.ndarray, xq: np.ndarray) -> np.ndarray | None:
+    """MUL_MAT_ID's few rows of one expert in one call (Q5_K, Q6_K: engine.kernels.kquant.dot.gemv_rows_*)."""
+    from engine.kernels.kquant import dot  # noqa: PLC0415
+
+    fn = {GGMLType.Q5_K: dot.gemv_rows_q5_k, GGMLType.Q6_K: dot.gemv_rows_q6_k}.get(qtype)
+    return None if fn is None else fn(w, np.ascontiguousarray(xq), np.empty((len(xq), len(w)), np.float32))
+
+
 # ---- Q8_K activations
 
 
@@ -129,6 +137,9 @@ def test_gemv_and_gemm_match_llama_cpp(golden):
         w, xq = g[f"w_{wcase}"], g[f"xq_{xcase}"]
         assert_bits_equal(_gemv_rows(qtype, w, xq), g[key], f"{qtype.name} gemv {key}")
         assert_bits_equal(_gemm(qtype, w, xq), g[key], f"{qtype.name} gemm {key}")
+        few = _few_rows(qtype, w, xq)
+        if few is not None:
+            assert_bits_equal(few, g[key], f"{qtype.name} few rows {key}")
 
 
 def test_reference_matches_llama_cpp(golden):
@@ -183,6 +194,9 @@ def test_kernels_equal_reference_on_random_blocks(name):
     ref = K.matmul_ref(qtype, w, xq)
     assert_bits_equal(_gemm(qtype, w, xq), ref, f"{name} gemm")
     assert_bits_equal(_gemv_rows(qtype, w, xq), ref, f"{name} gemv")
+    few = _few_rows(qtype, w, xq)
+    if few is not None:
+        assert_bits_equal(few, ref, f"{name} few rows")
     assert not ref[1].any()  # a zero activation gives exact zeros
 
 

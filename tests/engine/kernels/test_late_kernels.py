@@ -101,6 +101,7 @@ def test_every_compiled_copy_has_a_name_of_its_own():
     names += [gemm.GEMM_INT[k].py_func.__qualname__ for k in gemm.KINDS]
     names += [gemm_vnni.GEMM_INT_VNNI[k].py_func.__qualname__ for k in gemm.KINDS]
     for table in (gk.soft_max_chunks, gk.soft_max_chunks_serial, gk.swiglu_chunks, gk.swiglu_chunks_serial,
+                  gk.silu_chunks, gk.silu_chunks_serial,
                   decode_step.ATTEND, decode_step.GLU_QUANT):
         names += [table[w8].py_func.__qualname__ for w8 in (False, True)]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

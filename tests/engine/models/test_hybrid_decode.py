@@ -1,0 +1,106 @@
+"""The compiled decode step on the hybrids (engine.runtime.decode_plan with engine.runtime.decode_mixer): a recurrent
+block's mixer and gated attention give the op-by-op graph's bits, its recurrent states and its recordings.
+
+The logits against llama.cpp's are tests/engine/models/test_hybrid_logits.py's (their decode steps take this path);
+here the two paths of our own are held to each other token by token, the state carried from a prompt, with an
+ablated value head (the op-by-op layer then) and with the recorder on.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.intervene.ablation import Ablation, ablate
+from engine.kernels.dispatch import compiled
+from engine.model import load_model
+from engine.observe.recorder import Recorder
+from engine.runtime import decode_plan as ggml_decode
+from tests.engine.models.arch_cases import model_file
+
+pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled decode step needs numba")
+PROMPT = list(range(11, 27))
+STEPS = list(range(40, 52))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hybrid-decode")
+
+
+def _run(model, fast: bool, recorder: Recorder | None = None):
+    """A prompt in one batch, then one token per step on the compiled plan (fast) or op by op."""
+    cache = model.new_cache(256)
+    before = ggml_decode.DecodePlan.fits
+    if not fast:
+        ggml_decode.DecodePlan.fits = lambda self, c, p: False
+    try:
+        model.forward(PROMPT, cache, recorder)
+        cache.commit(PROMPT)
+        if recorder is not None:
+            recorder.commit()
+        rows = []
+        for tok in STEPS:
+            rows.append(model.forward([tok], cache, recorder))
+            cache.commit([tok])
+            if recorder is not None:
+                recorder.commit()
+        return np.concatenate(rows), cache
+    finally:
+        ggml_decode.DecodePlan.fits = before
+
+
+def _bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(np.ascontiguousarray(a, np.float32).view(np.uint32),
+                                                 np.ascontiguousarray(b, np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize(("name", "quant"), [("qwen35", "Q4_K_M"), ("qwen35", "Q8_0"), ("qwen35moe", "Q4_K_M"),
+                                             ("qwen35moe", "MXFP4_MOE"), ("qwen3next", "Q4_K_M"),
+                                             ("qwen3next_legacy", "Q8_0")])
+def test_compiled_hybrid_step_equals_the_graph(folder: Path, name: str, quant: str) -> None:
+    model = load_model(model_file(folder, name, quant))
+    try:
+        seen: tuple[list, list] = ([], [])
+        r_slow, r_fast = (Recorder(capture_hidden=True, on_input=lambda names, x, got=got: got.append((names, x.copy())))
+                          for got in seen)
+        slow, c_slow = _run(model, fast=False, recorder=r_slow)
+        fast, c_fast = _run(model, fast=True, recorder=r_fast)
+        plan = model.net.ops.decode_plan
+        assert plan is not None and plan.ok
+        assert any(lay.mixer is not None for lay in plan.layers) and any(lay.q_gated is not None for lay in plan.layers)
+        assert _bits(slow, fast)
+        for i in model.net.mixers:
+            assert _bits(c_slow.state(i).ssm, c_fast.state(i).ssm) and _bits(c_slow.state(i).conv, c_fast.state(i).conv)
+            a, b = r_slow.recurrent_inputs(i), r_fast.recurrent_inputs(i)
+            for key in ("q", "k", "v", "g", "beta"):
+                assert _bits(a[key], b[key]), (i, key)
+        n = len(PROMPT) + len(STEPS)
+        for layer in range(model.net.args.n_layers):
+            assert _bits(r_slow.hidden[layer][:n], r_fast.hidden[layer][:n]), layer
+            if layer not in model.net.mixers:
+                assert _bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n])
+                assert np.array_equal(c_slow.k[layer][:, :n], c_fast.k[layer][:, :n])
+        assert [names for names, _ in seen[0]] == [names for names, _ in seen[1]]  # what an importance matrix reads
+        assert all(_bits(a, b) for (_, a), (_, b) in zip(*seen))
+    finally:
+        model.close()
+
+
+def test_an_ablated_value_head_takes_the_graph(folder: Path) -> None:
+    """A zeroed DeltaNet head is the op-by-op layer's work: the plan says it does not fit, the logits change."""
+    model = load_model(model_file(folder, "qwen35", "Q8_0"))
+    try:
+        plain, _ = _run(model, fast=True)
+        ablate(model, Ablation(heads=((0, 1),)))
+        cache = model.new_cache(256)
+        plan = ggml_decode.plan_for(model.net, model.net.ops)
+        assert not plan.fits(cache, 0)
+        ablated, _ = _run(model, fast=True)
+        assert not np.array_equal(plain, ablated)
+        ablate(model, Ablation())
+        again, _ = _run(model, fast=True)
+        assert _bits(plain, again)
+    finally:
+        model.close()
