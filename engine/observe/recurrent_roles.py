@@ -3,8 +3,9 @@
 engine.observe.head_roles scores a head on rows of weights over the keys (previous token, first token, self,
 induction, broad, local). A recurrent value head has such rows too: the shares of |W[t, s]| (what token t's
 output takes from the value of each earlier token s, engine.observe.recurrent_maps), so the same scores apply
-to it unchanged, over the positions its reads were decomposed for (the last WINDOW ones: for a longer recording
-"first token" means the window's first, and the keys before it are the earlier context, scored as nothing).
+to it unchanged, over the positions its reads were decomposed for (at least the last WINDOW ones, the window's
+start moving in strides, engine.observe.recurrent_extend: for a longer recording "first token" means the window's
+first, and the keys before it are the earlier context, scored as nothing).
 
 `merge_roles` puts the attention layers' and the recurrent layers' scores into one HeadRoles, layers in model
 order and as wide as the widest (missing heads NaN). The sinks stay the attention layers' own: a sink is where
