@@ -61,11 +61,16 @@ class HybridSpec:
     expert_hidden: int = 0
     mixer_scale: float = 0.5  # ssm_out's share of OUT_SCALE (its input is RMS-normed per head: unit scale)
     router_std: float = 2.5
+    fused_gate_up: bool = False  # ffn_gate_up_exps (gate rows then up rows) instead of ffn_gate_exps + ffn_up_exps
 
 
 HYBRIDS: dict[str, HybridSpec] = {
     "qwen35": HybridSpec("qwen35"),
     "qwen35moe": HybridSpec("qwen35moe", hidden=256, sections=(6, 4, 4, 0), n_expert=8, n_used=2, expert_hidden=128),
+    # the same weights as qwen35moe, its experts' gate and up in one ffn_gate_up_exps (convert_hf_to_gguf.py
+    # --fuse-gate-up-exps)
+    "qwen35moe_fused": HybridSpec("qwen35moe", hidden=256, sections=(6, 4, 4, 0), n_expert=8, n_used=2,
+                                  expert_hidden=128, fused_gate_up=True),
     "qwen3next": HybridSpec("qwen3next", hidden=256, rope_dim=16, sections=(0, 0, 0, 0), kind="qwen3next",
                             pattern_array=True, nextn=1, n_expert=8, n_used=2, expert_hidden=128),
     "qwen3next_legacy": HybridSpec("qwen3next", hidden=256, rope_dim=16, sections=(0, 0, 0, 0), kind="qwen3next",
@@ -203,6 +208,9 @@ def _experts(b: str, s: HybridSpec, rng: np.random.Generator, out_scale: float) 
               (b + "ffn_gate_exps.weight", f32, (d, w, n), gen(n, w, d, std=1 / math.sqrt(d))),
               (b + "ffn_up_exps.weight", f32, (d, w, n), gen(n, w, d, std=1 / math.sqrt(d))),
               (b + "ffn_down_exps.weight", f32, (w, d, n), gen(n, d, w, std=out_scale / math.sqrt(w)) * scale)]
+    if s.fused_gate_up:  # each expert's gate rows, then its up rows (the same draws as the unfused file)
+        gate_up = np.concatenate([routed[1][3], routed[2][3]], axis=1)
+        routed = [routed[0], (b + "ffn_gate_up_exps.weight", f32, (d, 2 * w, n), gate_up), routed[3]]
     if s.kind == "qwen3vl":  # qwen3vlmoe: no shared expert
         return routed
     return routed + [(b + "ffn_gate_inp_shexp.weight", f32, (d,), gen(d, std=2 / math.sqrt(d))),

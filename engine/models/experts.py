@@ -209,8 +209,8 @@ class MoEFFN:
     """The experts FFN of one layer (see the module docstring); `shared` and `shared_gate` for Qwen2-MoE."""
 
     router: Linear  # ffn_gate_inp: n_embd -> n_expert
-    up: ExpertLinear
-    gate: ExpertLinear | None  # None: silu(up) (a llama MoE file without ffn_gate_exps)
+    up: ExpertLinear  # ffn_up_exps, or ffn_gate_up_exps (gate rows then up rows) when `fused_gate_up`
+    gate: ExpertLinear | None  # None: silu(up) (a llama MoE file without ffn_gate_exps), or the fused product's
     down: ExpertLinear
     n_used: int
     normalize: bool
@@ -225,6 +225,7 @@ class MoEFFN:
     down_bias: F32 | None = None
     ablated_experts: npt.NDArray[np.int64] | None = None  # never chosen: their logits -inf (engine.intervene.ablation)
     shared_sigmoid: str = "silu_div"  # the shared expert's gate: qwen2moe's silu(x) / x, or ggml_sigmoid (qwen35moe)
+    fused_gate_up: bool = False  # `up` is ffn_gate_up_exps: one product per expert, split into gate and up (views)
 
     def input_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The dense matrices each recorded input feeds (the router's); the experts' inputs, which depend on the
@@ -282,6 +283,10 @@ class MoEFFN:
         """Row r: activation row src[r] through expert ids[r]'s up and gate, the GLU, then its down (with gpt-oss's
         biases); h quantized once for up, gate and every expert."""
         act = Activation(h)
+        if self.fused_gate_up:  # build_moe_ffn's merged path: one mul_mat_id, then views of its gate and up halves
+            gu = self.up(act, ids, src)
+            width = gu.shape[-1] // 2
+            return self.down(ops.glu(self.glu, gu[:, :width], gu[:, width:]), ids)
         up = _biased(self.up(act, ids, src), self.up_bias, ids)
         if self.gate is not None:
             g = ops.glu(self.glu, _biased(self.gate(act, ids, src), self.gate_bias, ids), up)
@@ -315,8 +320,12 @@ def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
     b = f"blk.{i}."
     n, width = a.n_expert, a.expert_hidden
     router = w.linear(b + "ffn_gate_inp.weight", a.dim, n)
-    up = w.experts(b + "ffn_up_exps.weight", a.dim, width, n)
-    gate = w.experts(b + "ffn_gate_exps.weight", a.dim, width, n) if w.has(b + "ffn_gate_exps.weight") else None
+    fused = model.fused_gate_up_exps and w.has(b + "ffn_gate_up_exps.weight")  # create_tensor_gate_up_exps
+    if fused:  # gate rows then up rows of each expert (convert_hf_to_gguf.py --fuse-gate-up-exps)
+        up, gate = w.experts(b + "ffn_gate_up_exps.weight", a.dim, 2 * width, n), None
+    else:
+        up = w.experts(b + "ffn_up_exps.weight", a.dim, width, n)
+        gate = w.experts(b + "ffn_gate_exps.weight", a.dim, width, n) if w.has(b + "ffn_gate_exps.weight") else None
     down = w.experts(b + "ffn_down_exps.weight", width, a.dim, n)
     shared = shared_gate = None
     if model.shared_expert:  # qwen2moe.cpp: n_ff_shexp, else n_ff
@@ -325,7 +334,7 @@ def load_moe(model: Any, w: Weights, i: int, a: Any) -> MoEFFN:
         shared = DenseFFN(parts, w.linear(b + "ffn_down_shexp.weight", sw, a.dim), "swiglu")
         shared_gate = w.linear(b + "ffn_gate_inp_shexp.weight", a.dim, 1)
     ffn = MoEFFN(router, up, gate, down, a.n_expert_used, model.moe_normalize, model.glu, i, shared, shared_gate,
-                 model.moe_gating, shared_sigmoid=model.shared_sigmoid)
+                 model.moe_gating, shared_sigmoid=model.shared_sigmoid, fused_gate_up=fused)
     if model.expert_biases:  # gpt-oss: the router's and every expert's biases, all required
         ffn.router_bias = w.vector(b + "ffn_gate_inp.bias", n)
         ffn.up_bias = w.qtensor(b + "ffn_up_exps.bias", (width, n)).dequantize().reshape(n, width)

@@ -43,6 +43,7 @@ class Qwen35(Transformer):
     qk_norm = True
     attn_output_gate = True
     ffn_norm_name = "post_attention_norm"
+    fused_gate_up_exps = True  # qwen35moe.cpp, qwen3next.cpp: create_tensor_gate_up_exps
     shared_sigmoid = "sigmoid"  # qwen35moe's shared expert gate: ggml_sigmoid
 
     @classmethod
@@ -59,8 +60,10 @@ class Qwen35(Transformer):
 
     def load_layer(self, w: Weights, i: int, a: TransformerArgs) -> Layer | MixerLayer:  # type: ignore[override]
         args: HybridArgs = a  # type: ignore[assignment]
-        if a.n_expert and not w.has(gate := f"blk.{i}.ffn_gate_exps.weight"):  # load_moe would run llama's gate-less
-            raise ModelFormatError(gate, "required tensor is missing from the file")  # experts; llama.cpp requires it
+        gate = f"blk.{i}.ffn_gate_exps.weight"  # load_moe would run llama's gate-less experts; llama.cpp requires it
+        if a.n_expert and not w.has(gate) and not w.has(f"blk.{i}.ffn_gate_up_exps.weight"):  # (or the fused one)
+            raise ModelFormatError(gate, "required tensor is missing from the file (and there is no fused "
+                                   f"blk.{i}.ffn_gate_up_exps.weight either)")
         if not args.recurrent[i]:
             return super().load_layer(w, i, a)
         b = f"blk.{i}."

@@ -193,6 +193,7 @@ class Transformer(DecoderModel):
     moe: ClassVar[str] = ""  # Mixture-of-Experts layers: '' none, 'optional' (llama), 'required' (qwen2moe, qwen3moe)
     moe_normalize: ClassVar[bool] = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
     shared_expert: ClassVar[bool] = False  # Qwen2-MoE's shared expert and its sigmoid gate
+    fused_gate_up_exps: ClassVar[bool] = False  # ffn_gate_up_exps accepted in place of ffn_gate_exps + ffn_up_exps
     shared_sigmoid: ClassVar[str] = "silu_div"  # its gate: qwen2moe's silu(x) / x, or "sigmoid" (qwen35moe, qwen3next)
     moe_gating: ClassVar[str] = "softmax"  # build_moe_ffn's gating: 'softmax', or 'softmax_weight' (gpt-oss)
     expert_biases: ClassVar[bool] = False  # gpt-oss: router and expert biases

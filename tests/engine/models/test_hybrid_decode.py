@@ -57,7 +57,8 @@ def _bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 @pytest.mark.parametrize(("name", "quant"), [("qwen35", "Q4_K_M"), ("qwen35", "Q8_0"), ("qwen35moe", "Q4_K_M"),
-                                             ("qwen35moe", "MXFP4_MOE"), ("qwen3next", "Q4_K_M"),
+                                             ("qwen35moe", "MXFP4_MOE"), ("qwen35moe_fused", "Q4_K_M"),
+                                             ("qwen3next", "Q4_K_M"),
                                              ("qwen3next_legacy", "Q8_0")])
 def test_compiled_hybrid_step_equals_the_graph(folder: Path, name: str, quant: str) -> None:
     model = load_model(model_file(folder, name, quant))
@@ -104,3 +105,17 @@ def test_an_ablated_value_head_takes_the_graph(folder: Path) -> None:
         assert _bits(plain, again)
     finally:
         model.close()
+
+
+def test_fused_gate_up_experts_give_the_split_files_bits(folder: Path) -> None:
+    """ffn_gate_up_exps (convert_hf_to_gguf.py --fuse-gate-up-exps) holds the same weights as the split file here
+    (tools/make_hybrid_models.py draws them alike): one product per expert, split into gate and up, gives the same
+    logits bit for bit, prompt and steps."""
+    fused, split = (load_model(model_file(folder, name, "Q8_0")) for name in ("qwen35moe_fused", "qwen35moe"))
+    try:
+        assert all(lay.ffn.fused_gate_up and lay.ffn.gate is None for lay in fused.net.layers)
+        assert not any(lay.ffn.fused_gate_up for lay in split.net.layers)
+        assert _bits(_run(fused, fast=True)[0], _run(split, fast=True)[0])
+    finally:
+        fused.close()
+        split.close()
