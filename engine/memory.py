@@ -208,15 +208,25 @@ def _dense_bytes(units: list[int], budget: int) -> tuple[int, int]:
 
 def kv_cache_bytes(args: BaseArgs, n_ctx: int, cache_type: str = "F32") -> int:
     """2 x attention layers x n_ctx x n_kv_heads x bytes of one head_dim row in the cache type, plus a hybrid's
-    recurrent layers' constant state (engine.hybrid_cache: conv rows and one matrix per value head, float32)."""
+    recurrent layers' constant state (engine.hybrid_cache: conv rows and one matrix per value head, float32). Where
+    the blocks differ (Gemma 4's `kinds`: sliding and global head sizes and KV heads, the last blocks sharing an
+    earlier block's rows), each computing block's own shape counts, the sharing ones nothing: what
+    engine.cache.KVCache allocates."""
     qtype = _CACHE_TYPES.get(cache_type.strip().upper(), GGMLType.F32)
-    row = TYPES[qtype].row_bytes(args.head_dim) if args.head_dim % TYPES[qtype].block_size == 0 else 4 * args.head_dim
+
+    def row(d: int) -> int:
+        return TYPES[qtype].row_bytes(d) if d % TYPES[qtype].block_size == 0 else 4 * d
+
+    kinds = getattr(args, "kinds", None)
+    if kinds is not None and hasattr(kinds, "head_dim_of"):
+        per_token = sum(kinds.kv_heads[i] * row(kinds.head_dim_of(i)) for i in range(kinds.n_kv_layers))
+        return 2 * n_ctx * per_token
     recurrent = sum(getattr(args, "recurrent", ()) or ())
     dims = getattr(args, "deltanet", None)
     state = 0
     if recurrent and dims is not None:
         state = recurrent * dims.recurrent_shape().nbytes
-    return 2 * (args.n_layers - recurrent) * n_ctx * args.n_kv_heads * row + state
+    return 2 * (args.n_layers - recurrent) * n_ctx * args.n_kv_heads * row(args.head_dim) + state
 
 
 def scratch_bytes(args: BaseArgs, n_ctx: int, chunk_size: int = 256, all_logits: bool = False) -> int:

@@ -27,6 +27,7 @@ from engine.cache import KVCache
 from engine.errors import ModelFormatError
 from engine.generate import prefill
 from engine.gguf import write_gguf
+from engine.memory import kv_cache_bytes
 from engine.model import load_model
 from engine.observe.recorder import Recorder
 from engine.quant.types import GGMLType
@@ -114,6 +115,8 @@ def test_kv_sharing_blocks_hold_no_rows_and_read_their_sources(folder: Path) -> 
         assert np.array_equal(cache.keys(6), cache.keys(2))
         assert np.array_equal(cache.values(7), cache.values(3))
         assert cache.bytes_for(40) == 2 * 40 * 4 * (3 * 64 + 128)  # float32 rows of blocks 0-3 only
+        for cache_type in ("F32", "F16", "Q8_0"):  # the memory preflight counts what the cache allocates
+            assert kv_cache_bytes(model.net.args, 40, cache_type) == model.new_cache(256, cache_type).bytes_for(40)
         weights = rec.attention(cache, 6, 0)
         assert weights.shape == (40, 40) and np.allclose(weights.sum(-1), 1.0, atol=1e-5)
         assert np.all(weights[39, : 39 - 32 + 1] == 0)  # a sliding block: 32 keys at most
