@@ -77,6 +77,10 @@ class ModelRecord:
     runnable: bool  # False when only the file could be read (no forward pass for this architecture)
     rope_scaling: str = ""  # how the model scales RoPE (Llama 3's factors, linear, YaRN), "" for none
     rope_ratio: tuple[float, ...] = ()  # per pair: the frequency used / base^(-2i/d) (empty: 1 for every pair)
+    # where the kinds of layers rotate differently (Gemma 4: sliding and global blocks of their own head sizes, the
+    # global ones' proportional frequency factors): (base, rotated dims, ratio per pair) per base; empty: rope_dim
+    # and rope_ratio for every base
+    rope_kinds: tuple[tuple[float, int, tuple[float, ...]], ...] = ()
     n_expert: int = 0  # Mixture-of-Experts: experts per layer (0: a dense model) and how many a token uses
     n_expert_used: int = 0
     reasoning: tuple[str, ...] = ()  # the reasoning switches its chat template reads (engine.chat.reasoning)
@@ -130,6 +134,13 @@ class ModelRecord:
     def average_bpw(self) -> float:
         return 8.0 * self.total_bytes / max(1, self.total_weights)
 
+    def rope_of(self, base: float) -> tuple[int, tuple[float, ...]]:
+        """(rotated dims, frequency ratio per pair) of the layers with this RoPE base."""
+        for b, dims, ratio in self.rope_kinds:
+            if b == base:
+                return dims, ratio
+        return self.rope_dim, self.rope_ratio
+
     @property
     def rope_bases(self) -> tuple[float, ...]:
         """The distinct RoPE bases of the layers, in order of first use."""
@@ -178,9 +189,26 @@ def make_model_record(model: Model | GGUFFile) -> ModelRecord:
         encoder_decoder=bool(getattr(net, "is_encoder_decoder", False)),
         n_dec_layers=int(getattr(a, "n_dec_layers", 0) or 0), n_buckets=int(getattr(a, "n_buckets", 0) or 0)
         if getattr(net, "is_encoder_decoder", False) else 0,
-        **_scaling(net, a),
+        **{**_scaling(net, a), **_rope_kinds(net)},
         **mixers,
     )
+
+
+def _rope_kinds(net: Any) -> dict[str, Any]:
+    """The record's per-kind RoPE fields where the architecture keeps one RoPE per kind of block (Gemma 4's
+    `ropes`: engine.models.layer_kinds.LayerRope by is-sliding), with a line on each kind's scaling."""
+    ropes = getattr(net, "ropes", None)
+    if not isinstance(ropes, dict) or not ropes:
+        return {}
+    kinds, lines = [], []
+    for sliding, r in sorted(ropes.items(), key=lambda kv: not kv[0]):
+        dims = int(r.args.rope_dim)
+        prof = scaling_profile(r.rope_scaling, dims, float(r.base))
+        plain = all(x == 1.0 for x in prof.ratio)  # a kind without factors (its RopeScaling is not NO_SCALING)
+        kinds.append((float(r.base), dims, () if plain else prof.ratio))
+        if prof.text and not plain:
+            lines.append(f"{'sliding' if sliding else 'global'} layers' {prof.text}")
+    return {"rope_kinds": tuple(kinds), **({"rope_scaling": "; ".join(lines)} if lines else {})}
 
 
 def _recurrent(net: Any, a: Any) -> dict[str, Any]:

@@ -80,6 +80,8 @@ class PositionsLens(QWidget):
         self.rope_dim = 64
         self.bases: tuple[float, ...] = (10000.0,)
         self.ratio: tuple[float, ...] = ()  # the model's RoPE scaling per pair (Llama 3's factor curve), () for none
+        self.dims: tuple[int, ...] = (64,)  # rotated dims per base (the kinds of layers may differ: Gemma 4)
+        self.ratios: tuple[tuple[float, ...], ...] = ((),)  # the scaling per pair of each base's layers
         self.n_ctx = 2048
         self.last_error = float("nan")
         self.rope_error = float("nan")
@@ -224,14 +226,19 @@ class PositionsLens(QWidget):
         if self.tabs.currentWidget() is self.t5:
             self.tabs.setCurrentIndex(0)
         self.d_model = model.dim
-        self.rope_dim = model.rope_dim
         self.bases = (model.rope_bases or (10000.0,))[: len(BASE_COLOURS)]
-        self.ratio = model.rope_ratio
+        kinds = [model.rope_of(b) for b in self.bases]  # each base's rotated dims and scaling (Gemma 4: its own)
+        self.dims = tuple(d for d, _ in kinds)
+        self.ratios = tuple(r for _, r in kinds)
+        self.rope_dim = max(self.dims)
+        self.ratio = next((r for r in self.ratios if r), ())
         self.n_ctx = model.n_ctx
         self.pair_spin.setRange(0, max(0, self.rope_dim // 2 - 1))
         attends = [x for x in model.layers if not x.recurrent]  # a hybrid's recurrent layers use no positions
         layers = ", ".join(_count(sum(1 for x in attends if x.rope_base == b), model.hybrid, b) for b in self.bases)
-        self.summary.setText(f"{model.name}: d_model {model.dim}, RoPE on {model.rope_dim} of {model.head_dim} head dims "
+        on = (f"{model.rope_dim} of {model.head_dim} head dims" if len(set(self.dims)) == 1 and not model.rope_kinds else
+              " / ".join(f"{d} dims at base {b:,.0f}" for b, d in zip(self.bases, self.dims)))
+        self.summary.setText(f"{model.name}: d_model {model.dim}, RoPE on {on} "
                              f"({model.rope_mode} pairing), base {layers}, context {model.n_ctx:,}"
                              + (f"; {model.rope_scaling}" if model.rope_scaling else "") + _recurrent_note(model))
         self.redraw()
@@ -268,18 +275,24 @@ class PositionsLens(QWidget):
             if mine:
                 kind = f"local, sliding window {windows[0]:,}" if windows else ("global" if len(self.bases) > 1 else "")
                 where = f" · {len(mine)} layer{'s' if len(mine) != 1 else ''}" + (f" ({kind})" if kind else "")
-            scaled = " with the model's RoPE scaling" if self.ratio else ""
+            scaled = " with the model's RoPE scaling" if self.ratios[k] else ""
             out.append(Series(f"base {b:,.0f}{where}{scaled}", BASE_COLOURS[k], self._freqs(k)))
         if self.ratio:
-            out.append(Series(f"base {self.bases[0]:,.0f} before the scaling (no frequency factors)", BASE_COLOURS[0],
-                              rope_freqs(self.rope_dim, self.bases[0]), dashed=True))
+            k = self._scaled_base()
+            out.append(Series(f"base {self.bases[k]:,.0f} before the scaling (no frequency factors)", BASE_COLOURS[k],
+                              rope_freqs(self.dims[k], self.bases[k]), dashed=True))
         return out
 
     # ---- panels
 
     def _freqs(self, k: int) -> np.ndarray:
-        """The frequencies of base k as the model rotates by them (its RoPE scaling applied)."""
-        return scaled_freqs(self.rope_dim, self.bases[k], self.ratio)
+        """The frequencies of base k as the model rotates by them (its RoPE scaling applied), one per rotated pair of
+        the layers with that base."""
+        return scaled_freqs(self.dims[k], self.bases[k], self.ratios[k])
+
+    def _scaled_base(self) -> int:
+        """The first base whose layers scale their frequencies (the dashed 'before the scaling' curve's)."""
+        return next((k for k, r in enumerate(self.ratios) if r), 0)
 
     def _positions(self) -> int:
         return self.pos_spin.value()
@@ -292,21 +305,22 @@ class PositionsLens(QWidget):
     def _draw_freqs(self) -> None:
         w = wavelengths(sinusoid_freqs(self.d_model))
         # against i * rope_dim / d_model: the same geometric ladder, so base 10,000 lies on the sinusoid's line
-        self.sinusoid_curve.setData(np.arange(len(w)) * (self.rope_dim / self.d_model), w)
+        self.sinusoid_curve.setData(np.arange(len(w)) * (self.dims[0] / self.d_model), w)
         for k, curve in enumerate(self.freq_curves):
             if k < len(self.bases):
                 wl = _wavelengths(self._freqs(k))
                 curve.setData(np.arange(len(wl)), wl, connect="finite")
             curve.setVisible(k < len(self.bases))
-        plain = wavelengths(rope_freqs(self.rope_dim, self.bases[0]))  # dotted: before the model's scaling
+        k0 = self._scaled_base()
+        plain = wavelengths(rope_freqs(self.dims[k0], self.bases[k0]))  # dotted: before the model's scaling
         self.unscaled_curve.setData(np.arange(len(plain)), plain)
         self.unscaled_curve.setVisible(bool(self.ratio))
         self.ctx_line.setValue(np.log10(max(2, self.n_ctx)))
         _line_text(self.ctx_line, f"context {self.n_ctx:,}")
         self._draw_pair_marker()
-        keys = [_key(c, f"RoPE base {b:,.0f} ({self.rope_dim // 2} pairs)") for c, b in zip(BASE_COLOURS, self.bases)]
+        keys = [_key(c, f"RoPE base {b:,.0f} ({d // 2} pairs)") for c, b, d in zip(BASE_COLOURS, self.bases, self.dims)]
         if self.ratio:
-            keys.append(_key(BASE_COLOURS[0], f"base {self.bases[0]:,.0f} before the model's RoPE scaling", dashed=True))
+            keys.append(_key(BASE_COLOURS[k0], f"base {self.bases[k0]:,.0f} before the model's RoPE scaling", dashed=True))
         keys.append(_key(GREY, f"sinusoid, d_model {self.d_model}, base 10,000 (pair index rescaled to RoPE's)", dashed=True))
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(keys))
         self.freq_plot.setTitle("Tokens per turn of each pair")
@@ -325,13 +339,16 @@ class PositionsLens(QWidget):
                 ring.setVisible(False)
                 continue
             freqs = self._freqs(k)
+            if i >= len(freqs):  # this base's layers rotate fewer pairs (Gemma 4's sliding blocks)
+                ring.setVisible(False)
+                continue
             ang = rope_pair_angles(positions, freqs, i)
             r = 1.0 - 0.12 * k  # one ring per base so both stay readable
             c = BASE_COLOURS[k]
             ring.setData(r * np.cos(ang), r * np.sin(ang), brush=[pg.mkBrush(*c, a) for a in fade])
             ring.setVisible(True)
             title.append(f"<span style='color:rgb{c}'>{2 * np.pi / freqs[i]:,.1f}</span>")
-        freqs = self._freqs(0)
+        freqs = max((self._freqs(k) for k in range(len(self.bases))), key=len)
         for j, label in enumerate(self.labels):
             p = j
             if p >= n:
@@ -390,7 +407,7 @@ class PositionsLens(QWidget):
         mode = self.model.rope_mode if self.model is not None else "norm"
         known = mode in ("norm", "neox")  # an architecture whose pair layout is unknown: the check assumes adjacent pairs
         check_mode, label = (mode, mode) if known else ("norm", "norm (assumed)")
-        self.rope_error = max((rope_relative_check(self._freqs(j), self.rope_dim, check_mode, k, self._positions())
+        self.rope_error = max((rope_relative_check(self._freqs(j), self.dims[j], check_mode, k, self._positions())
                                for j in range(len(self.bases))), default=0.0)
         self.check.setText(
             f"Checks at k = {k} over {pairs} positions: RoPE (the model's own rotation, {label} pairs, every base): "

@@ -112,3 +112,29 @@ def test_positions_fits_without_horizontal_scroll(qtbot, data_dir: Path, size: t
     assert not area.verticalScrollBar().isVisible()
     assert slot.widget.distance.plots.stacked == (size[0] < 1500)  # side by side when there is room
     w.close()
+
+
+def test_gemma4_kinds_rotate_their_own_pairs(qtbot, tmp_path: Path) -> None:
+    """Gemma 4's sliding and global blocks rotate head sizes of their own, the global ones by rope_freqs' proportional
+    factors: each base is drawn with its kind's pairs and factors (engine.models.layer_kinds.LayerRope), not the
+    global blocks' for both."""
+    from app.records.model import make_model_record
+    from engine.model import load_model
+    from tools.make_arch_models import write_arch
+
+    model = load_model(write_arch(tmp_path / "gemma4.gguf", "gemma4"))
+    try:
+        record = make_model_record(model)
+        ropes = {sliding: r for sliding, r in model.net.ropes.items()}
+    finally:
+        model.close()
+    assert [(b, d) for b, d, _ in record.rope_kinds] == [(ropes[True].base, ropes[True].args.rope_dim),
+                                                        (ropes[False].base, ropes[False].args.rope_dim)]
+    lens = _lens(qtbot, record)
+    assert lens.dims == tuple(ropes[k].args.rope_dim for k in (True, False)) and len(set(lens.dims)) == 2
+    for k, sliding in enumerate((True, False)):  # the frequencies the blocks really rotate by
+        np.testing.assert_allclose(lens._freqs(k), ropes[sliding].freqs, rtol=1e-12)
+    assert not lens.ratios[0] and lens.ratios[1]  # the global blocks' factors only
+    lens.pair_spin.setValue(lens.pair_spin.maximum())  # a pair only the wider kind has: its ring alone
+    assert not lens.rings[0].isVisible() and lens.rings[1].isVisible()
+    assert "dims at base" in lens.summary.text() and lens.rope_error < 1e-5
