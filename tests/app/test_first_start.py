@@ -186,7 +186,7 @@ def test_placeholder_is_repainted_when_it_changes(qtbot) -> None:
     qtbot.waitUntil(lambda: "Loading the model… (you can type already)" in hints.seen)
     view.set_placeholder("Message the model…")
     assert view.input.placeholderText() == "Message the model…"
-    qtbot.waitUntil(lambda: "Message the model…" in hints.seen, timeout=2000)
+    qtbot.waitUntil(lambda: "Message the model…" in hints.seen, timeout=120_000)
 
 
 @pytest.mark.slow
@@ -199,5 +199,5 @@ def test_loading_hint_goes_as_soon_as_the_model_is_loaded(qtbot, smollm2_path: P
     qtbot.waitUntil(lambda: "Loading the model… (you can type already)" in hints.seen, timeout=10_000)
     qtbot.waitUntil(lambda: w.state.model is not None, timeout=180_000)
     assert w.chat_view.input.placeholderText() == "Message the model…"
-    qtbot.waitUntil(lambda: hints.seen[-1] == "Message the model…", timeout=2000)  # painted, not only set
+    qtbot.waitUntil(lambda: hints.seen[-1] == "Message the model…", timeout=120_000)  # painted, not only set
     w.close()

@@ -39,7 +39,7 @@ def test_hooks_drive_the_window_through_public_methods(qtbot, data_dir: Path, tm
     qtbot.addWidget(w)
     asked: list[str] = []
     monkeypatch.setattr(w.engine, "request_lens", lambda kind, compute: asked.append(kind))
-    t = tour.Tour(w, tmp_path, "hi", [], timeout_s=60)
+    t = tour.Tour(w, tmp_path, "hi", [], timeout_s=300)
     t.timer.stop()
     try:
         quant = w.lens_tabs.select(tour.TAB["q6"])  # q6: a tensor opened by the lens's public open_tensor

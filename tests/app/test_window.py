@@ -109,10 +109,10 @@ def test_catalog_download_shows_progress_and_cancels(qtbot, window: MainWindow, 
     monkeypatch.setattr(catalog, "is_installed", lambda e, folder=None: None)
     monkeypatch.setattr(catalog, "fetch", slow_fetch)
     window.open_model("smollm2-135m-instruct")
-    qtbot.waitUntil(lambda: window.state.loading is not None and window.state.loading[1] > 0.01, timeout=5000)
+    qtbot.waitUntil(lambda: window.state.loading is not None and window.state.loading[1] > 0.01, timeout=120_000)
     assert window.status.progress.isVisible() and window.status.cancel.isVisible()
     window.status.cancel.click()
-    qtbot.waitUntil(lambda: window.state.loading is None, timeout=5000)
+    qtbot.waitUntil(lambda: window.state.loading is None, timeout=120_000)
     assert "cancelled" in window.status.currentMessage() and getattr(window, "load_error_box", None) is None
     assert not window.status.progress.isVisible()
     assert window.state.model is None

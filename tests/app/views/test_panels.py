@@ -121,7 +121,7 @@ def test_streaming_repaints_are_batched(qtbot) -> None:
         chat.messages[1].content += ch
         view.message_changed(1)
     assert len(calls) == 1
-    qtbot.waitUntil(lambda: len(calls) == 2, timeout=1000)
+    qtbot.waitUntil(lambda: len(calls) == 2, timeout=120_000)
     assert "Abcdefgh" in reply.body.toPlainText()
 
 
@@ -218,7 +218,7 @@ def test_chat_list_signals(qtbot) -> None:
     with qtbot.waitSignal(lst.open_requested) as opened:
         lst.list.setCurrentRow(1)
     assert opened.args == [a.id]
-    with qtbot.waitSignal(lst.rename_requested, timeout=2000) as renamed:
+    with qtbot.waitSignal(lst.rename_requested, timeout=60_000) as renamed:
         lst.list.item(1).setText("renamed")
     assert renamed.args == [a.id, "renamed"]
 
@@ -266,5 +266,5 @@ def test_escape_key_stops(qtbot) -> None:
     view.show_chat(Chat())
     view.set_generating(True)
     view.input.setFocus()
-    with qtbot.waitSignal(view.stop, timeout=2000):
+    with qtbot.waitSignal(view.stop, timeout=60_000):
         qtbot.keyClick(view.input, Qt.Key.Key_Escape)

@@ -29,13 +29,13 @@ def _lens(qtbot, **kw) -> tuple[AttentionLens, object]:
 
 
 def _flush(qtbot, lens: AttentionLens) -> None:
-    qtbot.waitUntil(lambda: lens.grid.record is lens.attention, timeout=2000)
+    qtbot.waitUntil(lambda: lens.grid.record is lens.attention, timeout=120_000)
 
 
 def test_grid_click_requests_and_draws_the_head(qtbot) -> None:
     lens, run = _lens(qtbot, n_tokens=40, n_layers=3, n_heads=4, n_kv=2)
     att, _ = fake_records(run)
-    with qtbot.waitSignal(lens.head_requested, timeout=1000) as first:
+    with qtbot.waitSignal(lens.head_requested, timeout=60_000) as first:
         lens.set_attention(att)  # the first grid also asks for the default head view
     assert first.args[:2] == [0, 0]
     _flush(qtbot, lens)
@@ -46,7 +46,7 @@ def test_grid_click_requests_and_draws_the_head(qtbot) -> None:
     x, y = lens.grid._xs[3] + t / 2, 2 * (t + 2) + t / 2
     assert lens.grid.head_at(x, y) == (2, 3)
     assert lens.grid.head_at(lens.grid._xs[2] - 1, y) is None  # the gap between KV groups
-    with qtbot.waitSignal(lens.head_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(lens.head_requested, timeout=60_000) as sig:
         lens._grid_clicked(2, 3)
     assert sig.args[:2] == [2, 3]
     rec = lens.head
@@ -96,7 +96,7 @@ def test_show_token_attention_requests_rows_it_lacks(qtbot) -> None:
     att, _ = fake_records(run)
     lens.set_attention(att)
     lens.set_head(make_head_record(run.model, run.recorder, run.cache, 0, 0, slice(30, 40), run.texts))
-    with qtbot.waitSignal(lens.head_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(lens.head_requested, timeout=60_000) as sig:
         lens.show_token_attention(5)
     rows = sig.args[2]
     assert rows.start <= 5 < rows.stop

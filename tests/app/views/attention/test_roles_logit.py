@@ -68,7 +68,7 @@ def test_row_window_follows_the_reply_unless_pinned(qtbot) -> None:
     assert lens.end_spin.value() == 44
     lens.set_attention(_attention(run, 124))
     assert lens.end_spin.value() == 123 and lens.end_spin.maximum() == 123
-    qtbot.waitUntil(lambda: asked and asked[-1][2] is not None and asked[-1][2].stop == 124, timeout=2000)
+    qtbot.waitUntil(lambda: asked and asked[-1][2] is not None and asked[-1][2].stop == 124, timeout=120_000)
     lens.end_spin.setValue(80)
     lens._end_edited()  # the user pins the window
     lens.set_attention(_attention(run, 124))

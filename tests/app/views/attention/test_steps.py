@@ -62,7 +62,7 @@ def test_scaling_stats_over_a_prefix_match_a_shorter_run() -> None:
 def test_view_draws_every_step_with_shapes_and_masked_keys(qtbot) -> None:
     run = fake_run(40, d=16)
     view = _view(qtbot, run)
-    with qtbot.waitSignal(view.step_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.step_requested, timeout=60_000) as sig:
         view.select(2, 3, 12)
         view.request()
     assert sig.args == [2, 3, 12]

@@ -60,7 +60,7 @@ def test_axis_own_share_and_b_from_a_preset(qtbot) -> None:
     view.source.setCurrentIndex(view.source.findData("preset"))
     view.b_preset.setCurrentText("Q2_K")
     assert not view.b_preset.isHidden()
-    with qtbot.waitSignal(view.compare_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.compare_requested, timeout=60_000) as sig:
         view.run.click()
     assert sig.args[0].b_source == "preset" and sig.args[0].b_preset == "Q2_K"
 
@@ -78,14 +78,14 @@ def test_points_clickable_compare_and_apply(qtbot) -> None:
     assert front == ["mix ≤ 4.90 bpw", "Q8_0"]  # the mix beats Q4_K_M at a smaller size
     assert any("◆ mix" in lbl.toPlainText() for lbl in view.sweep.labels)
     spot = view.sweep.scatter.points()[1]
-    with qtbot.waitSignal(view.compare_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.compare_requested, timeout=60_000) as sig:
         view.sweep._clicked(view.sweep.scatter, [spot])
     assert sig.args[0].b_source == "preset" and sig.args[0].b_preset == "Q4_K_M"
     mix_spot = view.sweep.mixes.points()[0]
-    with qtbot.waitSignal(view.compare_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.compare_requested, timeout=60_000) as sig:
         view.sweep._clicked(view.sweep.mixes, [mix_spot])
     assert sig.args[0].b_source == "mix" and sig.args[0].b_rules == RULES and sig.args[0].b_name.startswith("mix")
-    with qtbot.waitSignal(view.apply_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.apply_requested, timeout=60_000) as sig:
         view.sweep.mix.apply.click()
     assert sig.args[0] == OverrideSpec(None, RULES)
 
@@ -96,14 +96,14 @@ def test_mix_controls_progress_and_result(qtbot) -> None:
     view.set_model(synthetic_model_record())
     view.sweep.mix.set_budget(3.9)
     assert "3.90 bpw" in view.sweep.mix.size.text() and "MiB" in view.sweep.mix.size.text()
-    with qtbot.waitSignal(view.mix_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.mix_requested, timeout=60_000) as sig:
         view.sweep.mix.find.click()
     assert sig.args == [pytest.approx(3.9), eval_text()]
     view.mix_started()
     assert not view.sweep.mix.find.isEnabled() and view.sweep.cancel.isEnabled()
     view.set_progress(TaskProgress("mix", "tensor 3 of 30", 0.4))
     assert view.sweep.progress.value() == 400
-    with qtbot.waitSignal(view.sweep_cancel_requested, timeout=1000):
+    with qtbot.waitSignal(view.sweep_cancel_requested, timeout=60_000):
         view.sweep.cancel.click()
     view.mix_finished(None, "Mix search cancelled; the tensors measured so far are cached")
     assert view.sweep.mix.find.isEnabled() and "cached" in view.sweep.status.text()

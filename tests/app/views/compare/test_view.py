@@ -74,7 +74,7 @@ def test_compare_view_draws_everything(qtbot) -> None:
     view.set_overrides(OverrideSpec(None, ("attn_v=Q8_0",)))
     assert "attn_v=Q8_0" in view.source.itemText(0)
     view.b_cache.setCurrentText("Q8_0")
-    with qtbot.waitSignal(view.compare_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.compare_requested, timeout=60_000) as sig:
         view.run.click()
     opts = sig.args[0]
     assert isinstance(opts, CompareOptions) and opts.b_cache == "Q8_0" and opts.b_source == "overrides"
@@ -114,7 +114,7 @@ def test_heads_side_by_side_and_requests(qtbot) -> None:
     assert lo == -hi and hi > 0
     view.heads.hide_sink.setChecked(False)
     assert view.heads.images[0].image.shape == (len(TEXTS), len(TEXTS))
-    with qtbot.waitSignal(view.head_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.head_requested, timeout=60_000) as sig:
         view.heads.head.setValue(3)
     assert sig.args == [1, 3]
 
@@ -125,7 +125,7 @@ def test_sweep_chart_points_front_and_cancel(qtbot) -> None:
     view.resize(1400, 900)
     view.show()
     view.set_model(synthetic_model_record())
-    with qtbot.waitSignal(view.sweep_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(view.sweep_requested, timeout=60_000) as sig:
         view.sweep.run.click()
     assert sig.args == [eval_text()]
     view.sweep_started()
@@ -139,7 +139,7 @@ def test_sweep_chart_points_front_and_cancel(qtbot) -> None:
     assert len(xs) == 3 and len(view.sweep.special.getData()[0]) == 1 and len(view.sweep.labels) == 4  # room for all
     assert "Q5_0" in view.sweep.scatter.points()[2].data().name and "KLD mean 0.40000" in view.sweep.labels[-1].toolTip()
     assert len(view.sweep.front.getData()[0]) == 2  # Q4_0 then the overrides (KLD 0 at 30 MiB beats Q8_0)
-    with qtbot.waitSignal(view.sweep_cancel_requested, timeout=1000):
+    with qtbot.waitSignal(view.sweep_cancel_requested, timeout=60_000):
         view.sweep.cancel.click()
     view.sweep_finished(SweepDone(4, True))
     assert view.sweep.run.isEnabled() and "cancelled" in view.sweep.status.text()

@@ -58,14 +58,14 @@ def test_panel_busy_state_and_signals(qtbot, monkeypatch: pytest.MonkeyPatch) ->
     p = lens.imatrix_panel
     p.set_busy(True, "imatrix chunk 1/4", 0.25)
     assert not p.cancel_button.isHidden() and not p.load_button.isEnabled() and p.progress.value() == 250
-    with qtbot.waitSignal(p.cancel_requested, timeout=1000):
+    with qtbot.waitSignal(p.cancel_requested, timeout=60_000):
         p.cancel_button.click()
     p.show_message("the calibration text is 10 tokens")
     assert p.cancel_button.isHidden() and p.load_button.isEnabled() and "10 tokens" in p.status.text()
     from PySide6.QtWidgets import QFileDialog
 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: ("/tmp/x.txt", "")))
-    with qtbot.waitSignal(p.compute_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(p.compute_requested, timeout=60_000) as sig:
         p.compute_button.click()
     assert sig.args == ["/tmp/x.txt", 512]
 

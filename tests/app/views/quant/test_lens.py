@@ -49,7 +49,7 @@ def test_tables_bars_and_totals(qtbot) -> None:
     bars = [i for i in lens.bars.getPlotItem().items if i.__class__.__name__ == "BarGraphItem"]
     assert len(bars) == 4  # one stack per type used inside the layers
     assert "overrides" in lens.overrides.title() and lens.overrides.rules.rowCount() == 0
-    with qtbot.waitSignal(lens.tensor_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(lens.tensor_requested, timeout=60_000) as sig:
         lens._grid_clicked(2, 1)
     assert sig.args == ["blk.1.attn_q.weight"]
 
@@ -68,7 +68,7 @@ def test_tensor_detail_block_fields(qtbot) -> None:
     assert "Q4_K" in d.formula.text() and "dmin" in d.formula.text()
     assert [d.scale_box.itemText(i) for i in range(d.scale_box.count())] == ["d", "d*sc"]
     assert d.block_spin.maximum() == 9216 // 144 - 1
-    with qtbot.waitSignal(lens.block_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(lens.block_requested, timeout=60_000) as sig:
         d.block_spin.setValue(3)
     assert sig.args == ["blk.1.attn_q.weight", 3]
 

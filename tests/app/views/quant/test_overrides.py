@@ -35,7 +35,7 @@ def test_rules_preview_and_counts(qtbot) -> None:
     assert "attn_q" in [ed.role.itemText(i) for i in range(ed.role.count())]
     ed.pick_tensor("blk.1.attn_q.weight")
     ed.qtype.setCurrentText("Q8_0")
-    with qtbot.waitSignal(ed.spec_changed, timeout=1000) as sig:
+    with qtbot.waitSignal(ed.spec_changed, timeout=60_000) as sig:
         ed.add.click()
     assert sig.args[0] == OverrideSpec(None, (r"^blk\.1\.attn_q\.weight$=Q8_0",))
     assert ed.preview.names() == ["blk.1.attn_q.weight"]
@@ -79,21 +79,21 @@ def test_preset_apply_reset_save_signals(qtbot, monkeypatch: pytest.MonkeyPatch,
     ed.set_model(synthetic_model_record())
     ed.preset.setCurrentText("Q8_0")
     assert ed.spec() == OverrideSpec("Q8_0") and len(ed.plan.changed) == 9  # attn_q, attn_k, ffn_down in 3 layers
-    with qtbot.waitSignal(ed.apply_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(ed.apply_requested, timeout=60_000) as sig:
         ed.apply.click()
     assert sig.args == [OverrideSpec("Q8_0")]
     ed.set_busy("apply", "requantizing", 0.5)
     assert not ed.apply.isEnabled() and ed.cancel.isEnabled() and "requantizing" in ed.progress.format()
-    with qtbot.waitSignal(ed.cancel_requested, timeout=1000):
+    with qtbot.waitSignal(ed.cancel_requested, timeout=60_000):
         ed.cancel.click()
     ed.set_busy(None)
     ed.set_applied(OverrideSpec("Q8_0"), "summary")
     assert "Q8_0" in ed.in_memory.text() and not ed.apply.isEnabled() and ed.reset.isEnabled()
-    with qtbot.waitSignal(ed.reset_requested, timeout=1000):
+    with qtbot.waitSignal(ed.reset_requested, timeout=60_000):
         ed.reset.click()
     out = tmp_path / "out.gguf"
     monkeypatch.setattr("app.views.quant.overrides.QFileDialog.getSaveFileName", lambda *a, **k: (str(out), ""))
-    with qtbot.waitSignal(ed.save_requested, timeout=1000) as sig:
+    with qtbot.waitSignal(ed.save_requested, timeout=60_000) as sig:
         ed.save.click()
     assert sig.args == [OverrideSpec("Q8_0"), str(out)]
     ed.preset.setCurrentText(FILE_TYPES)
