@@ -7,7 +7,8 @@ unrotated pairs are divided by 1e30), kq scale 1; no attn_v: V is K's product; p
 (engine.models.gemma4_ffn: dense, experts beside it where a block has ffn_gate_inp), post_ffw_norm; per-layer inputs
 (engine.models.per_layer_inputs); the block's output times layer_output_scale; a control vector. The head is output or
 token_embd, soft-capped (final_logit_softcapping, 30 by default). Norm weights are stored as is (no +1 in Gemma 4).
-Decode steps run op by op: the compiled step (engine.runtime.decode_plan) takes neither this FFN seam nor V norms.
+Decode steps take the compiled step (engine.runtime.decode_plan): the dense FFN bound there, the seam with experts
+and the per-layer inputs called between its compiled calls.
 """
 from __future__ import annotations
 

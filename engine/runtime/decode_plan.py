@@ -2,7 +2,9 @@
 
 A hybrid's recurrent block (engine.models.deltanet.MixerLayer) takes the same calls with its mixer's products and
 one compiled call for the recurrence in place of attention, and gated attention (Qwen3.5) one more for its output
-gate (engine.runtime.decode_mixer).
+gate (engine.runtime.decode_mixer). Gemma 4: each block in its own shape and RoPE kind, a KV-sharing block reading its
+source's rows (nothing written), V normed before the cache; its FFN seam's dense FFN bound like any other, the seam
+with experts and the per-layer inputs (`finish_block`) called between the compiled calls.
 
 Per block: residual + RMSNorm + activation quantization (one call), the q/k/v product(s), attention with RoPE
 and the fp16 cache write (one call), the output product, residual + norm + quantization, the gate/up
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +41,7 @@ from engine.models.decoder import DecoderModel
 from engine.models.deltanet import MixerLayer
 from engine.models.experts import MoEFFN
 from engine.models.ffn import DenseFFN
-from engine.models.transformer import Layer
+from engine.models.transformer import Layer, Transformer
 from engine.ops.reference import soft_cap
 from engine.quant.types import GGMLType
 from engine.tensor import Linear
@@ -135,6 +137,14 @@ class _Layer:
     q_gated: F32 | None = None  # Qwen3.5's gated attention: the q product's rows (Hq, 2, d), q then its output gate
     out_gate: F32 | None = None  # (Hq * d,) the gates, copied out of q_gated each token (q too, into `q`)
     mixer: MixerStep | None = None  # a recurrent block: its mixer instead of attention (q, k, v unused)
+    v_norm: F32 = field(default_factory=lambda: _EMPTY)  # Gemma 4: V RMS-normed per head before the cache
+    kv_layer: int = -1  # Gemma 4's KV sharing: the layer whose cached rows this one reads (k, v empty); -1: its own
+    q_rot: F32 = field(default_factory=lambda: _EMPTY)  # (Hq, d) this layer's rotated queries, o (1, Hq*d) its output
+    o: F32 = field(default_factory=lambda: _EMPTY)
+    act: F32 = field(default_factory=lambda: _EMPTY)  # (1, n_ff) the GLU's output (widths differ per layer: Gemma 4)
+    rope: tuple[Any, float] = (None, 0.0)  # what the RoPE tables are read off (the model, or Gemma 4's kind) and base
+    seam: Any = None  # Gemma 4's FFN seam with experts: called on the residual itself between the compiled calls
+    finish: bool = False  # the model adds to the residual after the FFN (Gemma 4's per-layer input, output scale)
 
 
 class DecodePlan:
@@ -150,6 +160,7 @@ class DecodePlan:
         self.table = ggml_ops.gelu_table() if self.glu == ggml_step.GEGLU else _EMPTY
         self.layers: list[_Layer] = []
         self.ok = True
+        self.ones = np.ones(a.dim, np.float32)  # a norm weight where the step adds to the residual and norms nothing
         for index, layer in enumerate(model.layers):
             built = self._layer(index, layer)
             if built is None:
@@ -164,13 +175,8 @@ class DecodePlan:
         self.head = head
         self.x = np.zeros(a.dim, np.float32)
         self.h = np.zeros((1, a.dim), np.float32)
-        self.o = np.zeros((1, a.n_heads * a.head_dim), np.float32)
-        self.q_rot = np.zeros((a.n_heads, a.head_dim), np.float32)
-        self.act = np.zeros((1, a.hidden_dim), np.float32)
         self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
         self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
-        self.hidden_dim = a.hidden_dim
-        self.moe_only = all(lay.moe is not None for lay in self.layers)
 
     @staticmethod
     def _key(model: DecoderModel) -> tuple[int]:
@@ -180,33 +186,46 @@ class DecodePlan:
     def _layer(self, index: int, layer: Layer | MixerLayer) -> _Layer | None:
         if isinstance(layer, MixerLayer):
             return self._mixer_layer(index, layer)
-        if (not isinstance(layer, Layer) or layer.kv_source is not None or layer.v_from_k or layer.v_norm is not None
-                or layer.head_dim or layer.n_heads or layer.n_kv_heads or (layer.gated and layer.biases is not None)):
-            return None  # Gemma 4's shared KV, V norms and per-layer shapes: the graph runs them op by op
+        if not isinstance(layer, Layer) or (layer.gated and layer.biases is not None):
+            return None
+        a = self.model.args
+        d, hq = layer.head_dim or a.head_dim, layer.n_heads or a.n_heads  # Gemma 4's global layers: their own
         qkv_groups = layer.qkv.products()
         h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
         qkv = _bind_all(qkv_groups, h_in)
         o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
         wo = _bind(layer.wo.product(), [layer.wo], o_in)
         ffn = self._ffn(layer)
-        if qkv is None or wo is None or ffn is None or len(h_in.vdts) > 2:
+        if qkv is None or wo is None or ffn is None or len(h_in.vdts) > 2 or layer.wo.n_in != hq * d:
             return None  # residual_norm_quant fills two activation types
         q, k, v = layer.split_qkv(_views(qkv))
+        if k is None or v is None:  # Gemma 4's KV sharing: the source layer's rows, nothing written
+            k = v = _EMPTY
         gated: dict = {}
         if layer.gated:  # q's product rows hold each head's query then its gate: both copied out before attention
-            a = self.model.args  # (the layer's q_dim counts the gates too)
-            gated = {"q_gated": q.reshape(a.n_heads, 2, a.head_dim),
-                     "out_gate": np.zeros(a.n_heads * a.head_dim, np.float32)}
-            q = np.zeros(a.n_heads * a.head_dim, np.float32)
+            gated = {"q_gated": q.reshape(hq, 2, d), "out_gate": np.zeros(hq * d, np.float32)}
+            q = np.zeros(hq * d, np.float32)  # (the layer's q_dim counts the gates too)
         spec = self.model.attention_spec(index)
         one, scale = np.float32(1.0), np.float32(spec.scale)
         q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
         o_vdt = o_in.vdts[0]
-        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, *ffn[:4], layer.attn_norm, layer.ffn_norm,
+        extra = {"sinks": _vec(layer.sinks), "wo_bias": layer.wo_bias, "v_norm": _vec(layer.v_norm),
+                 "kv_layer": -1 if layer.kv_source is None else int(layer.kv_source),
+                 "q_rot": np.zeros((hq, d), np.float32), "o": np.zeros((1, hq * d), np.float32),
+                 "rope": self._rope_of(index, spec.rope_base), **ffn[8], **gated}
+        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, *ffn[:4], layer.attn_norm, ffn[9],
                       _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
                       h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt], ffn[5], ffn[6], layer.biases,
-                      spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names(), ffn[7],
-                      sinks=_vec(layer.sinks), wo_bias=layer.wo_bias, **gated)
+                      spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names(), ffn[7], **extra)
+
+    def _rope_of(self, index: int, base: float) -> tuple[Any, float]:
+        """What layer i's RoPE tables are read off and its base: the model, or the layer's kind where the
+        architecture keeps one RoPE per kind of block (Gemma 4's `ropes`, engine.models.layer_kinds.LayerRope)."""
+        ropes = getattr(self.model, "ropes", None)
+        if isinstance(ropes, dict) and ropes:
+            r = ropes[self.model.rope_key(index)]
+            return r, float(r.base)
+        return self.model, float(base)
 
     def _mixer_layer(self, index: int, layer: MixerLayer) -> _Layer | None:
         """A recurrent block: the mixer's input products, its compiled token (MixerStep), ssm_out, then the FFN."""
@@ -224,19 +243,29 @@ class DecodePlan:
         step = MixerStep(mixer, [b.out[:, s:e] for b in bound for _, s, e in b.parts], int(o_vdt), o_in.bufs[o_vdt])
         one = np.float32(1.0)
         return _Layer(tuple(b.run for b in bound), _EMPTY, _EMPTY, _EMPTY, wo, *ffn[:4], layer.attn_norm,
-                      layer.ffn_norm, _EMPTY, _EMPTY, _EMPTY, _EMPTY, h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt],
-                      ffn[5], ffn[6], None, 0, 0.0, one, one, layer.input_names(), ffn[7], mixer=step)
+                      ffn[9], _EMPTY, _EMPTY, _EMPTY, _EMPTY, h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt],
+                      ffn[5], ffn[6], None, 0, 0.0, one, one, layer.input_names(), ffn[7], mixer=step, **ffn[8])
 
     def _ffn(self, layer: Layer | MixerLayer) -> tuple | None:
         """The block's FFN bound: (gate/up runs, gate, up, down, its input slots, the GLU output's type and buffer,
-        the experts module or None); None for an FFN the plan does not take (the graph runs it)."""
-        ffn = layer.ffn
-        if layer.ffn_norm is None:
-            return None  # the FFN seam norms the residual itself (Gemma 4)
+        the experts module or None, more _Layer fields, the FFN's input norm); None for an FFN the plan does not take
+        (the graph runs it)."""
+        ffn, norm = layer.ffn, layer.ffn_norm
+        finish = {"finish": type(self.model).finish_block is not Transformer.finish_block}
+        if norm is None:  # Gemma 4's seam norms the residual itself: its dense FFN bound, or the whole seam called
+            dense, seam_norm = getattr(ffn, "dense", None), getattr(ffn, "norm", None)
+            if not isinstance(dense, DenseFFN) or seam_norm is None:
+                return None
+            if getattr(ffn, "moe", None) is not None:
+                f_in = _Inputs(self.dim, [GGMLType.F32])  # (the seam quantizes its own inputs)
+                vdt = f_in.vdts[0]
+                return ((), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], None,
+                        {**finish, "seam": ffn}, self.ones)
+            ffn, norm = dense, seam_norm
         if isinstance(ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
             f_in = _Inputs(self.dim, [ffn.router.weight.qtype])
             vdt = f_in.vdts[0]
-            return (), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], ffn
+            return (), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], ffn, finish, norm
         if not isinstance(ffn, DenseFFN):
             return None
         gu_groups = ffn.gate_up.products()
@@ -248,7 +277,8 @@ class DecodePlan:
             return None
         gate, up = ffn.split(_views(gate_up))
         d_vdt = d_in.vdts[0]
-        return tuple(p.run for p in gate_up), gate, up, down, f_in.slots(), int(d_vdt), d_in.bufs[d_vdt], None
+        return (tuple(p.run for p in gate_up), gate, up, down, f_in.slots(), int(d_vdt), d_in.bufs[d_vdt], None,
+                {**finish, "act": np.zeros((1, ffn.w_down.n_in), np.float32)}, norm)
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -258,7 +288,7 @@ class DecodePlan:
             return False  # an ablated DeltaNet value head: the layer runs op by op
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
         lanes = isa.lanes()  # a softmax / SiLU chunk of the build whose order the numerics follow
-        return (self.hidden_dim % lanes == 0 or self.moe_only) and pos + 1 <= n_kv - n_kv % lanes
+        return all(lay.act.shape[-1] % lanes == 0 for lay in self.layers) and pos + 1 <= n_kv - n_kv % lanes
 
     def _attend(self, i: int, lay: _Layer, cache: KVCache, pos: int, n_kv: int, rope: tuple[F32, F32],
                 attend: Callable[..., None], parts: np.int64, recorder: Recorder | None) -> None:
@@ -272,10 +302,10 @@ class DecodePlan:
             heads = lay.q_gated.shape[0]
             np.copyto(lay.q.reshape(heads, -1), lay.q_gated[:, 0])
             np.copyto(lay.out_gate.reshape(heads, -1), lay.q_gated[:, 1])
-        k_rows, v_rows = cache.rows(i)
+        k_rows, v_rows = cache.rows(i if lay.kv_layer < 0 else lay.kv_layer)
         cos, sin = rope
-        q_rot, o = self.q_rot, self.o
-        attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, self.eps, k_rows, v_rows, pos, n_kv, lay.window, cos, sin,
+        q_rot, o = lay.q_rot, lay.o
+        attend(lay.q, lay.k, lay.v, lay.q_norm, lay.k_norm, lay.v_norm, self.eps, k_rows, v_rows, pos, n_kv, lay.window, cos, sin,
                self.model.rope_mode == "neox", lay.q_scale, lay.kq_scale, self.softcap, lay.sinks, q_rot, o,
                -1 if gated else lay.o_vdt, lay.o_buf, parts)
         if gated:  # the output times sigmoid(gate), then its bytes for attn_output
@@ -284,16 +314,42 @@ class DecodePlan:
             recorder.record_q(i, pos, q_rot[:, None, :].copy(), self.model.attention_spec(i))
             recorder.record_input(lay.names[1], o.copy())
 
+    @staticmethod
+    def _unlocked(call: Callable[..., F32], *args: Any) -> F32:
+        """A module of the graph run between the compiled calls (its products take the kernel lock themselves)."""
+        KERNEL_LOCK.release()
+        try:
+            return call(*args)
+        finally:
+            KERNEL_LOCK.acquire()
+
+    def _ffn_step(self, lay: _Layer, h: F32, recorder: Recorder | None) -> tuple[F32, F32]:
+        """The block's FFN on its normed input h (quantized for its products): (its output, the post-norm)."""
+        if lay.moe is not None:  # the experts FFN as the graph runs it (it records its own inputs, routing)
+            f = self._unlocked(lay.moe, h.copy(), self.ops, recorder)
+            return np.ascontiguousarray(f[0], np.float32), lay.post_ffn
+        if recorder is not None:
+            recorder.record_input(lay.names[2], h.copy())
+        for run in lay.ffn_runs:
+            run()
+        glu = ggml_step.GLU_QUANT[bool(isa.w8())]
+        glu(lay.gate, lay.up, self.glu, self.table, lay.act, lay.d_vdt, lay.d_buf)
+        if recorder is not None:
+            recorder.record_input(lay.names[3], lay.act.copy())
+        lay.down.run()
+        return lay.down.out[0], lay.post_ffn
+
     def step(self, x0: F32, cache: KVCache, pos: int, recorder: Recorder | None) -> F32:
         """Logits (1, n_vocab) of the token whose embedding is x0 (1, dim) at position `pos` (cache reserved)."""
         model = self.model
         n_kv = ggml_attention.kv_length(pos + 1, cache.n_ctx)
-        rope = {base: self.ops.rope_row(model, base, pos) for base in {lay.base for lay in self.layers if lay.mixer is None}}
+        rope = {(id(src), base): self.ops.rope_row(src, base, pos) for src, base in
+                {(lay.rope[0], lay.rope[1]) for lay in self.layers if lay.mixer is None}}
         x, h, eps = self.x, self.h, self.eps
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
         w8 = bool(isa.w8())
-        rnq, glu = ggml_step.residual_norm_quant, ggml_step.GLU_QUANT[w8]
+        rnq = ggml_step.residual_norm_quant
         from numba import get_num_threads  # noqa: PLC0415 - this plan runs with compiled kernels only
 
         attend, parts = ggml_step.ATTEND[w8], np.int64(get_num_threads())  # the heads in a share per thread
@@ -307,28 +363,22 @@ class DecodePlan:
                 if lay.mixer is not None:  # a recurrent block: its token in one call, y quantized for ssm_out
                     lay.mixer.run(cache, pos, recorder)  # type: ignore[arg-type]
                 else:
-                    self._attend(i, lay, cache, pos, n_kv, rope[lay.base], attend, parts, recorder)
+                    self._attend(i, lay, cache, pos, n_kv, rope[(id(lay.rope[0]), lay.rope[1])], attend, parts, recorder)
                 lay.wo.run()
                 if lay.wo_bias is not None:  # build_attn's ggml_add of wo_b
                     lay.wo.out[0] += lay.wo_bias
-                rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
-                if lay.moe is not None:  # the experts FFN as the graph runs it (it records its own inputs, routing)
-                    KERNEL_LOCK.release()  # its products take the lock themselves
-                    try:
-                        f = lay.moe(h.copy(), self.ops, recorder)
-                    finally:
-                        KERNEL_LOCK.acquire()
+                if lay.seam is not None:  # Gemma 4's FFN seam with experts, on the residual itself
+                    rnq(x, lay.wo.out[0], lay.post_attn, self.ones, eps, h, -1, lay.d_buf, -1, lay.d_buf)
+                    f = self._unlocked(lay.seam, x[None].copy(), self.ops, recorder)
                     delta, post = np.ascontiguousarray(f[0], np.float32), lay.post_ffn
                 else:
-                    if recorder is not None:
-                        recorder.record_input(lay.names[2], h.copy())
-                    for run in lay.ffn_runs:
-                        run()
-                    glu(lay.gate, lay.up, self.glu, self.table, self.act, lay.d_vdt, lay.d_buf)
-                    if recorder is not None:
-                        recorder.record_input(lay.names[3], self.act.copy())
-                    lay.down.run()
-                    delta, post = lay.down.out[0], lay.post_ffn
+                    rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
+                    delta, post = self._ffn_step(lay, h, recorder)
+                if lay.finish:  # the residual whole, then what the model adds to it (Gemma 4's per-layer input)
+                    rnq(x, delta, post, self.ones, eps, h, -1, lay.d_buf, -1, lay.d_buf)
+                    done = self._unlocked(model.finish_block, i, x[None].copy(), recorder)
+                    x[:] = done[0]
+                    delta, post = _EMPTY, _EMPTY
                 if recorder is not None:  # the residual after the block (the next call adds it to x)
                     hidden = x.copy()
                     rnq(hidden, delta, post, lay.attn_norm, eps, h, -1, lay.d_buf, -1, lay.d_buf)

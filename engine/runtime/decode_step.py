@@ -124,11 +124,13 @@ if HAVE_NUMBA:
             dst[do + a] = fma32(x0, c, -(x1 * s))
             dst[do + b] = fma32(x0, s, x1 * c)
 
-    def _attend(q, k, v, q_norm, k_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale, softcap,
-                sinks, q_rot, o, vdt, xq, parts):
+    def _attend(q, k, v, q_norm, k_norm, v_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale,
+                softcap, sinks, q_rot, o, vdt, xq, parts):
         """Attention of the token at `pos` for one layer.
 
-        q (Hq*d,), k and v (Hkv*d,) are the projections; q_norm / k_norm (d,) per-head RMSNorm weights or empty;
+        q (Hq*d,), k and v (Hkv*d,) are the projections (k and v empty: a layer reading another's rows, Gemma 4's KV
+        sharing: nothing is written); q_norm / k_norm / v_norm (d,) per-head RMSNorm weights or empty (Gemma 4's V norm
+        is unweighted: ones, an exact multiply);
         kc / vc the layer's cache rows (Hkv, capacity, d) as fp16 bits, written at `pos`; n_kv llama.cpp's padded
         key count; window 0 or the sliding window; cos / sin (n_rot / 2,) of this position. q is scaled by q_scale
         after RoPE (Gemma), the scores by kq_scale in softmax; softcap > 0 caps each raw score first as
@@ -148,7 +150,7 @@ if HAVE_NUMBA:
         lo = 0 if window <= 0 else max(0, pos - window + 1)
         tmp = np.empty(d, np.float32)
         kr = np.empty(d, np.float32)
-        for h in range(hkv):  # the new key (normed, rotated) and value into the cache, as fp16
+        for h in range(hkv if k.shape[0] else 0):  # the new key (normed, rotated) and value into the cache, as fp16
             if k_norm.shape[0]:
                 _norm(k, h * d, d, k_norm, eps, tmp, _O)
                 _rope(tmp, _O, d, cos, sin, neox, kr, _O)
@@ -156,7 +158,13 @@ if HAVE_NUMBA:
                 _rope(k, h * d, d, cos, sin, neox, kr, _O)
             for t in range(d):
                 kc[h, pos, t] = f32_to_f16(kr[t])
-                vc[h, pos, t] = f32_to_f16(v[h * d + t])
+            if v_norm.shape[0]:
+                _norm(v, h * d, d, v_norm, eps, tmp, _O)
+                for t in range(d):
+                    vc[h, pos, t] = f32_to_f16(tmp[t])
+            else:
+                for t in range(d):
+                    vc[h, pos, t] = f32_to_f16(v[h * d + t])
         body = n_kv - n_kv % lanes
         scores_t = np.zeros((parts, n_kv), np.float32)  # each share's scratch (scores and w16 left zero by a head)
         w16_t = np.zeros((parts, n_kv), np.float32)

@@ -119,3 +119,36 @@ def test_fused_gate_up_experts_give_the_split_files_bits(folder: Path) -> None:
     finally:
         fused.close()
         split.close()
+
+
+@pytest.mark.parametrize(("name", "quant"), [("gemma4", "Q4_K_M"), ("gemma4", "Q8_0"), ("gemma4_moe", "Q4_K_M")])
+def test_compiled_gemma4_step_equals_the_graph(folder: Path, name: str, quant: str) -> None:
+    """Gemma 4 in the compiled step: its sliding and global blocks of their own shapes and RoPE, the KV-sharing
+    blocks reading their source's rows, V norm, the FFN seam (the dense FFN bound; with experts, the seam called on
+    the residual) and the per-layer inputs after each block: the graph's bits, cache and recordings."""
+    model = load_model(model_file(folder, name, quant))
+    try:
+        seen: tuple[list, list] = ([], [])
+        r_slow, r_fast = (Recorder(capture_hidden=True, on_input=lambda names, x, got=got: got.append((names, x.copy())))
+                          for got in seen)
+        slow, c_slow = _run(model, fast=False, recorder=r_slow)
+        fast, c_fast = _run(model, fast=True, recorder=r_fast)
+        plan = model.net.ops.decode_plan
+        assert plan is not None and plan.ok
+        if name == "gemma4":  # blocks 4-7 read blocks 2's and 3's rows
+            assert [lay.kv_layer for lay in plan.layers][4:] == [2, 2, 2, 3]
+        else:  # experts beside the dense FFN: the seam called between the compiled calls
+            assert any(lay.seam is not None for lay in plan.layers)
+        assert all(lay.finish for lay in plan.layers) and len({lay.q_rot.shape for lay in plan.layers}) == 2
+        assert _bits(slow, fast)
+        n = len(PROMPT) + len(STEPS)
+        for layer in range(model.net.args.n_layers):
+            assert _bits(r_slow.hidden[layer][:n], r_fast.hidden[layer][:n]), layer
+            assert _bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n]), layer
+        for layer in c_slow.kv_layers:
+            assert np.array_equal(c_slow.k[layer][:, :n], c_fast.k[layer][:, :n])
+            assert np.array_equal(c_slow.v[layer][:, :n], c_fast.v[layer][:, :n])
+        assert [names for names, _ in seen[0]] == [names for names, _ in seen[1]]
+        assert all(_bits(a, b) for (_, a), (_, b) in zip(*seen))
+    finally:
+        model.close()
