@@ -12,7 +12,7 @@ import html
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSlider, QVBoxLayout, QWidget)
 
@@ -39,6 +39,7 @@ class _FileRow(QWidget):
         self.scale.setSingleStep(0.1)
         self.scale.setValue(1.0)
         self.scale.setPrefix("× ")
+        self.scale.setKeyboardTracking(False)  # a value when typing ends (Enter, focus out), not per keystroke
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.path, 1)
@@ -49,10 +50,24 @@ class _FileRow(QWidget):
             self.slider.setRange(-80, 80)
             self.slider.setValue(20)
             self.slider.setMinimumWidth(90)
-            self.slider.valueChanged.connect(lambda v: self.scale.setValue(v / 20))
-            self.scale.valueChanged.connect(lambda v: self.slider.setValue(round(v * 20)))
+            self.slider.valueChanged.connect(self._from_slider)
+            self.scale.valueChanged.connect(self._from_box)
             lay.addWidget(self.slider)
         lay.addWidget(self.scale)
+
+    def _from_slider(self, v: int) -> None:
+        """The box follows the slider (without echoing back: the box keeps a finer value than the slider's steps)."""
+        if round(self.scale.value() * 20) != v:
+            blocker = QSignalBlocker(self.scale)
+            self.scale.setValue(v / 20)
+            del blocker
+
+    def _from_box(self, v: float) -> None:
+        """The slider follows the box, to its nearest step, and sends nothing back."""
+        if self.slider is not None:
+            blocker = QSignalBlocker(self.slider)
+            self.slider.setValue(round(v * 20))
+            del blocker
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, f"Open a {self.what}", "", "GGUF files (*.gguf);;All files (*)")

@@ -87,6 +87,7 @@ class CompareView(QWidget):
         self.b_scale.setSingleStep(0.1)
         self.b_scale.setValue(1.0)
         self.b_scale.setPrefix("× ")
+        self.b_scale.setKeyboardTracking(False)  # a value when typing ends, not per keystroke
         self.b_scale.setToolTip("The adapter's scale, as llama.cpp's --lora-scaled")
         self.b_preset = QComboBox()
         self.b_preset.addItems(list(PRESET_CHOICES))
