@@ -102,6 +102,8 @@ class InterventionsPanel(QGroupBox):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Interventions on the chat's model", parent)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # holds the focus while Apply or Clear all is disabled
+        self._refocus: QPushButton | None = None  # the button that had the focus when it was pressed
         self.heads = _field("e.g. 3:4, 10:1", "Heads to switch off, LAYER:HEAD")
         self.head_mode = QComboBox()
         self.head_mode.addItems(["zeroed", "mean over the chat"])
@@ -179,6 +181,7 @@ class InterventionsPanel(QGroupBox):
         self.apply_button.setEnabled(True)
         self.clear_button.setEnabled(bool(rec.description))
         self.regen_button.setEnabled(bool(rec.description) and bool(rec.token_texts))
+        self._give_back_focus()
         self.active.setText(f"On: {rec.description}" if rec.description else "Nothing is set: the model runs as its "
                             "file says.")
         if not rec.description or not rec.token_texts:
@@ -197,9 +200,20 @@ class InterventionsPanel(QGroupBox):
 
     def failed(self, message: str) -> None:
         self.apply_button.setEnabled(True)
+        self._give_back_focus()
         self.effect.setText(f"<span style='color:#b00'>{html.escape(message)}</span> Nothing was changed.")
 
+    def _give_back_focus(self) -> None:
+        """The focus back on the button pressed (disabling it had moved it to the panel, not to the next field)."""
+        button, self._refocus = self._refocus, None
+        if button is not None and button.isEnabled() and self.hasFocus():
+            button.setFocus(Qt.FocusReason.OtherFocusReason)
+
     def _ask(self, spec: InterventionSpec) -> None:
+        pressed = next((b for b in (self.apply_button, self.clear_button) if b.hasFocus()), None)
+        if pressed is not None:  # a disabled button passes its focus to the next field (patching's): keep it here
+            self._refocus = pressed
+            self.setFocus(Qt.FocusReason.OtherFocusReason)
         self.apply_button.setEnabled(False)
         self.effect.setText("Applying…")
         self.apply_requested.emit(spec)
