@@ -186,19 +186,45 @@ def run_recorded(model: Model, ids: Sequence[int], cancel: threading.Event | Non
     return logits, rec
 
 
+LOGIT_ROWS_BYTES = 48 << 20  # the float32 logit rows each side holds at once while both runs go in step
+
+
+def lockstep_chunk(n_vocab: int) -> int:
+    """The prompt chunk compare_models runs both models in: LOGIT_ROWS_BYTES of logit rows, 16 to 256 rows."""
+    return int(max(16, min(256, LOGIT_ROWS_BYTES // (4 * max(1, n_vocab)))))
+
+
 def compare_models(base: Model, other: Model, ids: Sequence[int], *, cancel: threading.Event | None = None,
                    progress: Callable[[str, float], None] | None = None) -> Comparison:
-    """Run both models on the same tokens and compare them position by position and layer by layer."""
+    """Run both models on the same tokens and compare them position by position and layer by layer.
+
+    The two runs go in step, a prompt chunk of positions at a time (`lockstep_chunk`: as many rows as
+    LOGIT_ROWS_BYTES of logits hold, at most 256), and each chunk's rows go into the statistics (TokenStats) and are
+    dropped: neither run's logits are held whole (at 1,024 positions of a 262,144-token vocabulary that was 1 GiB a
+    side). The numbers are those of two whole runs prefilled in chunks of that size (run_recorded with that chunk),
+    each statistic reduced row by row."""
     if len(ids) < 2:
         raise SettingError("a comparison needs at least 2 tokens")
     if base.args.n_vocab != other.args.n_vocab or base.args.n_layers != other.args.n_layers:
         raise SettingError("the two models differ in vocabulary or depth; they cannot be compared token by token")
     say = progress or (lambda what, frac: None)
-    la, ra = run_recorded(base, ids, cancel, progress=lambda d, t: say("running A", 0.5 * d / max(t, 1)))
-    lb, rb = run_recorded(other, ids, cancel, progress=lambda d, t: say("running B", 0.5 + 0.5 * d / max(t, 1)))
-    stats = token_stats(la, lb, ids)
-    return Comparison(per_layer=layer_divergence(ra.hidden, rb.hidden, len(ids)),
-                      routing=compare_routing(ra, rb, base.args.n_layers, len(ids)), **stats)
+    n = len(ids)
+    chunk = lockstep_chunk(int(base.args.n_vocab))
+    recs = (Recorder(capture_q=False, capture_hidden=True), Recorder(capture_q=False, capture_hidden=True))
+    caches = (base.new_cache(max(n, 1)), other.new_cache(max(n, 1)))
+    acc = TokenStats(ids)
+    for i0 in range(0, n, chunk):
+        i1 = min(n, i0 + chunk)
+        rows = []
+        for side, (model, cache, rec) in enumerate(zip((base, other), caches, recs)):
+            say(f"running {'AB'[side]} on tokens {i0}-{i1}", (i0 + side * (i1 - i0) / 2) / n)
+            got = prefill(model, ids[:i1], cache, all_logits=True, chunk_size=chunk, recorder=rec, cancel=cancel)
+            if got is None:
+                raise LensError("comparison cancelled")
+            rows.append(got)
+        acc.add(rows[0], rows[1])  # the rows' numbers kept, the rows dropped
+    return Comparison(per_layer=layer_divergence(recs[0].hidden, recs[1].hidden, n),
+                      routing=compare_routing(recs[0], recs[1], base.args.n_layers, n), **acc.result())
 
 
 def compare_routing(ra: Recorder, rb: Recorder, n_layers: int, n: int) -> tuple[RoutingChange, ...]:

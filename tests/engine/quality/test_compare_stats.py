@@ -108,3 +108,38 @@ def test_replace_first_gives_the_same_model_and_the_file_on_cancel(tiny: Path) -
     assert plain.applied is not None and plain.applied.preset.name == "Q2_K"  # a plain apply leaves it untouched
     plain.model.close()
     first.model.close()
+
+
+def test_compare_models_in_step_holds_no_whole_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare_models runs A and B a chunk at a time and keeps only each chunk's numbers: the statistics and the
+    per-layer divergence of the two whole runs (prefilled in chunks of the same size), with no logit array of more
+    than a chunk's rows made by the runs."""
+    from engine.quality.compare import compare_models, layer_divergence, run_recorded
+
+    a = load_model(make_tiny_llama(tmp_path / "a.gguf", n_ctx=256))
+    b = load_model(make_tiny_llama(tmp_path / "b.gguf", n_ctx=256, seed=5))
+    try:
+        ids = [int(i) for i in np.random.default_rng(3).integers(3, a.args.n_vocab, 70)]
+        monkeypatch.setattr(compare, "LOGIT_ROWS_BYTES", 16 * 4 * a.args.n_vocab)  # chunks of 16 rows
+        assert compare.lockstep_chunk(a.args.n_vocab) == 16
+        seen: list[int] = []
+        real = compare.prefill
+
+        def spy(*args, **kwargs):  # noqa: ANN002, ANN003
+            got = real(*args, **kwargs)
+            seen.append(got.shape[0])
+            return got
+
+        monkeypatch.setattr(compare, "prefill", spy)
+        got = compare_models(a, b, ids)
+        assert max(seen) == 16 and sum(seen) == 2 * len(ids)  # both runs, never more than a chunk of rows
+        monkeypatch.setattr(compare, "prefill", real)
+        la, ra = run_recorded(a, ids, chunk=16)
+        lb, rb = run_recorded(b, ids, chunk=16)
+        want = token_stats(la, lb, ids)
+        for key, value in want.items():
+            assert getattr(got, key) == value, key
+        assert got.per_layer == layer_divergence(ra.hidden, rb.hidden, len(ids))
+    finally:
+        a.close()
+        b.close()
