@@ -37,8 +37,12 @@ class TypeReasons:
         if self.preset is None:
             return "the file's types match no llama-quantize preset"
         n = len(self.fallbacks)
-        fb = f"; {n} tensor{'s' if n != 1 else ''} fell back to a type that fits their rows" if n else ""
-        return f"made as llama-quantize's {self.preset}: {self.matched} of {self.quantizable} quantizable tensors agree{fb}"
+        fb = f" ({n} of them at the type it falls back to where a tensor's rows do not fit the preset's)" if n else ""
+        if self.matched == self.quantizable:
+            return f"made as llama-quantize's {self.preset}: each of the {self.quantizable} quantizable tensors has the " \
+                   f"type it gives{fb}"
+        return f"made as llama-quantize's {self.preset}: {self.matched} of {self.quantizable} quantizable tensors have " \
+               f"the type it gives{fb}"
 
 
 def explain_file_types(record: ModelRecord) -> TypeReasons:
