@@ -117,7 +117,8 @@ class CompareView(QWidget):
         self.reset_text.setToolTip("Put the bundled evaluation text back")
         self.idle_text = "Load a model, then Compare. A is the file as it is on disk."  # the status when nothing ran
         self.status = QLabel(self.idle_text)
-        self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.RichText)  # every text set is markup with escaped names: an entity
+        self.status.setWordWrap(True)  # such as &#x27; renders (Qt's guess took a line without tags for plain text)
         self.overrides_label = "file"
         self.summary = SummaryTable()
         self.layers = LayerCurve()

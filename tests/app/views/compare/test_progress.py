@@ -67,3 +67,18 @@ def test_the_sweep_progress_has_a_line_of_its_own(qtbot) -> None:
     bar = view.sweep.progress
     assert bar.isVisible() and bar.width() >= view.sweep.width() - 12  # the whole width, not what the buttons leave
     assert bar.fontMetrics().horizontalAdvance(bar.text()) <= bar.width() - 24  # the text on one line, whole
+
+
+def test_progress_with_an_apostrophe_reads_as_text(qtbot) -> None:
+    """A step named after a file with an apostrophe is shown as the text, never as its escaped entity."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QTextDocument
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.set_model(synthetic_model_record())
+    view.set_progress(TaskProgress("compare", "B: reading Bob's model.gguf", 0.3))
+    assert view.status.textFormat() == Qt.TextFormat.RichText
+    doc = QTextDocument()
+    doc.setHtml(view.status.text())
+    assert "Bob's model.gguf" in doc.toPlainText() and "&#x27;" not in doc.toPlainText()
