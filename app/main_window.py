@@ -202,8 +202,18 @@ class MainWindow(QMainWindow):
         self.experiments_view.interventions.regenerate_requested.connect(self.conversation.regenerate)
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
-        st.model_changed.connect(
-            lambda info: self.setWindowTitle(f"{TITLE} — {info.name}" if info is not None else TITLE))
+        st.model_changed.connect(self._title)
+
+    def _title(self, info: Any) -> None:
+        """The window names the file it runs (its metadata's name can be any text, the same for many files)."""
+        if info is None:
+            self.setWindowTitle(TITLE)
+            return
+        file = Path(str(info.path)).name or str(info.name)
+        name = str(info.name)
+        same = name.lower().replace(" ", "-") in file.lower() or not name
+        short = name if len(name) <= 60 else name[:59] + "…"
+        self.setWindowTitle(f"{TITLE} — {file}" + ("" if same else f" ({short})"))
 
     def _chat_opened(self, chat: Any) -> None:
         self.chat_view.show_chat(chat)
