@@ -30,6 +30,7 @@ from app.views.quant.lens import QuantLens
 from app.views.status import StatusPanel
 from app.workers.engine import Engine
 from app.workers.saver import Saver
+from app.views.common.dialogs import open_file
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ class MainWindow(QMainWindow):
         self.engine.open_model(source)
 
     def choose_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        path = open_file(self, "Open a GGUF model", "GGUF models (*.gguf);;All files (*)")
         if path:
             self.open_model(path)
 

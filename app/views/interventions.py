@@ -13,11 +13,12 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSlider, QVBoxLayout, QWidget)
 
 from app.records.interventions import InterventionRecord, InterventionSpec
 from app.views.common.tokens import token_label
+from app.views.common.dialogs import open_file
 
 HELP = ("Heads as LAYER:HEAD, comma separated (3:4, 10:1), zeroed or replaced by their mean over the chat; layers "
         "whose attention or FFN output is left out (2, 5); experts the router may not choose (LAYER:EXPERT); a control "
@@ -70,7 +71,7 @@ class _FileRow(QWidget):
             del blocker
 
     def _browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, f"Open a {self.what}", "", "GGUF files (*.gguf);;All files (*)")
+        path = open_file(self, f"Open a {self.what}", "GGUF files (*.gguf);;All files (*)")
         if path:
             self.path.setText(path)
 

@@ -14,7 +14,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
@@ -41,6 +40,7 @@ from app.views.attention.logit_pair import LogitPairView
 from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
 from app.views.compare.empty import EMPTY, dominant_type, set_empty_text
 from app.views.compare.empty import empty_state as _empty_state
+from app.views.common.dialogs import open_file
 from app.views.compare.heads import HeadPairView
 from app.views.compare.pages import AdaptiveSplitter, controls_bar, result_pages
 from app.views.compare.tokens import KldStrip, KldText, TopBars
@@ -367,9 +367,7 @@ class CompareView(QWidget):
             self.other_path if self.source.currentData() == "gguf" else self.adapter_path) is None
 
     def _choose_adapter(self) -> None:
-        start = str(Path(self.model.path).parent) if self.model is not None else ""
-        path, _ = QFileDialog.getOpenFileName(self, "A LoRA adapter (llama.cpp's GGUF format)", start,
-                                              "GGUF files (*.gguf)")
+        path = open_file(self, "A LoRA adapter (llama.cpp's GGUF format)", "GGUF files (*.gguf)")
         if path:
             self.set_adapter(path)
 
@@ -384,8 +382,7 @@ class CompareView(QWidget):
         self._choose_file() if self.source.currentData() == "gguf" else self._choose_adapter()
 
     def _choose_file(self) -> None:
-        start = str(Path(self.model.path).parent) if self.model is not None else ""
-        path, _ = QFileDialog.getOpenFileName(self, "Another GGUF of the same model", start, "GGUF models (*.gguf)")
+        path = open_file(self, "Another GGUF of the same model", "GGUF models (*.gguf)")
         if path:
             self.set_other(path)
 

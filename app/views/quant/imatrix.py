@@ -10,7 +10,6 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QFileDialog,
     QGroupBox,
     QLabel,
     QProgressBar,
@@ -22,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from app.records.imatrix import ImatrixRecord
 from app.views.attention.controls import FlowLayout
+from app.views.common.dialogs import open_file
 
 TOP_COLUMNS = 5
 
@@ -70,12 +70,12 @@ class ImatrixPanel(QGroupBox):
         self.clear_button.setEnabled(False)
 
     def _choose_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load an importance matrix", "", "imatrix (*.gguf *.dat);;All files (*)")
+        path = open_file(self, "Load an importance matrix", "imatrix (*.gguf *.dat);;All files (*)")
         if path:
             self.load_requested.emit(path)
 
     def _choose_text(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Calibration text", "", "Text (*.txt);;All files (*)")
+        path = open_file(self, "Calibration text", "Text (*.txt);;All files (*)")
         if path:
             self.compute_requested.emit(path, int(self.chunk.value()))
 
