@@ -204,6 +204,8 @@ class MainWindow(QMainWindow):
         st.settings_changed.connect(self._settings_changed)
         st.model_changed.connect(lambda info: self.model_lens.show_info(info))
         st.model_changed.connect(self._title)
+        st.kv_type_changed.connect(self.compare_view.set_cache_default)  # one KV default: the chat's
+        self.compare_view.set_cache_default(st.kv_type)
 
     def _title(self, info: Any) -> None:
         """The window names the file it runs (its metadata's name can be any text, the same for many files)."""

@@ -50,6 +50,7 @@ def smol(smollm2_path: Path, data_dir: Path) -> str:
 def test_chat_stop_persist_and_restore(qtbot, smol: str, data_dir: Path) -> None:
     w = open_window(qtbot, smol)
     assert w.windowTitle().startswith("GGUF Lens") and Path(smol).name in w.windowTitle()  # the file it runs
+    assert w.compare_view.a_cache.currentText() == w.compare_view.b_cache.currentText() == w.state.kv_type  # one default
     assert w.model_lens.meta_model.rowCount() > 10 and w.state.ctx_size > 0
     w.chat_view.input.setPlainText("What is the capital of France?")
     w.chat_view._submit()

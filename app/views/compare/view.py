@@ -98,7 +98,9 @@ class CompareView(QWidget):
         self.a_cache, self.b_cache = QComboBox(), QComboBox()
         for box in (self.a_cache, self.b_cache):
             box.addItems(list(CACHE_TYPES))
-            box.setToolTip("The KV cache type of this side's run (llama.cpp's --cache-type-k/v)")
+            box.setToolTip("The KV cache type of this side's run (llama.cpp's --cache-type-k/v); the chat's until "
+                           "chosen here")
+            box.activated.connect(lambda _i, b=box: b.setProperty("chosen", True))  # by hand: kept from then on
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(2, 4096)
         self.max_tokens.setValue(512)
@@ -201,6 +203,13 @@ class CompareView(QWidget):
             b_cache=self.b_cache.currentText(), text=self.text.toPlainText(), max_tokens=self.max_tokens.value(),
             layer=self.heads.layer.value(), head=self.heads.head.value(),
         )
+
+    def set_cache_default(self, cache_type: object) -> None:
+        """The chat's KV cache type (one default across the chat and Compare) for each side not chosen by hand."""
+        kind = str(cache_type or "").upper()
+        for box in (self.a_cache, self.b_cache):
+            if not box.property("chosen") and box.findText(kind) >= 0:
+                box.setCurrentText(kind)
 
     def set_model(self, record: ModelRecord) -> None:
         """A model was loaded: results of the previous one are cleared."""

@@ -82,3 +82,17 @@ def test_progress_with_an_apostrophe_reads_as_text(qtbot) -> None:
     doc = QTextDocument()
     doc.setHtml(view.status.text())
     assert "Bob's model.gguf" in doc.toPlainText() and "&#x27;" not in doc.toPlainText()
+
+
+def test_the_chat_kv_cache_type_is_compares_until_chosen(qtbot) -> None:
+    """One KV default across the chat and Compare: both sides take the chat's type, a side chosen by hand keeps its."""
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.set_cache_default("F16")
+    assert view.a_cache.currentText() == view.b_cache.currentText() == "F16" and view.options().a_cache == "F16"
+    view.b_cache.setCurrentText("Q8_0")
+    view.b_cache.activated.emit(view.b_cache.currentIndex())  # as a click in its list does
+    view.set_cache_default("Q4_0")
+    assert view.a_cache.currentText() == "Q4_0" and view.b_cache.currentText() == "Q8_0"
+    view.set_cache_default("nonsense")  # a type the boxes do not list changes nothing
+    assert view.a_cache.currentText() == "Q4_0"
