@@ -31,11 +31,11 @@ import numpy.typing as npt
 from engine.cache import KVCache
 from engine.kernels import isa, precompile
 from engine.kernels.activations import KERNEL_LOCK
-from engine.kernels.dispatch import BlockProduct
-from engine.kernels.types import VEC_DOT_TYPE, act_bytes
 from engine.ops import attention_ggml as ggml_attention
 from engine.ops import ggml as ggml_ops
 from engine.runtime import decode_step as ggml_step
+from engine.runtime.decode_bind import EMPTY as _EMPTY
+from engine.runtime.decode_bind import Inputs, Product, bind, bind_all, vec, views
 from engine.runtime.decode_mixer import MixerStep, gate_quant
 from engine.models.decoder import DecoderModel
 from engine.models.deltanet import MixerLayer
@@ -52,52 +52,6 @@ if TYPE_CHECKING:
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
-_EMPTY = np.zeros(0, np.float32)
-
-
-class _Inputs:
-    """One activation row quantized for every vec_dot_type its readers need: buffers (1, bytes) per type."""
-
-    def __init__(self, n: int, qtypes: list[GGMLType]):
-        self.vdts = sorted({VEC_DOT_TYPE[q] for q in qtypes})
-        self.bufs = {v: np.zeros((1, act_bytes(v, n)), np.uint8) for v in self.vdts}
-
-    def slots(self) -> tuple[int, U8, int, U8]:
-        """The first two (type, buffer) pairs as residual_norm_quant takes them (-1 when there is one)."""
-        a = self.vdts[0]
-        b = self.vdts[1] if len(self.vdts) > 1 else -1
-        return int(a), self.bufs[a], int(b), self.bufs[b] if b != -1 else self.bufs[a]
-
-
-@dataclass
-class _Product:
-    """A bound product and where its output rows go: (run, out (1, n_out), [(part, start, stop)])."""
-
-    run: Callable[[], None]
-    out: F32
-    parts: list[tuple[Linear, int, int]]
-
-
-def _bind(product: BlockProduct, members: list[Linear], inputs: _Inputs) -> _Product | None:
-    out = np.zeros((1, product.n_out), np.float32)
-    run = product.bind(inputs.bufs[VEC_DOT_TYPE[product.qtype]], out)
-    if run is None:
-        return None
-    parts, start = [], 0
-    for m in members:
-        parts.append((m, start, start + m.n_out))
-        start += m.n_out
-    return _Product(run, out, parts)
-
-
-def _bind_all(groups: list[tuple[BlockProduct, list[Linear]]], inputs: _Inputs) -> list[_Product] | None:
-    bound = [_bind(p, members, inputs) for p, members in groups]
-    return None if any(b is None for b in bound) else bound  # type: ignore[return-value]
-
-
-def _views(bound: list[_Product]) -> list[F32]:
-    """The output (n,) of each part, in the order of the fused linear's parts."""
-    return [b.out[0, s:e] for b in bound for _, s, e in b.parts]
 
 
 @dataclass
@@ -108,11 +62,11 @@ class _Layer:
     q: F32
     k: F32
     v: F32
-    wo: _Product
+    wo: Product
     ffn_runs: tuple[Callable[[], None], ...]  # the gate/up products
     gate: F32
     up: F32
-    down: _Product | None  # None in an experts layer
+    down: Product | None  # None in an experts layer
     attn_norm: F32
     ffn_norm: F32
     q_norm: F32
@@ -167,8 +121,8 @@ class DecodePlan:
                 self.ok = False
                 return
             self.layers.append(built)
-        self.head_in = _Inputs(a.dim, [model.output.weight.qtype])
-        head = _bind(model.output.product(), [model.output], self.head_in)
+        self.head_in = Inputs(a.dim, [model.output.weight.qtype])
+        head = bind(model.output.product(), [model.output], self.head_in)
         if head is None:
             self.ok = False
             return
@@ -191,14 +145,14 @@ class DecodePlan:
         a = self.model.args
         d, hq = layer.head_dim or a.head_dim, layer.n_heads or a.n_heads  # Gemma 4's global layers: their own
         qkv_groups = layer.qkv.products()
-        h_in = _Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
-        qkv = _bind_all(qkv_groups, h_in)
-        o_in = _Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
-        wo = _bind(layer.wo.product(), [layer.wo], o_in)
+        h_in = Inputs(self.dim, [p.qtype for p, _ in qkv_groups])
+        qkv = bind_all(qkv_groups, h_in)
+        o_in = Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
+        wo = bind(layer.wo.product(), [layer.wo], o_in)
         ffn = self._ffn(layer)
         if qkv is None or wo is None or ffn is None or len(h_in.vdts) > 2 or layer.wo.n_in != hq * d:
             return None  # residual_norm_quant fills two activation types
-        q, k, v = layer.split_qkv(_views(qkv))
+        q, k, v = layer.split_qkv(views(qkv))
         if k is None or v is None:  # Gemma 4's KV sharing: the source layer's rows, nothing written
             k = v = _EMPTY
         gated: dict = {}
@@ -209,14 +163,15 @@ class DecodePlan:
         one, scale = np.float32(1.0), np.float32(spec.scale)
         q_scale, kq_scale = (scale, one) if self.model.query_scaled else (one, scale)
         o_vdt = o_in.vdts[0]
-        extra = {"sinks": _vec(layer.sinks), "wo_bias": layer.wo_bias, "v_norm": _vec(layer.v_norm),
-                 "kv_layer": -1 if layer.kv_source is None else int(layer.kv_source),
-                 "q_rot": np.zeros((hq, d), np.float32), "o": np.zeros((1, hq * d), np.float32),
-                 "rope": self._rope_of(index, spec.rope_base), **ffn[8], **gated}
-        return _Layer(tuple(p.run for p in qkv), q, k, v, wo, *ffn[:4], layer.attn_norm, ffn[9],
-                      _vec(layer.q_norm), _vec(layer.k_norm), _vec(layer.post_attn_norm), _vec(layer.post_ffn_norm),
-                      h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt], ffn[5], ffn[6], layer.biases,
-                      spec.window or 0, spec.rope_base, q_scale, kq_scale, layer.input_names(), ffn[7], **extra)
+        return _Layer(runs=tuple(p.run for p in qkv), q=q, k=k, v=v, wo=wo, attn_norm=layer.attn_norm,
+                      q_norm=vec(layer.q_norm), k_norm=vec(layer.k_norm), post_attn=vec(layer.post_attn_norm),
+                      post_ffn=vec(layer.post_ffn_norm), h_slots=h_in.slots(), o_vdt=int(o_vdt),
+                      o_buf=o_in.bufs[o_vdt], biases=layer.biases, window=spec.window or 0, base=spec.rope_base,
+                      q_scale=q_scale, kq_scale=kq_scale, names=layer.input_names(), sinks=vec(layer.sinks),
+                      wo_bias=layer.wo_bias, v_norm=vec(layer.v_norm),
+                      kv_layer=-1 if layer.kv_source is None else int(layer.kv_source),
+                      q_rot=np.zeros((hq, d), np.float32), o=np.zeros((1, hq * d), np.float32),
+                      rope=self._rope_of(index, spec.rope_base), **ffn, **gated)
 
     def _rope_of(self, index: int, base: float) -> tuple[Any, float]:
         """What layer i's RoPE tables are read off and its base: the model, or the layer's kind where the
@@ -231,10 +186,10 @@ class DecodePlan:
         """A recurrent block: the mixer's input products, its compiled token (MixerStep), ssm_out, then the FFN."""
         mixer = layer.mixer
         groups = mixer.inputs.products()
-        h_in = _Inputs(self.dim, [p.qtype for p, _ in groups])
-        bound = _bind_all(groups, h_in)
-        o_in = _Inputs(mixer.w_out.n_in, [mixer.w_out.weight.qtype])
-        wo = _bind(mixer.w_out.product(), [mixer.w_out], o_in)
+        h_in = Inputs(self.dim, [p.qtype for p, _ in groups])
+        bound = bind_all(groups, h_in)
+        o_in = Inputs(mixer.w_out.n_in, [mixer.w_out.weight.qtype])
+        wo = bind(mixer.w_out.product(), [mixer.w_out], o_in)
         ffn = self._ffn(layer)
         if (bound is None or wo is None or ffn is None or len(h_in.vdts) > 2 or layer.post_attn_norm is not None
                 or layer.post_ffn_norm is not None):
@@ -242,43 +197,47 @@ class DecodePlan:
         o_vdt = o_in.vdts[0]
         step = MixerStep(mixer, [b.out[:, s:e] for b in bound for _, s, e in b.parts], int(o_vdt), o_in.bufs[o_vdt])
         one = np.float32(1.0)
-        return _Layer(tuple(b.run for b in bound), _EMPTY, _EMPTY, _EMPTY, wo, *ffn[:4], layer.attn_norm,
-                      ffn[9], _EMPTY, _EMPTY, _EMPTY, _EMPTY, h_in.slots(), ffn[4], int(o_vdt), o_in.bufs[o_vdt],
-                      ffn[5], ffn[6], None, 0, 0.0, one, one, layer.input_names(), ffn[7], mixer=step, **ffn[8])
+        return _Layer(runs=tuple(b.run for b in bound), q=_EMPTY, k=_EMPTY, v=_EMPTY, wo=wo, attn_norm=layer.attn_norm,
+                      q_norm=_EMPTY, k_norm=_EMPTY, post_attn=_EMPTY, post_ffn=_EMPTY, h_slots=h_in.slots(),
+                      o_vdt=int(o_vdt), o_buf=o_in.bufs[o_vdt], biases=None, window=0, base=0.0, q_scale=one,
+                      kq_scale=one, names=layer.input_names(), mixer=step, **ffn)
 
-    def _ffn(self, layer: Layer | MixerLayer) -> tuple | None:
-        """The block's FFN bound: (gate/up runs, gate, up, down, its input slots, the GLU output's type and buffer,
-        the experts module or None, more _Layer fields, the FFN's input norm); None for an FFN the plan does not take
-        (the graph runs it)."""
+    def _ffn(self, layer: Layer | MixerLayer) -> dict[str, Any] | None:
+        """The block's FFN bound, as the _Layer fields that say it (its products, views, input norm and slots, the GLU
+        output's type and buffer, the experts module or Gemma 4's seam, whether the model adds after the block); None
+        for an FFN the plan does not take (the graph runs it)."""
         ffn, norm = layer.ffn, layer.ffn_norm
-        finish = {"finish": type(self.model).finish_block is not Transformer.finish_block}
+        fields: dict[str, Any] = {"finish": type(self.model).finish_block is not Transformer.finish_block,
+                                  "ffn_runs": (), "gate": _EMPTY, "up": _EMPTY, "down": None, "moe": None}
         if norm is None:  # Gemma 4's seam norms the residual itself: its dense FFN bound, or the whole seam called
             dense, seam_norm = getattr(ffn, "dense", None), getattr(ffn, "norm", None)
             if not isinstance(dense, DenseFFN) or seam_norm is None:
                 return None
             if getattr(ffn, "moe", None) is not None:
-                f_in = _Inputs(self.dim, [GGMLType.F32])  # (the seam quantizes its own inputs)
+                f_in = Inputs(self.dim, [GGMLType.F32])  # (the seam quantizes its own inputs)
                 vdt = f_in.vdts[0]
-                return ((), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], None,
-                        {**finish, "seam": ffn}, self.ones)
+                return {**fields, "seam": ffn, "ffn_norm": self.ones, "f_slots": f_in.slots(), "d_vdt": int(vdt),
+                        "d_buf": f_in.bufs[vdt]}
             ffn, norm = dense, seam_norm
         if isinstance(ffn, MoEFFN):  # the FFN's input h in float (quantized by the experts module itself)
-            f_in = _Inputs(self.dim, [ffn.router.weight.qtype])
+            f_in = Inputs(self.dim, [ffn.router.weight.qtype])
             vdt = f_in.vdts[0]
-            return (), _EMPTY, _EMPTY, None, f_in.slots(), int(vdt), f_in.bufs[vdt], ffn, finish, norm
+            return {**fields, "moe": ffn, "ffn_norm": norm, "f_slots": f_in.slots(), "d_vdt": int(vdt),
+                    "d_buf": f_in.bufs[vdt]}
         if not isinstance(ffn, DenseFFN):
             return None
         gu_groups = ffn.gate_up.products()
-        f_in = _Inputs(self.dim, [p.qtype for p, _ in gu_groups])
-        gate_up = _bind_all(gu_groups, f_in)
-        d_in = _Inputs(ffn.w_down.n_in, [ffn.w_down.weight.qtype])
-        down = _bind(ffn.w_down.product(), [ffn.w_down], d_in)
+        f_in = Inputs(self.dim, [p.qtype for p, _ in gu_groups])
+        gate_up = bind_all(gu_groups, f_in)
+        d_in = Inputs(ffn.w_down.n_in, [ffn.w_down.weight.qtype])
+        down = bind(ffn.w_down.product(), [ffn.w_down], d_in)
         if gate_up is None or down is None or len(f_in.vdts) > 2:
             return None
-        gate, up = ffn.split(_views(gate_up))
+        gate, up = ffn.split(views(gate_up))
         d_vdt = d_in.vdts[0]
-        return (tuple(p.run for p in gate_up), gate, up, down, f_in.slots(), int(d_vdt), d_in.bufs[d_vdt], None,
-                {**finish, "act": np.zeros((1, ffn.w_down.n_in), np.float32)}, norm)
+        return {**fields, "ffn_runs": tuple(p.run for p in gate_up), "gate": gate, "up": up, "down": down,
+                "ffn_norm": norm, "f_slots": f_in.slots(), "d_vdt": int(d_vdt), "d_buf": d_in.bufs[d_vdt],
+                "act": np.zeros((1, ffn.w_down.n_in), np.float32)}
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -389,11 +348,6 @@ class DecodePlan:
         if self.final_softcap is not None:  # gemma2.cpp: ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
             logits = soft_cap(logits, self.final_softcap)
         return logits
-
-
-def _vec(v: F32 | None) -> F32:
-    """A layer's optional norm weight, or the empty array the compiled step reads as 'none'."""
-    return _EMPTY if v is None else v
 
 
 def plan_for(model: DecoderModel, ops: GgmlNumerics) -> DecodePlan:
