@@ -64,17 +64,12 @@ class MixerStep:
             recorder.record_recurrent(m.layer, pos, m.key_heads(got["q"]), m.key_heads(got["k"]), got["v"], got["g"],
                                       got["beta"])
             recorder.record_input(m.input_names()[1], self.y.copy())
-        quantize_y(self.y, self.vdt, self.buf)
+        quantize_into(self.vdt, self.y, self.buf)  # (a compiled call: the bytes ssm_out's product reads)
 
 
 if HAVE_NUMBA:
     from engine.kernels.activations import njit
     from engine.runtime.decode_step import quantize_into
-
-    @njit(cache=True)
-    def quantize_y(y, vdt, out):  # pragma: no cover - compiled
-        """y (1, n) as the bytes of activation type vdt (engine.runtime.decode_step.quantize_into)."""
-        quantize_into(vdt, y, out)
 
     @njit(cache=True)
     def gate_quant(o, gate, vdt, out):  # pragma: no cover - compiled

@@ -282,8 +282,9 @@ class DecodePlan:
         finally:
             KERNEL_LOCK.acquire()
 
-    def _ffn_step(self, lay: _Layer, h: F32, recorder: Recorder | None) -> tuple[F32, F32]:
-        """The block's FFN on its normed input h (quantized for its products): (its output, the post-norm)."""
+    def _ffn_step(self, lay: _Layer, h: F32, glu: Callable[..., None], recorder: Recorder | None) -> tuple[F32, F32]:
+        """The block's FFN on its normed input h (quantized for its products), `glu` the GLU kernel of the build in
+        use: (its output, the post-norm)."""
         if lay.moe is not None:  # the experts FFN as the graph runs it (it records its own inputs, routing)
             f = self._unlocked(lay.moe, h.copy(), self.ops, recorder)
             return np.ascontiguousarray(f[0], np.float32), lay.post_ffn
@@ -291,7 +292,6 @@ class DecodePlan:
             recorder.record_input(lay.names[2], h.copy())
         for run in lay.ffn_runs:
             run()
-        glu = ggml_step.GLU_QUANT[bool(isa.w8())]
         glu(lay.gate, lay.up, self.glu, self.table, lay.act, lay.d_vdt, lay.d_buf)
         if recorder is not None:
             recorder.record_input(lay.names[3], lay.act.copy())
@@ -308,7 +308,7 @@ class DecodePlan:
         x[:] = x0[0]
         delta, post = _EMPTY, _EMPTY
         w8 = bool(isa.w8())
-        rnq = ggml_step.residual_norm_quant
+        rnq, glu = ggml_step.residual_norm_quant, ggml_step.GLU_QUANT[w8]
         from numba import get_num_threads  # noqa: PLC0415 - this plan runs with compiled kernels only
 
         attend, parts = ggml_step.ATTEND[w8], np.int64(get_num_threads())  # the heads in a share per thread
@@ -332,7 +332,7 @@ class DecodePlan:
                     delta, post = np.ascontiguousarray(f[0], np.float32), lay.post_ffn
                 else:
                     rnq(x, lay.wo.out[0], lay.post_attn, lay.ffn_norm, eps, h, *lay.f_slots)
-                    delta, post = self._ffn_step(lay, h, recorder)
+                    delta, post = self._ffn_step(lay, h, glu, recorder)
                 if lay.finish:  # the residual whole, then what the model adds to it (Gemma 4's per-layer input)
                     rnq(x, delta, post, self.ones, eps, h, -1, lay.d_buf, -1, lay.d_buf)
                     done = self._unlocked(model.finish_block, i, x[None].copy(), recorder)

@@ -43,13 +43,20 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _steps(model, ids: list[int], fast: bool, recorder: Recorder | None = None, n_ctx: int = 256):
-    """Logits of every token run one at a time (the compiled step, or the NumPy path), and the cache."""
+def _steps(model, ids: list[int], fast: bool, recorder: Recorder | None = None, n_ctx: int = 256,
+           prompt: list[int] | None = None):
+    """Logits of every token run one at a time (the compiled step, or the NumPy path), and the cache; `prompt`:
+    tokens run first in one batch (their logits not returned)."""
     cache = model.new_cache(n_ctx)
     before = ggml_decode.DecodePlan.fits
     if not fast:
         ggml_decode.DecodePlan.fits = lambda self, c, p: False
     try:
+        if prompt:
+            model.forward(prompt, cache, recorder)
+            cache.commit(list(prompt))
+            if recorder is not None:
+                recorder.commit()
         rows = []
         for tok in ids:
             rows.append(model.forward([tok], cache, recorder))

@@ -18,6 +18,7 @@ from engine.model import load_model
 from engine.observe.recorder import Recorder
 from engine.runtime import decode_plan as ggml_decode
 from tests.engine.models.arch_cases import model_file
+from tests.engine.models.test_ggml_decode import _steps
 
 pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled decode step needs numba")
 PROMPT = list(range(11, 27))
@@ -31,24 +32,23 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(model, fast: bool, recorder: Recorder | None = None):
     """A prompt in one batch, then one token per step on the compiled plan (fast) or op by op."""
-    cache = model.new_cache(256)
-    before = ggml_decode.DecodePlan.fits
-    if not fast:
-        ggml_decode.DecodePlan.fits = lambda self, c, p: False
-    try:
-        model.forward(PROMPT, cache, recorder)
-        cache.commit(PROMPT)
-        if recorder is not None:
-            recorder.commit()
-        rows = []
-        for tok in STEPS:
-            rows.append(model.forward([tok], cache, recorder))
-            cache.commit([tok])
-            if recorder is not None:
-                recorder.commit()
-        return np.concatenate(rows), cache
-    finally:
-        ggml_decode.DecodePlan.fits = before
+    return _steps(model, STEPS, fast, recorder, prompt=PROMPT)
+
+
+def _both(model):
+    """Both paths with recorders: (slow logits, fast logits, their caches, their recorders, the product inputs each
+    recorded in order)."""
+    seen: tuple[list, list] = ([], [])
+    recs = [Recorder(capture_hidden=True, on_input=lambda names, x, got=got: got.append((names, x.copy())))
+            for got in seen]
+    (slow, c_slow), (fast, c_fast) = _run(model, False, recs[0]), _run(model, True, recs[1])
+    return slow, fast, (c_slow, c_fast), recs, seen
+
+
+def _same_inputs(seen: tuple[list, list]) -> bool:
+    """The same products' inputs, in the same order, bit for bit (what an importance matrix reads)."""
+    return ([names for names, _ in seen[0]] == [names for names, _ in seen[1]]
+            and all(_bits(a, b) for (_, a), (_, b) in zip(*seen)))
 
 
 def _bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -63,11 +63,7 @@ def _bits(a: np.ndarray, b: np.ndarray) -> bool:
 def test_compiled_hybrid_step_equals_the_graph(folder: Path, name: str, quant: str) -> None:
     model = load_model(model_file(folder, name, quant))
     try:
-        seen: tuple[list, list] = ([], [])
-        r_slow, r_fast = (Recorder(capture_hidden=True, on_input=lambda names, x, got=got: got.append((names, x.copy())))
-                          for got in seen)
-        slow, c_slow = _run(model, fast=False, recorder=r_slow)
-        fast, c_fast = _run(model, fast=True, recorder=r_fast)
+        slow, fast, (c_slow, c_fast), (r_slow, r_fast), seen = _both(model)
         plan = model.net.ops.decode_plan
         assert plan is not None and plan.ok
         assert any(lay.mixer is not None for lay in plan.layers) and any(lay.q_gated is not None for lay in plan.layers)
@@ -83,8 +79,7 @@ def test_compiled_hybrid_step_equals_the_graph(folder: Path, name: str, quant: s
             if layer not in model.net.mixers:
                 assert _bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n])
                 assert np.array_equal(c_slow.k[layer][:, :n], c_fast.k[layer][:, :n])
-        assert [names for names, _ in seen[0]] == [names for names, _ in seen[1]]  # what an importance matrix reads
-        assert all(_bits(a, b) for (_, a), (_, b) in zip(*seen))
+        assert _same_inputs(seen)
     finally:
         model.close()
 
@@ -128,11 +123,7 @@ def test_compiled_gemma4_step_equals_the_graph(folder: Path, name: str, quant: s
     the residual) and the per-layer inputs after each block: the graph's bits, cache and recordings."""
     model = load_model(model_file(folder, name, quant))
     try:
-        seen: tuple[list, list] = ([], [])
-        r_slow, r_fast = (Recorder(capture_hidden=True, on_input=lambda names, x, got=got: got.append((names, x.copy())))
-                          for got in seen)
-        slow, c_slow = _run(model, fast=False, recorder=r_slow)
-        fast, c_fast = _run(model, fast=True, recorder=r_fast)
+        slow, fast, (c_slow, c_fast), (r_slow, r_fast), seen = _both(model)
         plan = model.net.ops.decode_plan
         assert plan is not None and plan.ok
         if name == "gemma4":  # blocks 4-7 read blocks 2's and 3's rows
@@ -148,7 +139,6 @@ def test_compiled_gemma4_step_equals_the_graph(folder: Path, name: str, quant: s
         for layer in c_slow.kv_layers:
             assert np.array_equal(c_slow.k[layer][:, :n], c_fast.k[layer][:, :n])
             assert np.array_equal(c_slow.v[layer][:, :n], c_fast.v[layer][:, :n])
-        assert [names for names, _ in seen[0]] == [names for names, _ in seen[1]]
-        assert all(_bits(a, b) for (_, a), (_, b) in zip(*seen))
+        assert _same_inputs(seen)
     finally:
         model.close()
