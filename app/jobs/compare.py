@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from app.data.overrides import OverrideSpec
+from app.jobs.adapter_files import adapter_label, set_adapter
 from app.jobs.session import Emit
 from app.records.compare import (
     CompareOptions,
@@ -246,20 +247,16 @@ class CompareWorkspace:
         return self.float32
 
     def model_adapter(self, adapter: str, scale: float, say: Say) -> Any:
-        """The file with a LoRA adapter applied at `scale` (loaded once; the adapter swapped when another is asked
-        for). A bad adapter is refused before anything is applied (engine.intervene.lora)."""
-        from engine.intervene import lora  # noqa: PLC0415
-
+        """The file with an adapter applied at `scale`, a LoRA adapter or a control vector (loaded once; the adapter
+        swapped when another is asked for). A bad adapter is refused before anything is applied
+        (app.jobs.adapter_files)."""
         if self.adapted is None:
             say("loading the file for B (with the adapter)", 0.0)
             self.adapted = ("", 0.0, self.load(str(self.path)))
         old_path, old_scale, model = self.adapted
         if (old_path, old_scale) != (adapter, scale):
             say(f"applying {Path(adapter).name} x{scale:g}", 0.5)
-            new = lora.load(model, adapter, scale)
-            for ad in lora.current(model):
-                ad.file.close()
-            lora.apply(model, [new])
+            set_adapter(model, adapter, scale)
             self.adapted = (adapter, scale, model)
         return model
 
@@ -346,7 +343,7 @@ def _side(ws: CompareWorkspace, opts: CompareOptions, spec: OverrideSpec | None,
         b = ws.model_adapter(opts.b_path, opts.b_scale, say)
         nbytes, bpw = tensor_size(b)
         total = nbytes + Path(opts.b_path).stat().st_size
-        return b, f"file + LoRA {Path(opts.b_path).name} x{opts.b_scale:g}", total, bpw
+        return b, f"file + {adapter_label(opts.b_path, opts.b_scale)}", total, bpw
     if opts.b_source == "numerics":
         b = ws.model_float32(say)
         return b, "file, float32 numerics", *tensor_size(b)

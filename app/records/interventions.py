@@ -3,6 +3,7 @@ of what that does to the chat: the next-token distribution before and after, the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -34,9 +35,25 @@ class InterventionSpec:
 
 
 @dataclass(frozen=True)
+class LoadedAdapter:
+    """An adapter file the Experiments tab has on the model (Compare offers it as B without asking for the file)."""
+
+    kind: str  # 'lora' | 'cvec'
+    path: str
+    scale: float
+
+    @property
+    def label(self) -> str:
+        """'LoRA style.gguf x1' or 'control vector calm.gguf x0.8', as the replies' signature names them."""
+        what = "LoRA" if self.kind == "lora" else "control vector"
+        return f"{what} {Path(self.path).name} x{self.scale:g}"
+
+
+@dataclass(frozen=True)
 class InterventionRecord:
     """The interventions now on the model (described for the banner and the reply's signature) and their effect on the
-    chat's tokens (empty arrays when the chat had none)."""
+    chat's tokens: the model as it was before Apply (or Clear) against the model as it is after, on the same tokens
+    (empty arrays when the chat had none, or the measurement was stopped: `note` says so)."""
 
     description: str  # "ablated L3h4 · control vector calm.gguf x0.8 · LoRA style.gguf x1" ('' when cleared)
     kld: npt.NDArray[np.float64]  # (T,) KLD(before || after) of the next-token distribution at each chat position
@@ -44,7 +61,25 @@ class InterventionRecord:
     top_before: tuple[tuple[str, float], ...]  # the last position's top tokens and probabilities
     top_after: tuple[tuple[str, float], ...]
     elapsed_s: float
+    before: str = ""  # what was on before ('' : the model as its file says)
+    adapters: tuple[LoadedAdapter, ...] = ()  # the adapter files now on the model
+    note: str = ""  # why the effect is not shown: the measurement was stopped or failed (what was asked is set)
+    tag: tuple[object, ...] = ()  # what the asker tagged the request with (the chat and model it was for)
 
     @property
     def mean_kld(self) -> float:
         return float(self.kld.mean()) if self.kld.size else 0.0
+
+    @property
+    def next_kld(self) -> float:
+        """KLD(before || after) of the next token after the chat (natural log, as llama.cpp's KLD)."""
+        return float(self.kld[-1]) if self.kld.size else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.kld.size) and bool(self.top_before) and bool(self.top_after)
+
+    @property
+    def top_changed(self) -> bool:
+        """Whether the most likely next token is another one after the change."""
+        return self.measured and self.top_before[0][0] != self.top_after[0][0]

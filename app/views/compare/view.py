@@ -35,6 +35,7 @@ from app.records.compare import (
     TaskProgress,
 )
 from app.data.overrides import OverrideSpec, eval_text
+from app.records.interventions import LoadedAdapter
 from app.records.model import ModelRecord
 from app.views.attention.logit_pair import LogitPairView
 from app.views.compare.charts import LayerCurve, SummaryTable, SweepChart
@@ -43,17 +44,9 @@ from app.views.compare.empty import empty_state as _empty_state
 from app.views.common.dialogs import open_file
 from app.views.compare.heads import HeadPairView
 from app.views.compare.pages import AdaptiveSplitter, controls_bar, result_pages
+from app.views.compare.source import SourceBox
 from app.views.compare.tokens import KldStrip, KldText, TopBars
 
-SOURCES = (("overrides", "overrides", "the Quantization lens's overrides"),
-           ("preset", "a preset:", "the file requantized to a llama-quantize preset"),
-           ("mix", "a searched mix", "a mix found by 'Find the best mix' (click a ◆ point of the Presets page)"),
-           ("file", "the file", "the file again (same weights): with another KV cache type"),
-           ("gguf", "another GGUF…", "another GGUF file of the same model"),
-           ("adapter", "file + LoRA…", "the file with a LoRA adapter (llama.cpp's GGUF format) applied: what the "
-                                      "fine-tune changes, by layer and token"),
-           ("numerics", "float32 numerics", "the file in float32 numerics (A: ggml's 8-bit activations)"))
-ITEM_CHARS = 30  # a B menu item longer than this is elided (its tooltip says it whole): the menu stays narrow
 PRESET_CHOICES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0",
                   "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
 class CompareView(QWidget):
@@ -74,12 +67,7 @@ class CompareView(QWidget):
         self.other_path: str | None = None
         self.adapter_path: str | None = None
         self.selected = -1
-        self.source = QComboBox()
-        for i, (key, text, tip) in enumerate(SOURCES):
-            self.source.addItem(text, key)
-            self.source.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
-        self.source.setToolTip("What B is; A is always the file as it is on disk")
-        self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.source = SourceBox()  # what B is (app/views/compare/source.py)
         self.choose = QPushButton("Choose GGUF…")
         self.choose_adapter = QPushButton("Choose adapter…")
         self.b_scale = QDoubleSpinBox()
@@ -196,9 +184,14 @@ class CompareView(QWidget):
 
     def options(self) -> CompareOptions:
         """The comparison the controls describe."""
+        loaded = self.source.loaded_choice()  # an adapter the Experiments tab has on the chat's model
+        if loaded is not None:
+            source, path, scale = "adapter", loaded.path, loaded.scale
+        else:
+            source, scale = str(self.source.currentData()), self.b_scale.value()
+            path = self.adapter_path if source == "adapter" else self.other_path
         return CompareOptions(
-            b_source=str(self.source.currentData()), b_preset=self.b_preset.currentText(), b_scale=self.b_scale.value(),
-            b_path=self.adapter_path if self.source.currentData() == "adapter" else self.other_path,
+            b_source=source, b_preset=self.b_preset.currentText(), b_scale=scale, b_path=path,
             b_rules=self.mix_rules, b_name=self.mix_name, a_cache=self.a_cache.currentText(),
             b_cache=self.b_cache.currentText(), text=self.text.toPlainText(), max_tokens=self.max_tokens.value(),
             layer=self.heads.layer.value(), head=self.heads.head.value(),
@@ -275,10 +268,19 @@ class CompareView(QWidget):
         elif message:
             self.sweep.status.setText(message)
 
+    def set_loaded_adapters(self, adapters: tuple[LoadedAdapter, ...]) -> None:
+        """The adapter files the Experiments tab has on the chat's model, each offered as B (the file with it, at its
+        scale there); a B chosen among them that is no longer on stays B, as an adapter chosen here."""
+        gone = self.source.set_loaded(adapters)
+        if gone is not None:
+            self.b_scale.setValue(gone.scale)
+            self.set_adapter(gone.path)
+        self._source_changed()
+
     def set_overrides(self, spec: OverrideSpec) -> None:
         """The Quantization lens's overrides changed: the B menu names them."""
         self.overrides_label = "file (no overrides set)" if spec.empty else spec.label()
-        self._set_item(0, f"overrides: {self.overrides_label}")
+        self.source.set_item(0, f"overrides: {self.overrides_label}")
 
     def set_running(self, running: bool, what: str = "") -> None:
         """A comparison runs (what it does now, in the status line and the empty summary) or does not; "press
@@ -384,7 +386,7 @@ class CompareView(QWidget):
         """Use the file with this LoRA adapter as B."""
         self.adapter_path = path
         i = self.source.findData("adapter")
-        self._set_item(i, f"file + LoRA {Path(path).name}")
+        self.source.set_item(i, f"file + LoRA {Path(path).name}")
         self.source.setCurrentIndex(i)
 
     def _choose_wanted(self) -> None:
@@ -399,14 +401,8 @@ class CompareView(QWidget):
         """Use this GGUF file as B."""
         self.other_path = path
         i = self.source.findData("gguf")
-        self._set_item(i, f"GGUF: {Path(path).name}")
+        self.source.set_item(i, f"GGUF: {Path(path).name}")
         self.source.setCurrentIndex(i)
-
-    def _set_item(self, i: int, text: str) -> None:
-        """A B menu item's text, elided past ITEM_CHARS; its tooltip holds all of it."""
-        short = text if len(text) <= ITEM_CHARS else text[: ITEM_CHARS - 1] + "…"
-        self.source.setItemText(i, short)
-        self.source.setItemData(i, text, Qt.ItemDataRole.ToolTipRole)
 
 
 def routing_text(s: Any) -> str:
