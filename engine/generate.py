@@ -150,14 +150,18 @@ def generate(
     if not prompt:
         raise SettingError("the prompt is empty: nothing to continue from")
     cache = cache if cache is not None else model.new_cache()
+    t0 = time.perf_counter()
+    given = [int(t) for t in prompt]
+    encoded = getattr(cache, "encoder_ids", None) == tuple(given)  # an encoder-decoder's input already read
     prompt = decoder_prompt(model, prompt, cache)
     sample = make_sampler(cfg.sampler)
     history = list(prompt)
-    t0 = time.perf_counter()
     n_cached = cache.resumable(min(cache.common_prefix(list(prompt)), len(prompt) - 1))
     logits = prefill(model, prompt, cache, chunk_size=cfg.chunk_size, recorder=recorder, cancel=cancel, progress=progress)
     prompt_s = time.perf_counter() - t0
     base = dict(prompt_tokens=len(prompt), prefilled_tokens=len(prompt) - n_cached, prompt_s=prompt_s)
+    if prompt != given:  # T5: the prompt is the encoder's input (the decoder runs its start token only)
+        base.update(prompt_tokens=len(given), prefilled_tokens=0 if encoded else len(given))
     if logits is None:
         yield Step(0, -1, "", 0.0, (), gen_s=0.0, finish_reason="cancelled", **base)
         return

@@ -27,6 +27,23 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 
 
+SHARED_NOTICE = ("{n} of GGUF Lens has this chat store open too ({root}): both save into it, neither lists the "
+                 "other's new chats until it is reopened, and a chat changed in both keeps the later save.")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a mark of a window that crashed is not a window)."""
+    if pid == os.getpid() or os.name != "posix":  # Windows' os.kill(pid, 0) would send Ctrl+C: count the mark
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it runs, as another user; or this system cannot tell: count it
+        return True
+    return True
+
+
 def data_dir() -> Path:
     """Where chats and settings live: $GGUF_LENS_DATA_DIR, else the user data folder."""
     env = os.environ.get("GGUF_LENS_DATA_DIR")
@@ -155,6 +172,42 @@ class Store:
         self.root = Path(root) if root is not None else data_dir()
         self.chats_dir = self.root / "chats"
         self.notices: list[str] = []  # what went wrong while reading, for the user
+        self.claim: Path | None = None  # this store's mark under open/ while a window reads and writes it
+
+    def open_elsewhere(self) -> int:
+        """How many other windows (this process's or another's still running) have this data folder open."""
+        n = 0
+        for p in (self.root / "open").glob("*.open") if (self.root / "open").is_dir() else ():
+            pid = p.name.split("-", 1)[0]
+            if p == self.claim or not pid.isdigit():
+                continue
+            if _alive(int(pid)):
+                n += 1
+            else:
+                p.unlink(missing_ok=True)  # a window that crashed left its mark
+        return n
+
+    def take(self) -> None:
+        """Mark the data folder as open by this store (a window) until `release`; a notice says when another
+        window has it open too, since both then save to one chat store."""
+        if self.claim is not None:
+            return
+        others = self.open_elsewhere()
+        self.claim = self.root / "open" / f"{os.getpid()}-{id(self):x}.open"
+        try:
+            self.claim.parent.mkdir(parents=True, exist_ok=True)
+            self.claim.touch()
+        except OSError:
+            self.claim = None
+        if others:
+            self.notices.append(SHARED_NOTICE.format(n="Another window" if others == 1 else f"{others} other windows",
+                                                     root=self.root))
+
+    def release(self) -> None:
+        """The window closes: its mark goes."""
+        if self.claim is not None:
+            self.claim.unlink(missing_ok=True)
+            self.claim = None
 
     def chat_path(self, chat_id: str) -> Path:
         if not chat_id.isalnum():
@@ -162,7 +215,9 @@ class Store:
         return self.chats_dir / f"{chat_id}.json"
 
     def load_chats(self) -> list[Chat]:
-        """Every readable chat, newest first; damaged files are restored from backups with a notice."""
+        """Every readable chat, newest first; damaged files are restored from backups with a notice. The window
+        that reads them holds the folder from now on (`take`)."""
+        self.take()
         ids: set[str] = set()
         if self.chats_dir.is_dir():
             for p in self.chats_dir.iterdir():

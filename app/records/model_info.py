@@ -178,6 +178,8 @@ def layer_kinds(model: Any) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...
     dims = getattr(a, "deltanet", None)
     attn = [i for i in range(n_layers) if i not in set(recurrent)]
     heads = f"{a.n_heads} heads, {a.n_kv_heads} KV heads, head_dim {a.head_dim}"
+    if getattr(net, "is_encoder_decoder", False):
+        return encoder_decoder_kinds(a, heads), (), 0
     if not recurrent or dims is None:
         return (("attention", f"all {n_layers} layers: {heads}; KV rows grow with the context"),), (), 0
     channels = 2 * dims.state * dims.k_heads + dims.state * dims.v_heads
@@ -191,6 +193,22 @@ def layer_kinds(model: Any) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...
          if attn else "none"),
     )
     return rows, recurrent, each
+
+
+def encoder_decoder_kinds(a: Any, heads: str) -> tuple[tuple[str, str], ...]:
+    """The Layers box of an encoder-decoder model (T5): two stacks, positions by relative buckets, no RoPE."""
+    n_dec = int(getattr(a, "n_dec_layers", 0) or 0) or int(a.n_layers)
+    buckets = f"a learned bias per head by relative position bucket ({int(getattr(a, 'n_buckets', 0) or 0)} buckets), no RoPE"
+    return (("encoder", f"{a.n_layers} layers: {heads}; bidirectional self-attention over the input; {buckets}"),
+            ("decoder", f"{n_dec} layers: {heads}; causal self-attention over the output, then cross-attention over "
+                        f"the encoder's output; KV rows grow with the output"))
+
+
+def shown_args(model: Any) -> tuple[tuple[str, str], ...]:
+    """The architecture's numbers for the Model lens; an encoder-decoder (T5, relative position buckets) has no
+    RoPE, so the defaults its args carry for one are left out."""
+    seq2seq = getattr(getattr(model, "net", None), "is_encoder_decoder", False)
+    return tuple((k, _arg(v)) for k, v in model.args.as_dict().items() if not (seq2seq and k.startswith("rope")))
 
 
 def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
@@ -207,7 +225,7 @@ def make_model_info(model: Model, n_ctx: int) -> ModelInfo:
         ("EOS", _token(tok, getattr(tok, "eos_id", None))),
         ("end of generation", ", ".join(_token(tok, i) for i in eog[:8]) + (" …" if len(eog) > 8 else "") or "none"),
     )
-    args = tuple((k, _arg(v)) for k, v in model.args.as_dict().items())
+    args = shown_args(model)
     source = getattr(model.chat, "source", "") or ""
     source = escape_text(source, TEMPLATE_LIMIT, keep_lines=True)
     builtin = bool(getattr(model.chat, "is_builtin", "tokenizer.chat_template" not in md))

@@ -1,6 +1,9 @@
 """Records of an encoder-decoder model's (T5's) lenses: its three kinds of attention over the last input and output,
 one cross-attention cell step by step, and its learned position bias against distance.
 
+The maps are of the conversation on screen when there is one (chat_run: a saved chat reads back the same after a
+restart), else of what the session's cache ran (last_run: a reply being written).
+
 Made on the worker from engine.observe.t5_maps / t5_cell (plain numpy); frozen, so they cross to the GUI as they are.
 """
 from __future__ import annotations
@@ -68,6 +71,21 @@ def last_run(cache: Any) -> tuple[list[int], list[int]] | None:
     if not enc or cache.length == 0:
         return None
     return list(enc)[-MAX_TOKENS:], list(cache.tokens)[: cache.length][-MAX_TOKENS:]
+
+
+def chat_run(model: Any, context: Any) -> tuple[list[int], list[int]] | None:
+    """The encoder input and the decoder tokens of the conversation on screen (an app.records.reply
+    GenerationRequest): its last user message as the tokenizer encodes it (EOS added, as app.jobs.chat reads it)
+    and the start token then every token of the reply shown, each cut to its last MAX_TOKENS; None without a
+    reply. A chat reopened after a restart reads the same as it did when it was written."""
+    messages = tuple(context.messages)
+    reply = tuple(context.continue_ids or ())
+    if not messages or messages[-1][0] != "assistant" or not reply:
+        return None
+    text = next((c for r, c in reversed(messages) if r == "user"), "")
+    enc = model.tokenizer.encode(text, add_special=True, parse_special=False)
+    dec = [int(model.net.decoder_start_token), *(int(t) for t in reply)]
+    return list(enc)[-MAX_TOKENS:], dec[-MAX_TOKENS:]
 
 
 def make_seq2seq_record(model: Any, enc_ids: list[int], dec_ids: list[int]) -> Seq2SeqRecord:

@@ -7,7 +7,7 @@ import resource
 import sys
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar, QToolButton, QWidget
 
 from app.state import AppState
@@ -31,9 +31,29 @@ class ElidedLabel(QLabel):
     MIN_CHARS = 6
 
     def __init__(self, text: str = "", parent: QWidget | None = None):
+        self.about = ""  # what the segment is: its tooltip, with the whole text above it while the text is cut
         super().__init__(text, parent)
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+
+    def elided(self) -> bool:
+        return self.fontMetrics().horizontalAdvance(self.text()) > self.contentsRect().width()
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        super().setText(text)
+        self._tip()
+
+    def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt override
+        self.about = tip
+        self._tip()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._tip()
+
+    def _tip(self) -> None:
+        whole = self.text() if self.text() and self.elided() else ""
+        super().setToolTip("\n".join(t for t in (whole, self.about) if t))
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
         hint = super().minimumSizeHint()

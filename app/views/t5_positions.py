@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QWidget
 
-from app.views.common.flow import FlowBox
+from app.views.common.flow import FillLayout, FlowBox
 
 from engine.observe.t5_maps import PositionTable, T5PositionTables
 
@@ -28,8 +28,8 @@ class T5PositionsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         widgets = [pg.PlotWidget(background="w") for _ in range(3)]
-        for w in widgets:
-            w.setMinimumSize(240, 200)
+        for w in widgets:  # stacked in a 1366x768 window's pane, the three fit its height: it never scrolls
+            w.setMinimumSize(240, 160)
         self.enc, self.dec, self.buckets = (w.getPlotItem() for w in widgets)
         for p, title in ((self.enc, "Encoder: bias by distance (bidirectional)"),
                          (self.dec, "Decoder: bias by distance (causal)"), (self.buckets, "Bucket of each distance")):
@@ -46,7 +46,7 @@ class T5PositionsPanel(QWidget):
         self.note = QLabel("")
         self.note.setWordWrap(True)
         self.note.setTextFormat(Qt.TextFormat.PlainText)
-        lay = QVBoxLayout(self)
+        lay = FillLayout(self)  # the word-wrapped note must not make the lens's scroll area as tall as every plot
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.note)
         lay.addWidget(self.plots, 1)

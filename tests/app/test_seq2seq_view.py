@@ -33,14 +33,15 @@ def test_encoder_decoder_in_the_window(qtbot, t5: Path, data_dir: Path) -> None:
     w.conversation.send(MESSAGE)
     wait_idle(qtbot, w)
     view = lens.seq2seq
-    n = len(w.engine.session.cache.tokens)  # the decoder tokens run (a live record may come first, while it streams)
+    reply = [t[0] for t in w.conversation.current.messages[-1].tokens]
+    n = 1 + len(reply)  # the start token, then the reply's (a live record of the cache may come first, while it streams)
     qtbot.waitUntil(lambda: view.record is not None and len(view.record.output_texts) == n, timeout=RUN_MS)
     rec = view.record
     model = load_model(t5)
     try:
         enc = model.tokenizer.encode(MESSAGE, add_special=True, parse_special=False)
         assert rec.input_texts == tuple(model.tokenizer.token_text(t) for t in enc)
-        dec = list(w.engine.session.cache.tokens)
+        dec = [model.net.decoder_start_token, *reply]
         want = attention_maps(model.net, enc, dec)
     finally:
         model.close()

@@ -513,6 +513,9 @@ class AttentionLens(QWidget):
 def model_line(model: ModelRecord) -> str:
     """'name: 24 layers × 16 heads, 2 KV heads (groups of 8)'; a hybrid's recurrent and attention layers apart."""
     gqa = f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""
+    if model.encoder_decoder:  # two stacks: the grid shows the encoder's or the decoder's layers, by kind
+        return (f"{model.name}: encoder {model.n_layers} layers, decoder {model.n_dec_layers or model.n_layers} layers, "
+                f"{model.n_heads} heads each{gqa}")
     if not model.hybrid:
         return f"{model.name}: {model.n_layers} layers × {model.n_heads} heads{gqa}"
     return (f"{model.name}: {model.n_layers} layers: recurrent (gated DeltaNet) {layer_runs(model.recurrent)}, "

@@ -16,11 +16,12 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QSpinBox,
-                               QSplitter, QStackedWidget, QVBoxLayout, QWidget)
+                               QSplitter, QStackedWidget, QWidget)
 
 from app.records.model import ModelRecord
 from app.records.seq2seq import KIND_TITLES, CrossStepRecord, Seq2SeqRecord
 from app.views.attention.seq2seq_parts import InputTint, MapView, Mosaic, step_html
+from app.views.common.flow import FillLayout
 from app.views.common.tokens import token_label
 
 EMPTY = ("An encoder-decoder model: type an input in the chat and send it. The encoder reads it, the decoder writes the "
@@ -101,7 +102,7 @@ class Seq2SeqView(QWidget):
         self.body = QStackedWidget()
         self.body.addWidget(self.empty)
         self.body.addWidget(split)
-        root = QVBoxLayout(self)
+        root = FillLayout(self)  # the wrapped shape line must not make the lens taller than its pane (it would scroll)
         root.setContentsMargins(0, 0, 0, 0)
         root.addLayout(bar)
         root.addWidget(self.shape_label)
@@ -174,8 +175,9 @@ class Seq2SeqView(QWidget):
         maps = rec.maps(kind) if rec is not None else None
         shape = ""
         if maps is not None:
-            q, k = maps.shape[2:]
-            shape = f" ({q} × {k})"
+            n_l, n_h, q, k = maps.shape
+            stack = "encoder" if kind == "encoder" else "decoder"
+            shape = f" ({q} × {k}); the grid: {n_l} {stack} layers × {n_h} heads"
         self.shape_label.setText(f"{KIND_TITLES[kind]}: {SHAPES[kind]}{shape}")
         if rec is None or maps is None:
             return

@@ -125,9 +125,21 @@ class SamplingPanel(QWidget):
         lay.addWidget(reset, 0, Qt.AlignmentFlag.AlignLeft)
         lay.addStretch(1)
         state.settings_changed.connect(self.show_settings)
-        state.ctx_size_changed.connect(lambda n: self.model_ctx.setText(f"The KV cache now holds up to {n:,} tokens."))
+        state.ctx_size_changed.connect(lambda _n: self._show_ctx())
         if state.settings is not None:
             self.show_settings(state.settings)
+
+    def _show_ctx(self) -> None:
+        """What the cache holds, and why that is less than the limit above when the model's own context is."""
+        n = int(self.state.ctx_size or 0)
+        limit = self.controls["context_limit"].value()
+        if not n:
+            self.model_ctx.setText("")
+        elif n < limit:
+            self.model_ctx.setText(f"This model's own context is {n:,} tokens: the KV cache holds up to {n:,}, "
+                                   f"less than the limit above.")
+        else:
+            self.model_ctx.setText(f"The KV cache now holds up to {n:,} tokens.")
 
     def set_switches(self, names: tuple[str, ...]) -> None:
         """Show the reasoning switches the loaded model's chat template reads, and only those."""
@@ -158,6 +170,7 @@ class SamplingPanel(QWidget):
         self.numerics.blockSignals(True)
         self.numerics.setCurrentIndex(max(0, self.numerics.findData(numerics_setting(s))))
         self.numerics.blockSignals(False)
+        self._show_ctx()
 
     def _set(self, name: str, value: object) -> None:
         current = self.state.settings or Settings()

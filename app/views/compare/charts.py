@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.records.compare import CompareRecord, SweepDone, SweepPoint, pareto_front, summary_rows
 from app.views.compare.mix_bar import MixBar
+from app.views.compare.sweep_labels import leader_end, place
 
 KLD_MIN = 1e-6  # a KLD of 0 is drawn here on the log axis
 POINT = (0, 114, 178)
@@ -140,6 +141,16 @@ class LayerCurve(pg.PlotWidget):
         set_log_ticks(self.getAxis("left"), lo - 0.1, hi + 0.1)
 
 
+class InsetLabelAxis(pg.AxisItem):
+    """A left axis whose title sits inside the axis: pyqtgraph puts it 5 px past the widget's edge, which cuts the
+    first pixels of "mean KLD (log)" off."""
+
+    def resizeEvent(self, ev: Any = None) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(ev)
+        if self.orientation == "left":
+            self.label.setX(0)
+
+
 class SweepChart(QWidget):
     """Size against mean KLD for llama-quantize's presets of the loaded model, with their Pareto front."""
 
@@ -161,7 +172,8 @@ class SweepChart(QWidget):
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # preset and rule names, never markup
         self.status.setWordWrap(True)  # a mix's summary is long: wrap it rather than widen the chart
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.plot = pg.PlotWidget(background="w", title="Presets and searched mixes: size vs KLD to the file")
+        self.plot = pg.PlotWidget(background="w", title="Presets and searched mixes: size vs KLD to the file",
+                                  axisItems={"left": InsetLabelAxis("left")})
         self.plot.setLabel("bottom", "size of the tensors", units="MiB")
         self.plot.setLabel("left", "mean KLD")
         self.mix = MixBar()
@@ -184,6 +196,7 @@ class SweepChart(QWidget):
         self.file_line.setVisible(False)
         self.plot.addItem(self.file_line)
         self.labels: list[pg.TextItem] = []
+        self.leaders: list[pg.PlotCurveItem] = []  # lines from a point to its name, where the name sits away from it
         self.plot.getViewBox().sigResized.connect(lambda _vb: self._redraw() if self.points else None)
         bar = QHBoxLayout()
         bar.addWidget(self.run)
@@ -288,38 +301,46 @@ class SweepChart(QWidget):
         self._place_labels(on_front, floor)
 
     def _place_labels(self, on_front: list[int], floor: float) -> None:
-        """Label the points without overlaps, the Pareto front first (every point also has a hover tip)."""
-        for label in self.labels:
-            self.plot.removeItem(label)
-        self.labels = []
+        """Name every point without overlaps, the Pareto front first (app.views.compare.sweep_labels); every point
+        also has a hover tip."""
+        for item in self.labels + self.leaders:
+            self.plot.removeItem(item)
+        self.labels, self.leaders = [], []
         vb = self.plot.getViewBox()
         (x0, x1), (y0, y1) = vb.viewRange()
         w, h = max(vb.width(), 200.0), max(vb.height(), 120.0)
+
         def pixel(x: float, y: float) -> tuple[float, float]:
             return (x - x0) / max(x1 - x0, 1e-9) * w, (y1 - y) / max(y1 - y0, 1e-9) * h
 
+        def view(px: float, py: float) -> tuple[float, float]:
+            return x0 + px / w * (x1 - x0), y1 - py / h * (y1 - y0)
+
         marks = [pixel(p.nbytes / 2**20, _y(p.kld_mean, floor)) for p in self.points]
-        placed = [(mx - 5, my - 5, mx + 5, my + 5) for mx, my in marks]  # labels keep off every point
-        order = on_front + [i for i in range(len(self.points)) if i not in on_front]
-        for i in order:
-            p = self.points[i]
+        texts = []
+        for i, p in enumerate(self.points):
             mark = {"preset": "", "mix": "◆ "}.get(p.kind, "★ ")
-            name = f"{mark}{p.name}" + (" (≈ file)" if p.kld_mean < floor else "")
-            px, py = marks[i]
-            text = pg.TextItem(name, color=(20, 20, 20) if i in on_front else (120, 120, 120), anchor=(0, 0))
+            text = pg.TextItem(f"{mark}{p.name}" + (" (≈ file)" if p.kld_mean < floor else ""),
+                               color=(20, 20, 20) if i in on_front else (120, 120, 120), anchor=(0, 0))
             font = QFont()
             font.setPointSize(8)
             font.setBold(i in on_front)
             text.setFont(font)
-            size = text.textItem.boundingRect()  # in pixels: a TextItem ignores the view's scale
-            box = _free_box(px, py, size.width(), size.height(), placed, w, h)
-            if box is None:
-                continue
-            placed.append(box)
-            text.setPos(x0 + box[0] / w * (x1 - x0), y1 - box[1] / h * (y1 - y0))
-            text.setToolTip(_tip(data=p))
+            texts.append(text)
+        sizes = [(t.textItem.boundingRect().width(), t.textItem.boundingRect().height()) for t in texts]  # pixels
+        order = on_front + [i for i in range(len(self.points)) if i not in on_front]
+        for i, spot in place(marks, sizes, order, w, h).items():
+            text = texts[i]
+            text.setPos(*view(spot.box[0], spot.box[1]))
+            text.setToolTip(_tip(data=self.points[i]))
             self.plot.addItem(text)
             self.labels.append(text)
+            if spot.leader:
+                ex, ey = leader_end(*marks[i], spot.box)
+                (ax, ay), (bx, by) = view(*marks[i]), view(ex, ey)
+                line = pg.PlotCurveItem([ax, bx], [ay, by], pen=pg.mkPen((150, 150, 150), width=1))
+                self.plot.addItem(line)
+                self.leaders.append(line)
 
 
 def _tip(x: float = 0.0, y: float = 0.0, data: SweepPoint | None = None) -> str:
@@ -330,19 +351,6 @@ def _tip(x: float = 0.0, y: float = 0.0, data: SweepPoint | None = None) -> str:
     return (f"{p.name}: {p.nbytes / 2**20:.1f} MiB · {p.bpw:.3f} bpw\nKLD mean {p.kld_mean:.5f} · p99 {p.kld_p99:.4f}\n"
             f"same top token {p.same_top_pct:.1f} % · PPL ratio {p.ppl_ratio:.4f}"
             + (f"\n{p.detail}" if p.detail else "") + "\nclick: compare it in full")
-
-
-def _free_box(px: float, py: float, bw: float, bh: float, placed: list[tuple[float, float, float, float]],
-              w: float, h: float) -> tuple[float, float, float, float] | None:
-    """A label box (left, top, right, bottom in pixels) beside the point that overlaps no placed box, or None."""
-    spots = ((-bw / 2, -bh - 5), (-bw / 2, 5), (7, -bh / 2), (-bw - 7, -bh / 2),  # above, below, right, left
-             (6, -bh - 6), (6, 6), (-bw - 6, -bh - 6), (-bw - 6, 6))  # and the four diagonals
-    for dx, dy in spots:
-        box = (px + dx, py + dy, px + dx + bw, py + dy + bh)
-        inside = box[0] >= 0 and box[2] <= w and box[1] >= 0 and box[3] <= h
-        if inside and not any(box[0] < b[2] + 3 and b[0] < box[2] + 3 and box[1] < b[3] and b[1] < box[3] for b in placed):
-            return box
-    return None
 
 
 def _hex(rgb: tuple[int, int, int]) -> str:
