@@ -106,7 +106,8 @@ class MainWindow(QMainWindow):
         self.bridge.bind_conversation(self.conversation)  # the lenses follow the conversation on screen
         self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_tabs.lens(QuantLens), self.compare_view,
                                         self.bridge, self)
-        self.experiments_bridge = ExperimentsBridge(self.engine, self.state, self.experiments_view, self)
+        self.experiments_bridge = ExperimentsBridge(self.engine, self.state, self.experiments_view, self,
+                                                    conversation=self.conversation, compare=self.compare_view)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
         self.setStatusBar(self.status)
@@ -218,12 +219,24 @@ class MainWindow(QMainWindow):
         short = name if len(name) <= 60 else name[:59] + "…"
         self.setWindowTitle(f"{TITLE} — {file}" + ("" if same else f" ({short})"))
 
+    def _writer_note(self) -> None:
+        """A chat whose replies another model wrote is read with the loaded model's tokenizer (app.jobs.chat.own_ids:
+        its text re-tokenized, never its ids): a banner says so."""
+        chat, info = self.conversation.current, self.state.model
+        self.chat_view.clear_banners("writer")
+        others = [n for n in chat.written_by() if n != str(info.name)] if chat is not None and info is not None else []
+        if others:
+            self.chat_view.show_banner("writer", f"This chat was written by {', '.join(others)}. {info.name} reads "
+                                       "its text re-tokenized with its own tokenizer: the lenses show its tokens, and "
+                                       "replies go on from there.")
+
     def _chat_opened(self, chat: Any) -> None:
         self.chat_view.show_chat(chat)
         self.chat_view.show_prompt_mode(self.conversation.prompt_mode(chat))
         self.bridge.chat_changed()  # the other chat's tokens, attention, head roles and logit lens go
         self.chat_list.show_chats(self.conversation.chats, chat)
         self.state.settings = dataclasses.replace(self.state.settings, current_chat=chat.id)
+        self._writer_note()
 
     def _settings_changed(self, settings: Settings) -> None:
         self.engine.set_context_limit(settings.context_limit)
@@ -294,6 +307,7 @@ class MainWindow(QMainWindow):
         for w in result.info.warnings:
             self.chat_view.show_banner("warning", f"{result.info.name}: {w}")
         st.settings = dataclasses.replace(st.settings, last_model=result.source)
+        self._writer_note()
         self.bridge.model_loaded()
 
     def _model_kind(self, kind: Any) -> None:
@@ -481,6 +495,7 @@ class MainWindow(QMainWindow):
             extra={**self.state.settings.extra, "split": bytes(self.split.saveState().toBase64()).decode()},
         )
         self.saver.stop()
+        self.store.release()  # another window opened on this data folder no longer shares it with this one
         try:
             self.store.save_settings(self.state.settings)
         except OSError as exc:

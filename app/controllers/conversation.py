@@ -277,7 +277,9 @@ class Conversation(QObject):
         view = dataclasses.replace(chat, messages=messages)
         req = self._request(view, last if last.role == "assistant" else None)
         ids = tuple(t[0] for t in last.tokens) if last.role == "assistant" else ()
+        spelled = "".join(t[1] for t in last.tokens) if ids else req.continue_text
         return GenerationRequest(messages=req.messages, continue_ids=ids or req.continue_ids,  # the tokens it ran
+                                 continue_text=spelled,
                                  max_tokens=req.max_tokens, overflow_policy=req.overflow_policy, plain=req.plain)
 
     def _request(self, chat: Chat, resume: Message | None) -> GenerationRequest:
@@ -288,7 +290,8 @@ class Conversation(QObject):
             ids = tuple(t[0] for t in resume.tokens)
             continue_ids = ids if ids and "".join(t[1] for t in resume.tokens) == resume.content else ()
         return GenerationRequest(
-            messages=msgs, continue_ids=continue_ids, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+            messages=msgs, continue_ids=continue_ids, continue_text=resume.content if continue_ids else None,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
             min_p=s.min_p, repeat_penalty=s.repeat_penalty, max_tokens=s.max_tokens,
             seed=None if s.seed < 0 else s.seed, overflow_policy=s.overflow_policy,
             plain=self.prompt_mode(chat) == "plain", template_vars=template_vars(s),

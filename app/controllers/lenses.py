@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
@@ -144,6 +145,14 @@ def _tensor(name: str, block: int) -> Callable[..., Any]:
     return compute
 
 
+@dataclass(frozen=True)
+class _OfModel:
+    """A lens record and the model serial it was asked under (LensBridge._serial)."""
+
+    serial: int
+    record: Any
+
+
 class LensBridge(QObject):
     """Answers the lenses' requests (it implements app.views.lenses.LensRequests) and feeds them their records."""
 
@@ -170,6 +179,8 @@ class LensBridge(QObject):
         self._due = False  # _want is read when the Attention or Positions tab comes on screen
         self._reply_chat = ""  # id of the chat whose reply is (or was last) being made
         self._asked: GenerationRequest | None = None  # the newest conversation asked for (read on the worker)
+        self._serial = 0  # one more per model loaded: a record computed for an earlier model is dropped
+        self._read_after_reply = False  # a reply ended: read it whole when its thread lets go of the cache
         engine.lens_ready.connect(self._ready)
         engine.reply_event.connect(lambda _rid, item: self.kv_info(item) if isinstance(item, KVInfo) else None)
         state.settings_changed.connect(lambda s: engine.set_cache_type(cache_type_setting(s)))
@@ -210,14 +221,14 @@ class LensBridge(QObject):
         self._ask("step", _step(layer, head, query))
 
     def request_tensor(self, name: str) -> None:
-        self.engine.request_lens("tensor", _tensor(name, 0))
+        self._request("tensor", _tensor(name, 0))
 
     def request_block(self, name: str, index: int) -> None:
-        self.engine.request_lens("tensor", _tensor(name, int(index)))
+        self._request("tensor", _tensor(name, int(index)))
 
     def request_roles(self, source: str) -> None:
         if str(source) == "probe":  # the probe is its own context: the chat's is not needed
-            self.engine.request_lens("roles", _roles("probe"))
+            self._request("roles", _roles("probe"))
         else:
             self._ask("roles", _roles(str(source), self._reads_memo))
 
@@ -236,18 +247,27 @@ class LensBridge(QObject):
         from app.jobs.seq2seq import seq2seq_maps  # noqa: PLC0415
 
         if self._seq2seq():
-            self.engine.request_lens("seq2seq", seq2seq_maps())
+            self._request("seq2seq", seq2seq_maps(self.shown_context()))
 
     def request_cross_step(self, layer: int, head: int, query: int) -> None:
         from app.jobs.seq2seq import cross_step  # noqa: PLC0415
 
         if self._seq2seq():
-            self.engine.request_lens("cross_step", cross_step(int(layer), int(head), int(query)))
+            self._request("cross_step", cross_step(int(layer), int(head), int(query), self.shown_context()))
 
     def _seq2seq(self) -> bool:
         """Whether the model is an encoder-decoder (its lenses read the cache as it is, never a conversation)."""
         rec = self.state.model_record
         return bool(rec is not None and getattr(rec, "encoder_decoder", False))
+
+    def _request(self, kind: str, compute: Callable[..., Any]) -> None:
+        """Ask the engine for a lens record, tagged with the model it is asked of (see `_ready`)."""
+        serial = self._serial
+
+        def tagged(*args: Any) -> _OfModel:
+            return _OfModel(serial, compute(*args))
+
+        self.engine.request_lens(kind, tagged)
 
     # ---- the conversation on screen
 
@@ -275,7 +295,7 @@ class LensBridge(QObject):
             generating = session.generating.is_set if session is not None else (lambda: False)
             self._asked = context
             compute = in_context(compute, context, self._context_memo, generating, self._still_asked)
-        self.engine.request_lens(kind, compute)
+        self._request(kind, compute)
         return context
 
     def _still_asked(self, context: GenerationRequest) -> bool:
@@ -324,6 +344,7 @@ class LensBridge(QObject):
             self._shown = self.shown_context()  # the lenses show the reply just made, as the chat shows it
         else:
             self.context_changed()
+        self._reply_read()
 
     def _current_chat(self) -> str:
         conv = self.conversation
@@ -408,14 +429,21 @@ class LensBridge(QObject):
         self.state.attention_record = None
         self.hidden_keys = (0,)
         self.deliver(self.lens(PositionsLens), PositionsLens.set_tokens, [])  # the other chat's tokens are not this one's
-        self._pending.pop(AttentionLens.title, None)  # what was queued for the old chat must not land after the clear
+        self._drop_pending(AttentionLens.title)  # what was queued for the old chat must not land after the clear
         self.deliver(self.lens(AttentionLens), AttentionLens.clear_chat)
-        self._pending.pop(ExpertsLens.title, None)
+        self._drop_pending(ExpertsLens.title)
         self.deliver(self.lens(ExpertsLens), ExpertsLens.clear_chat)
+
+    def _drop_pending(self, title: str) -> None:
+        """Forget what a hidden lens was to be given of the old chat; a new model it has not seen yet stays."""
+        pending = self._pending.get(title, {})
+        for method in [m for m in pending if m.__name__ != "set_model"]:
+            pending.pop(method)
 
     def model_loaded(self) -> None:
         """A new model: every lens starts over with its ModelRecord (the old model's attention is gone) and reads
         the chat on screen again; the last model's speed is not this one's."""
+        self._serial += 1  # what was asked of the last model is not this one's
         self.hidden_keys = (0,)
         self.state.attention_record = None
         self.state.tok_s = 0.0
@@ -433,7 +461,7 @@ class LensBridge(QObject):
         if self._seq2seq():
             from app.jobs.seq2seq import position_tables  # noqa: PLC0415
 
-            self.engine.request_lens("t5_positions", position_tables())
+            self._request("t5_positions", position_tables())
             self.request_seq2seq()
 
     def kv_info(self, info: KVInfo) -> None:
@@ -468,9 +496,18 @@ class LensBridge(QObject):
         self.request_attention(LIVE_MAX_ROWS)
 
     def reply_finished(self, cancelled: bool) -> None:
-        if not cancelled and self._current_chat() == self._reply_chat:
+        """A reply ended: its chat's lenses read it whole once the reply's thread has let go of the cache (until
+        then a request would read the cache as it is, without the reply's last token)."""
+        self._read_after_reply = not cancelled
+        conv = self.conversation
+        if conv is None or not conv.generating:
+            self._reply_read()
+
+    def _reply_read(self) -> None:
+        if self._read_after_reply and self._current_chat() == self._reply_chat:
             self.request_attention(ATTENTION_MAX_ROWS)
             self.request_routing()
+        self._read_after_reply = False
 
     def _failed(self, kind: str, message: str) -> None:
         log.info("lens %s: %s", kind, message)
@@ -504,6 +541,11 @@ class LensBridge(QObject):
         self._reads_memo = ReadsMemo()  # another model: its reads go with it
 
     def _ready(self, result: LensResult) -> None:
+        tag = result.record
+        if isinstance(tag, _OfModel):
+            if tag.serial != self._serial:
+                return  # computed for the model loaded before this one
+            result = LensResult(result.kind, tag.record)
         keep, rec = self._current(result)
         if not keep:
             return

@@ -169,6 +169,16 @@ class Chat:
             line = " ".join(first.split())
             self.title = line if len(line) <= TITLE_LIMIT else line[: TITLE_LIMIT - 1] + "…"
 
+    def written_by(self) -> list[str]:
+        """The names of the models whose replies are on screen (the first part of each reply's signature, 'name ·
+        quant · ...'), once each, in order."""
+        names: list[str] = []
+        for m in self.messages:
+            name = m.stats.model.split(" · ")[0] if m.role == "assistant" and m.stats is not None else ""
+            if name and name not in names:
+                names.append(name)
+        return names
+
     def conversation(self) -> list[dict[str, str]]:
         """The messages the model sees: the system prompt, then every turn still in context."""
         out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []

@@ -73,6 +73,7 @@ def _generate(session: Session, req: GenerationRequest, cancel: threading.Event,
     with session.lock:
         ctx_used, kv_bytes, n_ctx = cache.length, cache.nbytes, cache.n_ctx
     reason = last.finish_reason if last is not None and last.finish_reason else "cancelled"
+    session.generating.clear()  # the cache is free now: a lens asked when ReplyDone arrives reads the whole reply
     yield ReplyDone(
         reason, n, last.prompt_tokens if last else len(ids), last.prefilled_tokens if last else 0,
         last.prompt_tok_s if last else 0.0, last.gen_tok_s if last else 0.0,
@@ -99,12 +100,27 @@ def plain_text(messages: list[dict[str, str]]) -> str:
     return "".join(parts)
 
 
+def own_ids(tok: Any, ids: tuple[int, ...] | None, text: str | None) -> tuple[int, ...] | None:
+    """`ids` if the loaded tokenizer spells `text` with them (None `text`: taken as they are); else () so that the
+    message's text is encoded instead: a reply written by another model (another vocabulary) is re-tokenized with
+    this one's, never read as this model's ids."""
+    if not ids or text is None:
+        return ids
+    n_vocab = int(tok.n_vocab)
+    if all(0 <= int(i) < n_vocab for i in ids) and "".join(tok.token_text(int(i)) for i in ids) == text:
+        return ids
+    return ()
+
+
 def _render(model: Model, messages: list[dict[str, str]], continue_ids: tuple[int, ...] | None,
-            plain: bool = False, variables: dict[str, object] | None = None) -> tuple[list[int], str]:
-    """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed. An
+            plain: bool = False, variables: dict[str, object] | None = None,
+            continue_text: str | None = None) -> tuple[list[int], str]:
+    """Token ids of the rendered conversation; with continue_ids the last (assistant) message is resumed (checked
+    against continue_text by `own_ids`: another model's ids are not resumed, the text is encoded). An
     encoder-decoder model (T5) reads one input: the last user message, as its tokenizer encodes it (EOS added);
     engine.generate encodes it and decodes from the start token."""
     tok = model.tokenizer
+    continue_ids = own_ids(tok, continue_ids, continue_text)
     if getattr(getattr(model, "net", None), "is_encoder_decoder", False):
         last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         return tok.encode(last, add_special=True, parse_special=False), ""
@@ -156,7 +172,7 @@ def fit_context(
     """
     messages = [{"role": r, "content": c} for r, c in req.messages]
     variables = switch_vars(model, req)
-    ids, warning = _render(model, messages, req.continue_ids, req.plain, variables)
+    ids, warning = _render(model, messages, req.continue_ids, req.plain, variables, req.continue_text)
     if req.overflow_policy != "drop_oldest":
         if len(ids) + 1 > n_ctx:
             raise ContextFullError(len(ids), n_ctx)
@@ -172,7 +188,7 @@ def fit_context(
         cut = starts[0]
         rest = rest[cut:]
         dropped += cut
-        ids, again = _render(model, system + rest, req.continue_ids, req.plain, variables)
+        ids, again = _render(model, system + rest, req.continue_ids, req.plain, variables, req.continue_text)
         warning = warning or again  # a note the template gives once (a folded system prompt) is kept
     return ids, dropped, warning
 

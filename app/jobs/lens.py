@@ -74,8 +74,9 @@ def in_context(compute: Callable[..., Any], context: GenerationRequest, memo: di
 def ensure_context(model: Any, recorder: Any, cache: Any, context: GenerationRequest, memo: dict[str, Any]) -> bool:
     """Bring the cache (and the recorder) to the tokens of `context`; True when it ran anything (call under lock).
 
-    A cache that holds the context, or all of it but its last token (a reply's last token is sampled, never
-    run), is left as it is; otherwise the common prefix is kept and the rest prefilled (engine.generate.prefill).
+    A cache that holds the context is left as it is; otherwise the common prefix is kept and the rest prefilled
+    (engine.generate.prefill). A reply's last token is sampled, never run: it is run here, so a chat reads the same
+    tokens (and scores the same) right after its reply as when it is reopened (unless the context is full).
     """
     from engine.generate import prefill  # noqa: PLC0415
 
@@ -84,7 +85,7 @@ def ensure_context(model: Any, recorder: Any, cache: Any, context: GenerationReq
         return False
     ids, _dropped, _warning = _fit_context(model, context, cache.n_ctx)
     ran = False
-    if not (len(held) <= len(ids) <= len(held) + 1 and ids[: len(held)] == held):
+    if held != ids and not (len(ids) > cache.n_ctx and ids[:-1] == held):
         if prefill(model, ids, cache, recorder=recorder) is None:
             raise LensError("reading the conversation was cancelled")
         ran = True

@@ -13,6 +13,8 @@ class GenerationRequest:
 
     messages: tuple[tuple[str, str], ...]  # (role, content); the last one is the user's turn (or the partial reply)
     continue_ids: tuple[int, ...] | None = None  # continue the final assistant message from these tokens
+    continue_text: str | None = None  # what continue_ids spelled with the tokenizer that made them (their texts):
+    # ids that spell something else with the loaded model's tokenizer were another model's, so this text is encoded
     temperature: float = 0.7
     top_k: int = 40
     top_p: float = 0.95

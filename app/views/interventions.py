@@ -2,23 +2,20 @@
 adapter.
 
 What is set applies to the chat's model from the next reply on (the reply's signature names it, a banner says it is
-on, Clear all removes it in one click). After Apply the panel shows what it does to the chat so far: the next-token
-distribution at the last position before and after, and the KL divergence at every position of the chat. The view
-only shows and asks; app.controllers.experiments runs the job.
+on, Clear all removes it in one click). After Apply (or Clear all) the panel shows what the change did to the chat
+(app.views.intervention_effect): the next token after the chat before and after, their KLD, whether the top token
+changed, the KLD at every position. Regenerate last reply makes the chat's last reply again with what is set, a new
+version beside the earlier ones. The view only shows and asks; app.controllers.experiments runs the job.
 """
 from __future__ import annotations
 
-import html
-
-import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSlider, QVBoxLayout, QWidget)
 
 from app.records.interventions import InterventionRecord, InterventionSpec
-from app.views.common.tokens import token_label
 from app.views.common.dialogs import open_file
+from app.views.intervention_effect import EffectView
 
 HELP = ("Heads as LAYER:HEAD, comma separated (3:4, 10:1), zeroed or replaced by their mean over the chat; layers "
         "whose attention or FFN output is left out (2, 5); experts the router may not choose (LAYER:EXPERT); a control "
@@ -100,11 +97,13 @@ class InterventionsPanel(QGroupBox):
 
     apply_requested = Signal(object)  # InterventionSpec (empty: clear all)
     regenerate_requested = Signal()  # the chat's last reply again, made with what is set
+    stop_requested = Signal()  # stop measuring the effect (what was asked is set all the same)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Interventions on the chat's model", parent)
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # holds the focus while Apply or Clear all is disabled
         self._refocus: QPushButton | None = None  # the button that had the focus when it was pressed
+        self.record: InterventionRecord | None = None  # the last Apply's (or Clear's) record shown
         self.heads = _field("e.g. 3:4, 10:1", "Heads to switch off, LAYER:HEAD")
         self.head_mode = QComboBox()
         self.head_mode.addItems(["zeroed", "mean over the chat"])
@@ -123,17 +122,9 @@ class InterventionsPanel(QGroupBox):
             b.setEnabled(False)
         self.active = QLabel("Nothing is set: the model runs as its file says.")
         self.active.setWordWrap(True)
-        self.effect = QLabel(HELP)
-        self.effect.setWordWrap(True)
-        self.effect.setTextFormat(Qt.TextFormat.RichText)
-        self.kld_plot = pg.PlotWidget(background="w")
-        self.kld_plot.setLabel("left", "KLD")
-        self.kld_plot.setLabel("bottom", "chat position")
-        self.kld_plot.setMaximumHeight(120)
-        self.kld_plot.setMenuEnabled(False)
-        self.kld_plot.hideButtons()
-        self.kld_curve = self.kld_plot.plot(pen=pg.mkPen((40, 80, 200), width=1.5))
-        self.kld_plot.setVisible(False)  # shown with a measured effect
+        self.effect_view = EffectView(HELP)
+        self.effect_view.stop_requested.connect(self.stop_requested)
+        self.effect, self.kld_plot = self.effect_view.text, self.effect_view.plot
         grid = QGridLayout()
         rows = (("Ablate heads", _Row(self.heads, self.head_mode)),
                 ("Ablate layers", _Row(self.attn_layers, self.ffn_layers, stretch=2)),
@@ -149,11 +140,10 @@ class InterventionsPanel(QGroupBox):
         lay = QVBoxLayout(self)
         lay.addLayout(grid)
         lay.addLayout(buttons)
-        lay.addWidget(self.effect)
-        lay.addWidget(self.kld_plot)
+        lay.addWidget(self.effect_view)
         lay.addStretch(1)  # the rows stay together at the top while no effect is shown
         self.apply_button.clicked.connect(lambda: self._ask(self.spec()))
-        self.clear_button.clicked.connect(lambda: self._ask(InterventionSpec()))
+        self.clear_button.clicked.connect(self._clear_all)
         self.regen_button.clicked.connect(self.regenerate_requested)
 
     def spec(self) -> InterventionSpec:
@@ -168,41 +158,66 @@ class InterventionsPanel(QGroupBox):
         self.experts.setPlaceholderText(f"e.g. 9:12 (experts 0-{n_expert - 1})" if n_expert else
                                         "the model has no experts (a dense model)")
 
+    def _clear_all(self) -> None:
+        """Clear all: the heads, layers and experts typed go with what they set (the files stay, to apply again)."""
+        self.forget(files=False)
+        self._ask(InterventionSpec())
+
+    def forget(self, files: bool = True) -> None:
+        """Empty the fields that name parts of a model (and the adapter files, which are made for one model)."""
+        for field in (self.heads, self.attn_layers, self.ffn_layers, self.experts):
+            field.clear()
+        if files:
+            self.cvec.path.clear()
+            self.lora.path.clear()
+
     def set_model(self, loaded: bool) -> None:
-        """A new model (or none): nothing is set on it."""
+        """A new model (or none): nothing is set on it, and no field names a head or file of the model before."""
+        self.forget()
         self.apply_button.setEnabled(loaded)
         self.clear_button.setEnabled(False)
         self.regen_button.setEnabled(False)
+        self.record = None
         self.active.setText("Nothing is set: the model runs as its file says.")
-        self.effect.setText(HELP)
-        self.kld_curve.setData([], [])
-        self.kld_plot.setVisible(False)
+        self.effect_view.busy(False)
+        self.effect_view.show_text(HELP)
+
+    def set_can_regenerate(self, can: bool) -> None:
+        """Whether the chat on screen has a last turn to answer again (and no reply is being made)."""
+        self.regen_button.setEnabled(can)
+
+    def started(self) -> None:
+        """An Apply or Clear all runs: no second one meanwhile; its measurement shows progress and Stop."""
+        self.apply_button.setEnabled(False)
+        self.effect.setText("Applying…")
+        self.effect_view.busy(True)
+
+    def set_progress(self, what: str, fraction: float) -> None:
+        self.effect_view.set_progress(what, fraction)
 
     def set_record(self, rec: InterventionRecord) -> None:
+        self.record = rec
         self.apply_button.setEnabled(True)
         self.clear_button.setEnabled(bool(rec.description))
-        self.regen_button.setEnabled(bool(rec.description) and bool(rec.token_texts))
+        self.effect_view.busy(False)
         self._give_back_focus()
         self.active.setText(f"On: {rec.description}" if rec.description else "Nothing is set: the model runs as its "
                             "file says.")
-        if not rec.description or not rec.token_texts:
-            self.effect.setText(HELP if not rec.description else "Set. Send a message: the chat's tokens show the effect.")
-            self.kld_curve.setData([], [])
-            self.kld_plot.setVisible(False)
-            return
-        pairs = lambda top: ", ".join(f"{html.escape(token_label(t, 12))} {p:.2f}" for t, p in top)  # noqa: E731
-        worst = int(np.argmax(rec.kld))
-        self.effect.setText(
-            f"Next token after the chat, before: {pairs(rec.top_before)}<br>after: {pairs(rec.top_after)}<br>"
-            f"KLD over the chat's {len(rec.token_texts)} positions: mean {rec.mean_kld:.4f}, most at "
-            f"“{html.escape(token_label(rec.token_texts[worst], 16))}” ({rec.kld[worst]:.3f}) · {rec.elapsed_s:.1f} s")
-        self.kld_curve.setData(np.arange(len(rec.kld)), rec.kld)
-        self.kld_plot.setVisible(True)
+        if rec.measured:
+            self.effect_view.show_record(rec)
+        elif rec.note:
+            done = "Set" if rec.description else "Cleared"
+            self.effect_view.show_text(f"{done}. The effect is not shown: {rec.note}.")
+        elif not rec.token_texts:
+            self.effect_view.show_text("Set. Send a message: the chat's tokens show the effect." if rec.description
+                                       else HELP)
+        else:
+            self.effect_view.show_text(HELP)
 
     def failed(self, message: str) -> None:
         self.apply_button.setEnabled(True)
         self._give_back_focus()
-        self.effect.setText(f"<span style='color:#b00'>{html.escape(message)}</span> Nothing was changed.")
+        self.effect_view.show_failure(message)
 
     def _give_back_focus(self) -> None:
         """The focus back on the button pressed (disabling it had moved it to the panel, not to the next field)."""
@@ -215,6 +230,5 @@ class InterventionsPanel(QGroupBox):
         if pressed is not None:  # a disabled button passes its focus to the next field (patching's): keep it here
             self._refocus = pressed
             self.setFocus(Qt.FocusReason.OtherFocusReason)
-        self.apply_button.setEnabled(False)
-        self.effect.setText("Applying…")
+        self.started()
         self.apply_requested.emit(spec)

@@ -95,6 +95,7 @@ class Engine(QObject):
         from engine import catalog  # noqa: PLC0415
 
         self.cancel_load()
+        self.stop_jobs()  # what runs on the old model (a comparison, a sweep, a probe) stops before the switch
         fetch = source in catalog.CATALOG and catalog.is_installed(catalog.CATALOG[source]) is None
 
         def job(emit: Emit, runner: Runner) -> Iterator[object]:
@@ -111,6 +112,13 @@ class Engine(QObject):
     def cancel_load(self) -> None:
         if self._loader is not None:
             self._loader.cancel.set()
+
+    def stop_jobs(self) -> None:
+        """Stop every job of the loaded model: the lens requests not started are dropped and every task lane's
+        running and waiting jobs cancelled (each says so through task_failed, as a Stop would)."""
+        self._lens_pending.clear()
+        for lane in list(self._tasks) + [ln for ln in self._task_pending if ln not in self._tasks]:
+            self.cancel_task(lane)
 
     @property
     def loading(self) -> bool:

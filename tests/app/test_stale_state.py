@@ -73,7 +73,7 @@ def test_every_lens_follows_the_reply_version_on_screen(qtbot, tiny: Path, data_
     if _said(v1) == _said(v2):
         pytest.skip("both versions came out the same")
     qtbot.waitUntil(lambda: lens.attention is not None and _tail(lens.attention.token_texts).endswith(
-        _said(v2, ran=False)), timeout=REPLY_MS)
+        _said(v2)), timeout=REPLY_MS)  # the reply read whole once it ended (its last token run for the lenses)
     lens.views.setCurrentWidget(lens.roles)  # the scores of version 2
     qtbot.waitUntil(lambda: lens.roles.record is not None, timeout=REPLY_MS)
     stale = InContext(w.state.attention_record, w.bridge.shown_context())  # a late record of version 2
@@ -117,7 +117,7 @@ def test_a_lens_request_that_waits_through_a_reply_leaves_that_replys_cache(qtbo
     with session.lock:
         tokens = list(session.cache.tokens)
         late = held[0](session.model, session.recorder, session.cache, session.token_texts())
-        assert late.record is None and list(session.cache.tokens) == tokens
+        assert late.record.record is None and list(session.cache.tokens) == tokens  # (a record tagged with its model)
     w.close()
 
 

@@ -56,12 +56,12 @@ def test_attention_clears_on_chat_and_model_change_and_sinks_repool(qtbot) -> No
     engine.asked.clear()
     lens.roles.hidden_keys_changed.emit((0, 7))  # two sinks ticked: the grid is pooled again without them
     assert bridge.hidden_keys == (0, 7) and [k for k, _ in engine.asked] == ["attention"]
-    rec = engine.asked[0][1](run.model, run.recorder, run.cache, run.texts)
+    rec = engine.asked[0][1](run.model, run.recorder, run.cache, run.texts).record  # (tagged with its model)
     assert rec.hidden_keys == (0, 7)
     engine.asked.clear()
     lens.roles_requested.emit("chat")
     lens.logit_requested.emit(5, 8)
     assert [k for k, _ in engine.asked] == ["roles", "logit"]
-    roles = engine.asked[0][1](run.model, run.recorder, run.cache, run.texts)
+    roles = engine.asked[0][1](run.model, run.recorder, run.cache, run.texts).record
     engine.lens_ready.emit(LensResult("roles", roles))
     assert lens.roles.record is roles
