@@ -62,6 +62,7 @@ class GridView(pg.GraphicsLayoutWidget):
             item.setZValue(10)  # above the role frames
             self.plot.addItem(item)
         self.plot.getViewBox().sigResized.connect(lambda _vb: self._head_ticks())
+        self.plot.getViewBox().sigXRangeChanged.connect(lambda _vb, _r: self._head_ticks())
         self.image.mouseClickEvent = self._click
         self.image.hoverEvent = self._hover
         self.model: ModelRecord | None = None
@@ -232,8 +233,8 @@ class GridView(pg.GraphicsLayoutWidget):
         """Head labels over the columns: every head when the thumbnails are wide enough, else every k-th."""
         if not len(self._xs):
             return
-        width = float(self._xs[-1] + self._t)
-        px = self.plot.getViewBox().width() / max(width, 1.0) * (self._t + GAP)  # screen pixels per column
+        x0, x1 = self.plot.getViewBox().viewRange()[0]  # wider than the grid where the locked aspect pads it
+        px = self.plot.getViewBox().width() / max(x1 - x0, 1.0) * (self._t + GAP)  # screen pixels per column
         label = self.fontMetrics().horizontalAdvance(f"h{len(self._xs) - 1}") + 6
         every = max(1, int(np.ceil(label / max(px, 1e-6))))
         self.plot.getAxis("top").setTicks([[(float(x + self._t / 2), f"h{h}") for h, x in enumerate(self._xs)

@@ -21,6 +21,7 @@ def render_markdown(doc: QTextDocument, text: str, code_bg: QColor) -> None:
     code = QTextBlockFormat()
     code.setBackground(code_bg)
     code.setLeftMargin(6)
+    code.setNonBreakableLines(False)  # a long line of code wraps inside the bubble (its view never scrolls sideways)
     block = doc.begin()
     while block.isValid():
         if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):

@@ -81,7 +81,9 @@ class MessageWidget(QFrame):
         self.reasoning_button.setCheckable(True)
         self.reasoning_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
         self.reasoning_button.toggled.connect(lambda _on: self.refresh(force=True))
-        self.reasoning_view = plain_label("", "color: #666; border-left: 3px solid #ddd; padding-left: 6px;")
+        self.reasoning_view = RichView()  # wraps a long word anywhere: a label would widen the bubble past the chat
+        self.reasoning_view.setStyleSheet("QTextBrowser { color: #666; border: none; border-left: 3px solid #ddd; "
+                                          "padding-left: 6px; }")
         lay.addWidget(self.reasoning_button, 0, Qt.AlignmentFlag.AlignLeft)
         lay.addWidget(self.reasoning_view)
         self.reasoning: Reasoning = Reasoning("", "")
@@ -185,7 +187,7 @@ class MessageWidget(QFrame):
         self.reasoning_button.setText(f"{arrow} Thinking… ({words} words)" if r.thinking
                                       else f"{arrow} Thought for {words} words")
         self.reasoning_button.setVisible(has)
-        self.reasoning_view.setText(r.reasoning)
+        self.reasoning_view.set_plain(r.reasoning)
         self.reasoning_view.setVisible(has and self.reasoning_button.isChecked() and bool(r.reasoning))
 
     def copy_text(self) -> str:

@@ -26,6 +26,7 @@ from app.records.model import ModelRecord, TensorRow
 from app.records.tensor import TensorRecord
 from app.views.common.colours import type_colour
 from app.views.common.flow import FillLayout
+from app.views.quant.grid import TypeGrid
 from app.views.quant.imatrix import ImatrixPanel
 from app.views.quant.overrides import OverrideEditor
 from app.views.quant.tensor import TensorDetail
@@ -65,17 +66,15 @@ class QuantLens(QWidget):
         self.summary = QLabel("Load a model to see how it is quantized.")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.grid = QTableWidget()
-        self.grid.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.grid.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.grid.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.grid.verticalHeader().setDefaultSectionSize(20)
+        self.grid = TypeGrid()  # its columns fit the pane: a role's name is cut with … before a type is
         self.flat = QTableWidget(0, 7)
         self.flat.setHorizontalHeaderLabels(["tensor", "layer", "role", "type", "shape (ne)", "bytes", "bits/weight"])
         self.flat.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.flat.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.flat.verticalHeader().setVisible(False)
         self.flat.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.flat.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the rest of the width:
+        self.flat.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a long name cut in the middle, whole in its tooltip
         tabs = QTabWidget()
         tabs.addTab(self.grid, "Layers × tensors")
         tabs.addTab(self.flat, "All tensors")
@@ -142,7 +141,7 @@ class QuantLens(QWidget):
         g = self.grid
         bar = g.verticalScrollBar().sizeHint().width() if g.rowCount() * g.verticalHeader().defaultSectionSize() \
             > g.viewport().height() else 0
-        return g.verticalHeader().width() + g.horizontalHeader().length() + 2 * g.frameWidth() + bar + 10  # + its tabs
+        return g.verticalHeader().width() + g.natural_width() + 2 * g.frameWidth() + bar + 10  # + its tabs
 
     def fit_table(self) -> None:
         """Side by side, the table gets the width its columns need (token_embd, output and the norms included),
@@ -275,8 +274,7 @@ class QuantLens(QWidget):
         columns = roles + [t.role for t in globals_]
         self.grid.clear()
         self.grid.setRowCount(model.n_layers + 1)
-        self.grid.setColumnCount(len(columns))
-        self.grid.setHorizontalHeaderLabels([c.replace("_", "\n", 1) for c in columns])  # two short lines keep columns narrow
+        self.grid.set_roles(columns)  # a word a line keeps columns narrow
         self.grid.setVerticalHeaderLabels([GLOBAL_ROW] + [f"blk.{i} R" if model.is_recurrent(i) else f"blk.{i}"
                                                           for i in range(model.n_layers)])
         if model.hybrid:  # a hybrid's recurrent blocks have other tensors (attn_qkv, ssm_*) than its attention blocks
@@ -314,6 +312,8 @@ class QuantLens(QWidget):
             for j, v in enumerate(values):
                 item = QTableWidgetItem()
                 item.setData(Qt.ItemDataRole.DisplayRole, v)
+                if j == 0:
+                    item.setToolTip(t.name)
                 if j == 3:
                     item.setBackground(QBrush(QColor(*type_colour(t.type_name))))
                     item.setToolTip(self._tip(t))
@@ -366,6 +366,7 @@ class QuantLens(QWidget):
             font = item.font()
             font.setItalic(new is not None)
             item.setFont(font)
+        self.grid.fit_columns()  # "→Q2_K" is wider than "Q4_K"
 
     def open_tensor(self, name: str) -> None:
         """Show tensor `name` up close: the editor picks it, the detail says it is loading, the lens asks for it."""

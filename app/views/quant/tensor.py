@@ -80,11 +80,12 @@ class TensorDetail(QWidget):
         self.fields = QTableWidget(0, 6)
         self.fields.setHorizontalHeaderLabels(["field", "bytes", "stored as", "meaning", "decodes to", "raw (hex)"])
         self.fields.verticalHeader().setVisible(False)
-        header = self.fields.horizontalHeader()
-        for j, width in enumerate((60, 64, 96, 300, 330)):
-            header.setSectionResizeMode(j, QHeaderView.ResizeMode.Interactive)
-            self.fields.setColumnWidth(j, width)
-        header.setStretchLastSection(True)
+        header = self.fields.horizontalHeader()  # meaning and value share what the pane has left (never a sideways
+        for j, width in enumerate((60, 64, 96, 0, 0, 120)):  # scroll at 1280x800): a long cell is cut, whole in its tip
+            header.setSectionResizeMode(j, QHeaderView.ResizeMode.Stretch if not width else
+                                        QHeaderView.ResizeMode.Interactive)
+            if width:
+                self.fields.setColumnWidth(j, width)
         self.fields.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.formula = QLabel("")
         self.formula.setWordWrap(True)

@@ -22,7 +22,7 @@ def test_the_thinking_is_collapsed_above_the_answer(qtbot) -> None:
     assert w.reasoning_button.isVisible() and w.reasoning_button.text() == "▸ Thought for 5 words"
     assert not w.reasoning_view.isVisible()
     w.reasoning_button.setChecked(True)
-    assert w.reasoning_view.isVisible() and w.reasoning_view.text() == "Two and two make four."
+    assert w.reasoning_view.isVisible() and w.reasoning_view.toPlainText() == "Two and two make four."
     assert w.reasoning_button.text().startswith("▾")
     w.copy_button.click()
     assert QGuiApplication.clipboard().text() == "It is **4**."
