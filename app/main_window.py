@@ -197,6 +197,8 @@ class MainWindow(QMainWindow):
         self.engine.load_failed.connect(self._load_failed)
         self.engine.load_cancelled.connect(lambda msg: self.status.showMessage(f"Model not loaded: {msg}", 8000))
         self.status.cancel_load.connect(self.engine.cancel_load)
+        self.engine.lens_progress.connect(self.status.set_lens_progress)
+        self.status.stop_lens.connect(self.engine.cancel_lens)
         self.saver.failed.connect(lambda msg: view.show_banner("error", msg))
         self.quant_bridge.applied.connect(  # replies made after Apply name the overrides too ('Q4_1 + 3 overrides')
             lambda spec: self._sign(spec=spec))

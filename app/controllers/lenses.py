@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject
 
+from app.controllers.lens_feed import LensFeeder
+from app.jobs import lens_computes as lc
 from app.jobs.lens import ATTENTION_MAX_ROWS, InContext, LensResult, in_context
 from app.records.kv import KVInfo, backend_setting, cache_type_setting, kv_bytes_for, numerics_setting
 from app.records.reply import GenerationRequest
@@ -31,118 +32,19 @@ from app.views.attention.lens import AttentionLens
 from app.views.experts import ExpertsLens
 from app.views.lenses import LensSlot
 from app.views.positions import PositionsLens
-from app.views.quant.lens import QuantLens
 from app.workers.engine import Engine
 
 log = logging.getLogger(__name__)
 
 LIVE_MIN_S = 2.0  # live attention overviews while a reply streams: at most this often...
-LIVE_COST_FACTOR = 4.0  # ...and never more than 1/4 of the time (the overview pauses generation while it runs)
+LIVE_COST_FACTOR = 15.0  # ...and the live records (overview, head, routing) never more than 1/15 of the time:
+# each pauses the reply while it runs (benchmarks/lens_overhead.py measures what a lens on screen costs)
 LIVE_MAX_ROWS = 64
 READING_TEXT = ("Reading this chat: the conversation shown (the reply versions on screen) runs once through the "
                 "model to show its attention…")
 NO_TOKENS = "this chat has no tokens yet: send a message first"
 NO_MODEL_TEXT = "This chat's attention is shown once a model is loaded."
-L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens)
 LIVE_ROUTING_S = 1.0  # the Experts lens follows a streaming reply at most this often
-P = ParamSpec("P")
-
-
-def _recorded(recorder: Any, cache: Any, at_least: int = 1) -> bool:
-    """Whether the recorder and cache hold at least `at_least` positions of some layer (attention or recurrent)."""
-    return (cache is not None and recorder is not None and min(cache.length, recorder.length) >= at_least
-            and bool(recorder.specs or getattr(recorder, "recurrent", None)))
-
-
-def _attention(max_rows: int | None, hidden: tuple[int, ...] = (0,), memo: Any = None) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.attention import make_attention_record  # noqa: PLC0415
-
-        if not _recorded(recorder, cache):
-            return None
-        return make_attention_record(model, recorder, cache, texts, max_rows=max_rows, hidden_keys=hidden,
-                                     reads_memo=memo)
-
-    return compute
-
-
-def _roles(source: str, memo: Any = None) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.head_roles import make_head_roles_record, make_probe_record  # noqa: PLC0415
-
-        if source == "probe":
-            return make_probe_record(model)
-        if not _recorded(recorder, cache, 2):
-            return None
-        return make_head_roles_record(model, recorder, cache, texts, reads_memo=memo)
-
-    return compute
-
-
-def _state() -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.recurrent import make_state_record  # noqa: PLC0415
-
-        if not _recorded(recorder, cache):
-            return None
-        return make_state_record(model, recorder, cache, texts)
-
-    return compute
-
-
-def _logit(position: int, width: int, memo: dict[str, Any]) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.logit_lens import make_logit_lens_record  # noqa: PLC0415
-
-        if cache is None or cache.length == 0:
-            return None
-        if memo.get("cache") is not cache:  # another chat or model: the kept streams are not this context's
-            memo.clear()
-            memo.update(cache=cache, streams={})
-        return make_logit_lens_record(model, list(cache.tokens), position if position >= 0 else None, width=width,
-                                      memo=memo["streams"])
-
-    return compute
-
-
-def _head(layer: Any, head: Any, rows: Any, memo: Any = None) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.attention import make_head_record  # noqa: PLC0415
-
-        if not _recorded(recorder, cache):
-            return None
-        return make_head_record(model, recorder, cache, layer, head, rows, texts, reads_memo=memo)
-
-    return compute
-
-
-def _step(layer: int, head: int, query: int) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.attention import make_step_record  # noqa: PLC0415
-
-        if cache is None or recorder is None or min(cache.length, recorder.length) == 0 or not recorder.specs:
-            return None
-        return make_step_record(model, recorder, cache, texts, layer, head, query)
-
-    return compute
-
-
-def _routing() -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.routing import make_routing_record  # noqa: PLC0415
-
-        return make_routing_record(model, recorder, cache, texts)
-
-    return compute
-
-
-def _tensor(name: str, block: int) -> Callable[..., Any]:
-    def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
-        from app.records.tensor import make_tensor_record  # noqa: PLC0415
-
-        return make_tensor_record(model, name, block_index=block)
-
-    return compute
 
 
 @dataclass(frozen=True)
@@ -153,7 +55,7 @@ class _OfModel:
     record: Any
 
 
-class LensBridge(QObject):
+class LensBridge(LensFeeder, QObject):
     """Answers the lenses' requests (it implements app.views.lenses.LensRequests) and feeds them their records."""
 
     def __init__(self, engine: Engine, state: AppState, slots: dict[str, LensSlot], parent: QObject | None = None):
@@ -166,7 +68,7 @@ class LensBridge(QObject):
         self._routing_at = 0.0
         self._live_cost = 0.0
         self._asked_at = 0.0
-        self._pending: dict[str, dict[Callable[..., Any], partial[Any]]] = {}  # hidden lens -> method -> newest call
+        self._pending = {}  # hidden lens -> method -> newest call (LensFeeder)
         self.hidden_keys: tuple[int, ...] = (0,)  # the keys "hide sinks" hides in the attention grid
         self._logit_memo: dict[str, Any] = {}  # the logit lens's last residual streams (worker side only)
         self._context_memo: dict[str, Any] = {}  # the conversation the cache was last brought to (worker side only)
@@ -209,38 +111,38 @@ class LensBridge(QObject):
     # ---- the requests (LensRequests)
 
     def request_head(self, layer: Any, head: Any, rows: Any) -> None:
-        self._ask("head", _head(layer, head, rows, self._reads_memo))
+        self._ask("head", lc.head(layer, head, rows, self._reads_memo))
 
     def request_state(self) -> None:
         """A hybrid's State view: what each recurrent layer's tokens wrote and kept, and what the state costs."""
         rec = self.state.model_record
         if rec is not None and getattr(rec, "recurrent", ()):
-            self._ask("state", _state())
+            self._ask("state", lc.state())
 
     def request_step(self, layer: int, head: int, query: int) -> None:
-        self._ask("step", _step(layer, head, query))
+        self._ask("step", lc.step(layer, head, query))
 
     def request_tensor(self, name: str) -> None:
-        self._request("tensor", _tensor(name, 0))
+        self._request("tensor", lc.tensor(name, 0))
 
     def request_block(self, name: str, index: int) -> None:
-        self._request("tensor", _tensor(name, int(index)))
+        self._request("tensor", lc.tensor(name, int(index)))
 
     def request_roles(self, source: str) -> None:
         if str(source) == "probe":  # the probe is its own context: the chat's is not needed
-            self._request("roles", _roles("probe"))
+            self._request("roles", lc.roles("probe"))
         else:
-            self._ask("roles", _roles(str(source), self._reads_memo))
+            self._ask("roles", lc.roles(str(source), self._reads_memo))
 
     def request_logit(self, position: int, width: int) -> None:
-        self._ask("logit", _logit(int(position), int(width), self._logit_memo))
+        self._ask("logit", lc.logit(int(position), int(width), self._logit_memo))
 
     def request_routing(self) -> None:
         """The Experts lens's record, when the model has experts (nothing to ask of a dense model)."""
         experts = self.lens(ExpertsLens)
         if experts is not None and experts.wants_routing():
             self._routing_at = time.perf_counter()
-            self._ask("routing", _routing())
+            self._ask("routing", lc.routing())
 
     def request_seq2seq(self) -> None:
         """An encoder-decoder model's attention record (read from the cache as it is: app.jobs.seq2seq)."""
@@ -340,6 +242,7 @@ class LensBridge(QObject):
             self._want, self._due, self._shown = None, False, None
             self.deliver(self.lens(AttentionLens), AttentionLens.new_reply)  # scores of the old context go
             return
+        self.deliver(self.lens(AttentionLens), AttentionLens.reply_ended)
         if current == self._reply_chat and self.state.attention_record is not None:
             self._shown = self.shown_context()  # the lenses show the reply just made, as the chat shows it
         else:
@@ -351,41 +254,6 @@ class LensBridge(QObject):
         return conv.current.id if conv is not None and conv.current is not None else ""
 
     # ---- feeding the lenses
-
-    def lens(self, cls: type[L]) -> L | None:
-        """The built lens of class `cls`, if it has a slot here."""
-        slot = self.slots.get(cls.title)
-        widget = slot.widget if slot is not None else None
-        return widget if isinstance(widget, cls) else None
-
-    def feed(self, slot: LensSlot) -> None:
-        """Give a lens the model and the chat's attention it missed (a new model: every lens starts over)."""
-        st, w = self.state, slot.widget
-        self._pending.pop(slot.title, None)
-        if w is None:
-            return
-        if st.model_record is not None:
-            self.deliver(w, type(w).set_model, st.model_record)
-        rec = st.attention_record
-        if rec is not None and isinstance(w, AttentionLens):
-            self.deliver(w, AttentionLens.set_attention, rec)
-        if rec is not None and isinstance(w, PositionsLens):
-            self.deliver(w, PositionsLens.set_tokens, list(rec.token_texts))
-
-    def deliver(self, lens: L | None, method: Callable[Concatenate[L, P], object], *args: P.args,
-                **kwargs: P.kwargs) -> None:
-        """Call method(lens, ...) now if the lens is on screen, else keep the newest call for when its tab is shown.
-
-        `method` is the lens class's own function (`AttentionLens.set_head`): a misspelt name fails where it is
-        written. No lens (one that could not be built): nothing to do.
-        """
-        if lens is None:
-            return
-        call = partial(method, lens, *args, **kwargs)
-        if self.visible(lens.title):
-            self._call(lens.title, call)
-        else:
-            self._pending.setdefault(lens.title, {})[method] = call
 
     def tab_shown(self, title: str) -> None:
         """A lens tab came on screen: give it what arrived while it was hidden (the model first); the Attention
@@ -401,14 +269,6 @@ class LensBridge(QObject):
             self._read()
         elif title == ExpertsLens.title:
             self.request_routing()
-
-    @staticmethod
-    def _call(title: str, call: partial[Any]) -> None:
-        """Lens errors are logged, never raised: a broken view must not stop the others from being fed."""
-        try:
-            call()
-        except Exception:  # noqa: BLE001
-            log.exception("%s: %s failed", title, call.func.__qualname__)
 
     def set_hidden_keys(self, keys: Any) -> None:
         """The keys "hide sinks" hides changed: the grid is pooled again without them."""
@@ -433,12 +293,6 @@ class LensBridge(QObject):
         self.deliver(self.lens(AttentionLens), AttentionLens.clear_chat)
         self._drop_pending(ExpertsLens.title)
         self.deliver(self.lens(ExpertsLens), ExpertsLens.clear_chat)
-
-    def _drop_pending(self, title: str) -> None:
-        """Forget what a hidden lens was to be given of the old chat; a new model it has not seen yet stays."""
-        pending = self._pending.get(title, {})
-        for method in [m for m in pending if m.__name__ != "set_model"]:
-            pending.pop(method)
 
     def model_loaded(self) -> None:
         """A new model: every lens starts over with its ModelRecord (the old model's attention is gone) and reads
@@ -478,14 +332,15 @@ class LensBridge(QObject):
         if self._seq2seq():
             self.request_seq2seq()
             return
-        self._ask("attention", _attention(max_rows, self.hidden_keys, self._reads_memo))
+        self._ask("attention", lc.attention(max_rows, self.hidden_keys, self._reads_memo))
 
     def reply_progress(self) -> None:
         """A token arrived: refresh the attention overview (and the Experts lens) now and then, if someone is
         looking at it (at the chat being answered: another chat's lenses must not show this reply)."""
         if self._current_chat() != self._reply_chat:
             return
-        if self.visible(ExpertsLens.title) and time.perf_counter() - self._routing_at >= LIVE_ROUTING_S:
+        if self.visible(ExpertsLens.title) and time.perf_counter() - self._routing_at >= max(
+                LIVE_ROUTING_S, LIVE_COST_FACTOR * self._live_cost):
             self.request_routing()
         if not self.visible(AttentionLens.title):
             return
@@ -496,9 +351,9 @@ class LensBridge(QObject):
         self.request_attention(LIVE_MAX_ROWS)
 
     def reply_finished(self, cancelled: bool) -> None:
-        """A reply ended: its chat's lenses read it whole once the reply's thread has let go of the cache (until
-        then a request would read the cache as it is, without the reply's last token)."""
-        self._read_after_reply = not cancelled
+        """A reply ended (or was stopped): its chat's lenses read it whole once the reply's thread has let go of the
+        cache (until then a request would read the cache as it is, without the reply's last token)."""
+        self._read_after_reply = True
         conv = self.conversation
         if conv is None or not conv.generating:
             self._reply_read()
@@ -553,29 +408,9 @@ class LensBridge(QObject):
             if result.kind in ("roles", "logit", "state"):  # nothing to score or decode: say what to do
                 self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, result.kind, NO_TOKENS)
             return
-        attention = self.lens(AttentionLens)
+        if result.kind in ("head", "routing") and self.conversation is not None and self.conversation.generating:
+            self._live_cost += float(getattr(rec, "elapsed_s", 0.0))  # a live record's cost: the cycle's sum
         if result.kind == "attention":
             self._live_cost = float(rec.elapsed_s)
             self.state.attention_record = rec
-            self.deliver(attention, AttentionLens.set_attention, rec)
-            self.deliver(self.lens(PositionsLens), PositionsLens.set_tokens, list(rec.token_texts))
-        elif result.kind == "head":
-            self.deliver(attention, AttentionLens.set_head, rec)
-        elif result.kind == "step":
-            self.deliver(attention, AttentionLens.set_step, rec)
-        elif result.kind == "roles":
-            self.deliver(attention, AttentionLens.set_roles, rec)
-        elif result.kind == "logit":
-            self.deliver(attention, AttentionLens.set_logit_lens, rec)
-        elif result.kind == "tensor":
-            self.deliver(self.lens(QuantLens), QuantLens.set_tensor, rec)
-        elif result.kind == "state":
-            self.deliver(attention, AttentionLens.set_state, rec)
-        elif result.kind == "routing":
-            self.deliver(self.lens(ExpertsLens), ExpertsLens.set_routing, rec)
-        elif result.kind == "seq2seq":
-            self.deliver(attention, AttentionLens.set_seq2seq, rec)
-        elif result.kind == "cross_step":
-            self.deliver(attention, AttentionLens.set_cross_step, rec)
-        elif result.kind == "t5_positions":
-            self.deliver(self.lens(PositionsLens), PositionsLens.set_t5_tables, rec)
+        self.hand(result.kind, rec)

@@ -2,6 +2,7 @@
 conversation shown (`in_context`)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -21,16 +22,40 @@ class LensResult:
     record: Any
 
 
-def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emit) -> Iterator[object]:
-    """Run compute(model, recorder, cache, token_texts) under the session lock (between tokens)."""
-    with session.lock:
-        if session.model is None:
-            raise LensError("no model is loaded")
-        gguf = getattr(session.model, "gguf", None)
-        if gguf is not None:  # a file truncated or replaced under the app would fault where the lens reads it
-            gguf.check_unchanged()
-        record = compute(session.model, session.recorder, session.cache, session.token_texts())
+@dataclass(frozen=True)
+class LensProgress:
+    """How far a lens job is (reading a chat runs its tokens first): shown with a Stop while it takes long."""
+
+    kind: str
+    what: str
+    fraction: float
+
+
+_JOB = threading.local()  # the running lens job's cancel event and emit (each lens job has its own thread)
+
+
+def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emit,
+             cancel: threading.Event | None = None) -> Iterator[object]:
+    """Run compute(model, recorder, cache, token_texts) under the session lock (between tokens). `cancel` stops
+    it where it runs tokens (reading a conversation: `ensure_context`), which also reports LensProgress."""
+    _JOB.cancel, _JOB.emit, _JOB.kind = cancel, emit, kind
+    try:
+        with session.lock:
+            if session.model is None:
+                raise LensError("no model is loaded")
+            gguf = getattr(session.model, "gguf", None)
+            if gguf is not None:  # a file truncated or replaced under the app would fault where the lens reads it
+                gguf.check_unchanged()
+            record = compute(session.model, session.recorder, session.cache, session.token_texts())
+    finally:
+        _JOB.cancel = _JOB.emit = None
     yield LensResult(kind, record)
+
+
+def _progress(done: int, total: int) -> None:
+    emit = getattr(_JOB, "emit", None)
+    if emit is not None and total:
+        emit(LensProgress(str(getattr(_JOB, "kind", "")), f"reading the chat: {done} of {total} tokens", done / total))
 
 
 @dataclass(frozen=True)
@@ -86,8 +111,9 @@ def ensure_context(model: Any, recorder: Any, cache: Any, context: GenerationReq
     ids, _dropped, _warning = _fit_context(model, context, cache.n_ctx)
     ran = False
     if held != ids and not (len(ids) > cache.n_ctx and ids[:-1] == held):
-        if prefill(model, ids, cache, recorder=recorder) is None:
-            raise LensError("reading the conversation was cancelled")
+        if prefill(model, ids, cache, recorder=recorder, cancel=getattr(_JOB, "cancel", None),
+                   progress=_progress) is None:
+            raise LensError("reading the conversation was stopped")
         ran = True
     memo.clear()
     memo.update(context=context, cache=id(cache), tokens=list(cache.tokens))

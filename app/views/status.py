@@ -30,8 +30,10 @@ class ElidedLabel(QLabel):
 
     MIN_CHARS = 6
 
-    def __init__(self, text: str = "", parent: QWidget | None = None):
+    def __init__(self, text: str = "", parent: QWidget | None = None,
+                 elide: Qt.TextElideMode = Qt.TextElideMode.ElideMiddle):
         self.about = ""  # what the segment is: its tooltip, with the whole text above it while the text is cut
+        self.elide = elide  # where the … goes (a hover readout reads best cut at its end)
         super().__init__(text, parent)
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
@@ -63,13 +65,16 @@ class ElidedLabel(QLabel):
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt override
         rect = self.contentsRect()
-        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideMiddle, rect.width())
+        text = self.fontMetrics().elidedText(self.text(), self.elide, rect.width())
         if text == self.text():
             super().paintEvent(event)
             return
         painter = QPainter(self)
         painter.setPen(self.palette().color(self.foregroundRole()))
         painter.drawText(rect, int(self.alignment()) | int(Qt.AlignmentFlag.AlignVCenter), text)
+
+
+LENS_SHOW_MS = 1000  # a lens job's progress shows once it has run this long
 
 
 def _segment(tip: str) -> ElidedLabel:
@@ -83,6 +88,7 @@ class StatusPanel(QStatusBar):
     """Mirrors AppState into status-bar segments; shows a progress bar with Cancel while a model loads."""
 
     cancel_load = Signal()
+    stop_lens = Signal()  # the lens job that reads a long chat: stop it
 
     def __init__(self, state: AppState, parent: QWidget | None = None):
         super().__init__(parent)
@@ -109,6 +115,19 @@ class StatusPanel(QStatusBar):
         for w in (self.progress_label, self.progress, self.cancel):
             self.addWidget(w)
             w.hide()
+        self.lens_label = _segment("a lens is reading the chat: its tokens run through the model once")
+        self.lens_bar = QProgressBar()
+        self.lens_bar.setMaximumWidth(160)
+        self.lens_bar.setRange(0, 1000)
+        self.lens_stop = QToolButton()
+        self.lens_stop.setText("Stop")
+        self.lens_stop.clicked.connect(self.stop_lens)
+        for w in (self.lens_label, self.lens_bar, self.lens_stop):
+            self.addWidget(w)
+            w.hide()
+        self._lens_due = QTimer(self, singleShot=True, interval=LENS_SHOW_MS)  # only a job that takes a while shows
+        self._lens_due.timeout.connect(lambda: self._show_lens(True))
+        self._lens_at: object = None
         for w in (self.late, self.model, self.backend, self.speed, self.ctx, self.kv, self.kv_cost, self.path,
                   self.memory):
             self.addPermanentWidget(w)
@@ -193,6 +212,22 @@ class StatusPanel(QStatusBar):
     def _path(self, path: str) -> None:
         self.path.setText(f"attention: {path}" if path else "")
         self.path.setVisible(bool(path))
+
+    def set_lens_progress(self, item: object) -> None:
+        """A lens job's progress (app.jobs.lens.LensProgress), None when it ended: shown with Stop after a second."""
+        self._lens_at = item
+        if item is None:
+            self._lens_due.stop()
+            self._show_lens(False)
+            return
+        self.lens_label.setText(str(getattr(item, "what", "")))
+        self.lens_bar.setValue(int(max(0.0, min(1.0, float(getattr(item, "fraction", 0.0)))) * 1000))
+        if not self.lens_bar.isVisible() and not self._lens_due.isActive():
+            self._lens_due.start()
+
+    def _show_lens(self, on: bool) -> None:
+        for w in (self.lens_label, self.lens_bar, self.lens_stop):
+            w.setVisible(on and self._lens_at is not None)
 
     def _loading(self, value: tuple[str, float] | None) -> None:
         on = value is not None

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal
 
 from app.jobs.chat import generate_job
-from app.jobs.lens import lens_job
+from app.jobs.lens import LensProgress, lens_job
 from app.jobs.load import fetch_job, load_job
 from app.jobs.session import Emit, Session
 from app.workers.blas import limit_blas_threads, restore_blas_threads
@@ -32,6 +32,7 @@ class Engine(QObject):
     reply_ended = Signal(int)  # the reply's thread has finished (after ReplyDone or reply_failed)
     lens_ready = Signal(object)  # app.jobs.lens.LensResult
     lens_failed = Signal(str, str)  # (kind, message)
+    lens_progress = Signal(object)  # app.jobs.lens.LensProgress of the running lens job, None when it ended
     task_event = Signal(str, object)  # (task kind, what its job yielded): requantize, compare, sweep...
     task_done = Signal(str, object)  # (task kind, the job's return value)
     task_failed = Signal(str, str)  # (task kind, message for the user)
@@ -113,10 +114,16 @@ class Engine(QObject):
         if self._loader is not None:
             self._loader.cancel.set()
 
-    def stop_jobs(self) -> None:
-        """Stop every job of the loaded model: the lens requests not started are dropped and every task lane's
-        running and waiting jobs cancelled (each says so through task_failed, as a Stop would)."""
+    def cancel_lens(self) -> None:
+        """Stop the running lens job where it runs tokens (reading a long chat) and drop the waiting requests."""
         self._lens_pending.clear()
+        if self._lens is not None:
+            self._lens.cancel.set()
+
+    def stop_jobs(self) -> None:
+        """Stop every job of the loaded model: the lens requests (running and waiting) and every task lane's
+        running and waiting jobs (each task says so through task_failed, as a Stop would)."""
+        self.cancel_lens()
         for lane in list(self._tasks) + [ln for ln in self._task_pending if ln not in self._tasks]:
             self.cancel_task(lane)
 
@@ -227,8 +234,10 @@ class Engine(QObject):
             return
         kind = next(iter(self._lens_pending))
         compute = self._lens_pending.pop(kind)
-        runner = Runner(lambda emit: lens_job(self.session, kind, compute, emit), f"lens-{kind}", tag=kind)
-        runner.yielded.connect(lambda _tag, item: self.lens_ready.emit(item))
+        runner = self._runner(f"lens-{kind}", kind, lambda emit, r: lens_job(self.session, kind, compute, emit, r.cancel))
+        runner.yielded.connect(
+            lambda _tag, item: self.lens_progress.emit(item) if isinstance(item, LensProgress) else self.lens_ready.emit(item))
+        runner.finished.connect(lambda: self.lens_progress.emit(None))
         runner.failed.connect(lambda tag, msg: self.lens_failed.emit(str(tag), msg))
         runner.finished.connect(lambda r=runner: self._lens_finished(r))
         self._lens = runner

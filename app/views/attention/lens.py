@@ -37,6 +37,7 @@ from app.views.attention.seq2seq import Seq2SeqView
 from app.views.attention.state import StateView
 from app.views.attention.steps import StepThroughView
 from app.views.attention.text import TokenTextView
+from app.views.status import ElidedLabel as StatusLine
 
 if TYPE_CHECKING:
     from app.views.lenses import LensRequests
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 AUTO_ALL_ROWS = 512  # up to this many tokens the head view shows every query row
 LIVE_GRID_MS = 150
 LIVE_HEAD_MS = 500
+STREAMING_TEXT = ("A reply is being made: the heads are scored once it ends (scoring while it streams would pause "
+                  "it). The overview follows it live.")
 
 
 class AttentionLens(QWidget):
@@ -70,6 +73,7 @@ class AttentionLens(QWidget):
         self._end_pinned = False  # the user set "to row" below the newest token: the window stays there
         self.hidden_keys: tuple[int, ...] = (0,)  # what "hide sinks" hides
         self._part_note = ""  # rows set to a reply's part that the chat does not have: said in the info line
+        self.streaming = False  # a reply is being made: the views that score the whole chat wait for its end
         self._build()
         self._live_grid = qthrottled(self._redraw_grid, timeout=LIVE_GRID_MS)
         self._live_head = qthrottled(self.request_head, timeout=LIVE_HEAD_MS)
@@ -96,8 +100,8 @@ class AttentionLens(QWidget):
         self.empty = empty_state()
         self.overview.addWidget(self.empty)
         self.overview.addWidget(self.splitter)
-        self.status = QLabel("")
-        self.status.setTextFormat(Qt.TextFormat.PlainText)  # model names and tokens come from the file
+        self.status = StatusLine("", elide=Qt.TextElideMode.ElideRight)  # plain text (names and tokens come from the
+        # file), cut with … where the pane is narrow, whole in its tooltip
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info = ElidedLabel("")  # the selection: cut with … in a narrow pane, whole in its tooltip
         self.path_label = QLabel("")
@@ -243,8 +247,9 @@ class AttentionLens(QWidget):
         self._live_grid()
         self.steps.set_tokens(rec.token_texts)
         self.logit.set_tokens(rec.n_tokens)
-        self._refresh_steps()
-        self._refresh_tab()
+        if not self.streaming:  # a live record: the whole-chat views wait for the reply's end (reply_ended)
+            self._refresh_steps()
+            self._refresh_tab()
         if first and rec.n_tokens:
             self.request_head()
         elif grew and self.follow_check.isChecked() and self.head is not None:
@@ -280,12 +285,20 @@ class AttentionLens(QWidget):
     def new_reply(self) -> None:
         """A reply is being made (a new message, Regenerate, Continue): head roles, the logit lens and the step
         shown describe the context before it, so they go; the overview follows the reply live."""
-        self.roles.clear()
+        self.streaming = True
+        self.roles.clear(STREAMING_TEXT)
         self.logit.clear()
         self.state_view.asked = False  # the reply's tokens make it stale; it asks again when on screen
         self._lens_pick = None
         if self.model is not None:
             self.steps.set_model(self.model)
+
+    def reply_ended(self) -> None:
+        """The reply is made: head roles, the logit lens, the State and Step through views score it when the
+        overview of the whole reply arrives (they never run while it streams: each would pause the reply)."""
+        self.streaming = False
+        if self.roles.record is None and self.roles.asked is None:
+            self.roles.clear()
 
     def waiting(self, text: str) -> None:
         """Nothing of this chat is drawn yet and it is being read (a reopened chat, another version): say so."""
@@ -310,8 +323,8 @@ class AttentionLens(QWidget):
             note = (f"{note} · " if note else "") + f"reads decomposed from token {rec.read_start} on"
         self.info.setText(f"{what} · {rows}{pooled} · {rec.elapsed_s * 1000:.1f} ms" + (f" · {note}" if note else ""))
         if self.views.currentWidget() is self.overview:  # the old hover text described another selection
-            self.status.setText("Hover a cell for the signed weight of each read; click a token to tint the context by "
-                                "what it reads." if rec.recurrent else
+            self.status.setText("Hover a cell for each read's signed weight; click a token to tint the context by what "
+                                "it reads." if rec.recurrent else
                                 "Hover a cell for its weight; click a token to tint the context by its attention.")
         if len(rec.token_texts) > len(self.steps.texts):  # the head saw newer tokens than the last grid
             self.steps.set_tokens(rec.token_texts)
@@ -335,7 +348,7 @@ class AttentionLens(QWidget):
         if len(texts) > len(self.steps.texts):  # the step view's query range must reach the clicked token
             self.steps.set_tokens(texts)
         self.steps.select(query=index)
-        self._refresh_steps()
+        self._refresh_steps(asked=True)
         if self.views.currentWidget() is self.logit:
             self.logit.show_position(index)
         if self.head is not None and self._covers(self.head, index):
@@ -427,13 +440,13 @@ class AttentionLens(QWidget):
         self.bar.setVisible(overview)
         self.info.setVisible(overview)
         self.status.setText("")
-        self._refresh_steps()
+        self._refresh_steps(asked=True)
         self._refresh_tab()
 
     def _refresh_tab(self) -> None:
         """Head roles and the logit lens ask for the chat's scores when they come on screen out of date."""
         current, rec = self.views.currentWidget(), self.attention
-        if rec is None or rec.n_tokens < 2:
+        if rec is None or rec.n_tokens < 2 or self.streaming:
             return
         if current is self.roles and self.roles.asked is None:  # nothing on its way already (the probe, say)
             have = self.roles.record
@@ -457,8 +470,11 @@ class AttentionLens(QWidget):
             self._show_row(self.text_view.index)
         self.hidden_keys_changed.emit(self.hidden_keys)
 
-    def _refresh_steps(self) -> None:
-        """Ask for the step-through view's cell when it is on screen and out of date."""
+    def _refresh_steps(self, asked: bool = False) -> None:
+        """Ask for the step-through view's cell when it is on screen and out of date (while a reply streams, only
+        when the user `asked`: a click on a token, another view)."""
+        if self.streaming and not asked:
+            return
         if self.views.currentWidget() is self.steps and self.steps.stale():
             self.steps.request()
 
