@@ -6,6 +6,7 @@ from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QLayout, QLayoutItem, QPushButton, QSpinBox, QWidget
 
 from app.records.attention import HeadRecord
+from app.records.logit_lens import layer_runs
 from app.records.model import ModelRecord
 from app.views.common.colours import COLORMAPS
 
@@ -214,3 +215,16 @@ def part_rows(texts: list[str], part: str) -> tuple[slice | None, str]:
     if not spans:
         return None, f"no {part} in this chat (a reasoning model's reply has one): all rows"
     return slice(spans[-1].start, spans[-1].stop), ""
+
+
+def model_line(model: ModelRecord) -> str:
+    """'name: 24 layers × 16 heads, 2 KV heads (groups of 8)'; a hybrid's recurrent and attention layers apart."""
+    gqa = f", {model.n_kv_heads} KV heads (groups of {model.group})" if model.group > 1 else ""
+    if model.encoder_decoder:  # two stacks: the grid shows the encoder's or the decoder's layers, by kind
+        return (f"{model.name}: encoder {model.n_layers} layers, decoder {model.n_dec_layers or model.n_layers} layers, "
+                f"{model.n_heads} heads each{gqa}")
+    if not model.hybrid:
+        return f"{model.name}: {model.n_layers} layers × {model.n_heads} heads{gqa}"
+    return (f"{model.name}: {model.n_layers} layers: recurrent (gated DeltaNet) {layer_runs(model.recurrent)}, "
+            f"{model.n_v_heads} value heads each; attention {layer_runs(model.attention_layers)}, "
+            f"{model.n_heads} heads{gqa}")
