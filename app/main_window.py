@@ -14,11 +14,8 @@ from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
 from app.controllers.experiments import ExperimentsBridge
 from app.controllers.quant import QuantBridge
-from app.data.signature import reply_signature
 from app.data.store import Settings, Store, export_chat
-from app.jobs.load import Loaded
 from app.state import AppState
-from app.views.catalog import CatalogDialog
 from app.views.chat.chat_list import ChatList
 from app.views.chat.sampling import SamplingPanel
 from app.views.chat.view import ChatView
@@ -28,14 +25,12 @@ from app.views.model_info import ModelLens
 from app.views.experiments import ExperimentsView
 from app.views.quant.lens import QuantLens
 from app.views.status import StatusPanel
+from app.window_models import TITLE, ModelSlots
 from app.workers.engine import Engine
 from app.workers.saver import Saver
-from app.views.common.dialogs import open_file
 
 log = logging.getLogger(__name__)
 
-TITLE = "GGUF Lens"
-BASE_TOKENS_KEY = "base_max_tokens"  # Settings.extra: "1" while max-tokens is the base-model default we set
 FIRST_SIZE = (1560, 940)  # a first start's window where the screen has room for it; a smaller screen's area else
 FRAME_GUESS = QMargins(2, 32, 2, 2)  # a window manager's frame, until the window is shown and its frame is known
 
@@ -49,7 +44,7 @@ def available_area(widget: QWidget) -> QRect | None:
     return None if screen is None else screen.availableGeometry()
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ModelSlots, QMainWindow):
     """The app window; owns the state, the engine handle, the saver and the conversation."""
 
     def __init__(self, model: str | None = None, store: Store | None = None, load: bool = True):
@@ -210,28 +205,6 @@ class MainWindow(QMainWindow):
         st.kv_type_changed.connect(self.compare_view.set_cache_default)  # one KV default: the chat's
         self.compare_view.set_cache_default(st.kv_type)
 
-    def _title(self, info: Any) -> None:
-        """The window names the file it runs (its metadata's name can be any text, the same for many files)."""
-        if info is None:
-            self.setWindowTitle(TITLE)
-            return
-        file = Path(str(info.path)).name or str(info.name)
-        name = str(info.name)
-        same = name.lower().replace(" ", "-") in file.lower() or not name
-        short = name if len(name) <= 60 else name[:59] + "…"
-        self.setWindowTitle(f"{TITLE} — {file}" + ("" if same else f" ({short})"))
-
-    def _writer_note(self) -> None:
-        """A chat whose replies another model wrote is read with the loaded model's tokenizer (app.jobs.chat.own_ids:
-        its text re-tokenized, never its ids): a banner says so."""
-        chat, info = self.conversation.current, self.state.model
-        self.chat_view.clear_banners("writer")
-        others = [n for n in chat.written_by() if n != str(info.name)] if chat is not None and info is not None else []
-        if others:
-            self.chat_view.show_banner("writer", f"This chat was written by {', '.join(others)}. {info.name} reads "
-                                       "its text re-tokenized with its own tokenizer: the lenses show its tokens, and "
-                                       "replies go on from there.")
-
     def _chat_opened(self, chat: Any) -> None:
         self.chat_view.show_chat(chat)
         self.chat_view.show_prompt_mode(self.conversation.prompt_mode(chat))
@@ -243,109 +216,6 @@ class MainWindow(QMainWindow):
     def _settings_changed(self, settings: Settings) -> None:
         self.engine.set_context_limit(settings.context_limit)
         self.saver.submit("settings", lambda s=settings: self.store.save_settings(s))
-
-    # -- models
-    def initial_model(self) -> str:
-        """The last model used, else the catalog's default model."""
-        from engine.catalog import DEFAULT_MODEL  # noqa: PLC0415
-
-        last = self.state.settings.last_model
-        return last or DEFAULT_MODEL
-
-    def open_model(self, source: str) -> None:
-        """Load a model on a worker; the current model and every chat stay if it fails."""
-        if self.conversation.generating:
-            self.conversation.stop()
-        self.state.loading = (f"opening {Path(source).name}", 0.0)
-        if self.state.model is None:
-            self.chat_view.set_placeholder("Loading the model… (you can type already)")
-        self.engine.open_model(source)
-
-    def choose_file(self) -> None:
-        path = open_file(self, "Open a GGUF model", "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.open_model(path)
-
-    def choose_catalog(self) -> None:
-        dialog = CatalogDialog(self)
-        dialog.chosen.connect(self.open_model)
-        dialog.open()
-
-    def _sign(self, spec: Any = None) -> None:
-        """The replies' signature: the model, the overrides it holds, the interventions on it."""
-        if spec is not None:
-            self._quant_spec = spec
-        base = reply_signature(self.model_label, self._quant_spec) if self._quant_spec is not None else self.model_label
-        self.conversation.model_name = base + (f" · {self._intervened}" if self._intervened else "")
-
-    def _interventions(self, description: str) -> None:
-        """What the Experiments tab set on the model: in a banner with one-click Clear, and in the signature."""
-        from app.records.interventions import InterventionSpec  # noqa: PLC0415
-
-        self._intervened = description
-        self._sign()
-        self.chat_view.clear_banners("intervention")
-        if description:
-            self.chat_view.show_banner("intervention", f"Experiment on: {description}. Replies are made with it.",
-                                       action=("Clear", lambda: self.experiments_bridge.apply(InterventionSpec())))
-
-    def _loaded(self, result: Loaded) -> None:
-        st = self.state
-        st.model = result.info
-        st.backend = result.info.backend
-        st.model_record = result.record
-        self.sampling.set_switches(result.record.reasoning if result.record is not None else ())
-        st.attention_record = None
-        st.ctx_size, st.ctx_used, st.kv_bytes = result.n_ctx, 0, 0
-        self.conversation.model_ready = True
-        self.chat_view.set_placeholder("Message the model…")
-        kind = result.kind
-        self.model_label = f"{result.info.name} · {kind.quant}" if kind.quant else result.info.name
-        self._quant_spec, self._intervened = None, ""
-        self._sign()
-        self._model_kind(kind)
-        self.status.set_backend_note(result.backend_note)
-        self.chat_view.clear_banners("warning")
-        for w in result.info.warnings:
-            self.chat_view.show_banner("warning", f"{result.info.name}: {w}")
-        st.settings = dataclasses.replace(st.settings, last_model=result.source)
-        self._writer_note()
-        self.bridge.model_loaded()
-
-    def _model_kind(self, kind: Any) -> None:
-        """A base model gets a note, plain-text prompts and short replies by default; an instruct model the opposite."""
-        from app.records.model_kind import BASE_MAX_TOKENS  # noqa: PLC0415
-
-        self.conversation.base_model = kind.base
-        self.conversation.encoder_decoder = getattr(kind, "encoder_decoder", False)
-        self.chat_view.show_model_kind(kind.base, kind.why, getattr(kind, "encoder_decoder", False))
-        self.chat_view.show_prompt_mode(self.conversation.prompt_mode())
-        s, default = self.state.settings, Settings().max_tokens
-        auto = s.extra.get(BASE_TOKENS_KEY) == "1"  # the short length was set by us, not by the user
-        if kind.base and s.max_tokens == default:
-            self.state.settings = dataclasses.replace(s, max_tokens=BASE_MAX_TOKENS, extra={**s.extra, BASE_TOKENS_KEY: "1"})
-        elif not kind.base and auto:
-            extra = {k: v for k, v in s.extra.items() if k != BASE_TOKENS_KEY}
-            self.state.settings = dataclasses.replace(
-                s, max_tokens=default if s.max_tokens == BASE_MAX_TOKENS else s.max_tokens, extra=extra)
-
-    def _prompt_mode_chosen(self, mode: str) -> None:
-        self.conversation.set_prompt_mode(mode)
-        self.chat_view.show_prompt_mode(self.conversation.prompt_mode())
-
-    def _load_failed(self, message: str) -> None:
-        self.state.loading = None
-        previous = self.state.model
-        keep = f"{previous.name} stays loaded; your chats are unchanged." if previous else (
-            "Open another .gguf file (File > Open model) or pick one from the catalog.")
-        # the reason quotes values from the file: plain text only (informativeText would guess rich text)
-        box = QMessageBox(QMessageBox.Icon.Warning, TITLE, f"The model could not be loaded.\n\n{message}\n\n{keep}",
-                          parent=self)
-        box.setTextFormat(Qt.TextFormat.PlainText)
-        box.open()
-        self.load_error_box = box
-        if previous is None:
-            self.chat_view.set_placeholder("No model loaded: open a .gguf file or pick one from the catalog")
 
     # -- replies
     def _reply_done(self, done: Any) -> None:

@@ -359,9 +359,13 @@ class LensBridge(LensFeeder, QObject):
             self._reply_read()
 
     def _reply_read(self) -> None:
+        """Read the reply just made, whole, if a lens that shows it is on screen; else when one comes on screen."""
         if self._read_after_reply and self._current_chat() == self._reply_chat:
-            self.request_attention(ATTENTION_MAX_ROWS)
-            self.request_routing()
+            if any(self.visible(t) for t in (AttentionLens.title, PositionsLens.title, ExpertsLens.title)):
+                self.request_attention(ATTENTION_MAX_ROWS)
+                self.request_routing()
+            else:  # no lens looks: nothing runs now (tab_shown reads it)
+                self._shown, self._want, self._due = None, self.shown_context(), True
         self._read_after_reply = False
 
     def _failed(self, kind: str, message: str) -> None:

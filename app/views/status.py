@@ -54,7 +54,7 @@ class ElidedLabel(QLabel):
         self._tip()
 
     def _tip(self) -> None:
-        whole = self.text() if self.text() and self.elided() else ""
+        whole = self.text() if self.text() and self.elided() and self.text() != self.about else ""
         super().setToolTip("\n".join(t for t in (whole, self.about) if t))
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override

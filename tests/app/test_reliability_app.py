@@ -94,6 +94,9 @@ def open_window(qtbot: Any, model: Path | None, data_dir: Path, **settings: Any)
         # the tiny model has no chat template and no "instruct" in its name, so the app takes it for a base model
         # (plain-text prompts); these cases drive the chat-template path
         w.conversation.base_model = False
+        # no lens on screen: the KV cache after a reply is the reply's own (a lens on screen reads the reply whole,
+        # running its last, sampled token too: app.controllers.lenses.LensBridge._reply_read)
+        w.lens_tabs.select("Model")
     return w
 
 
