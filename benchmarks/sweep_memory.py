@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from app.data.overrides import OverrideSpec, eval_text
-    from app.jobs.compare import SWEEP_PRESETS, CompareWorkspace, compare_job, sweep_job
+    from app.jobs.compare import CompareWorkspace, compare_job
+    from app.jobs.sweep import SWEEP_PRESETS, sweep_job
     from app.records.compare import CompareOptions, SweepPoint
     from engine.catalog import resolve_model
     from engine.kernels.dispatch import warm_up

@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.controllers.lenses import LensBridge
 from app.data.overrides import OverrideSpec, with_types
-from app.jobs.compare import SWEEP_PRESETS, CompareWorkspace, compare_job, head_job, release_job, sweep_job
+from app.jobs.compare import CompareWorkspace, compare_job, head_job, release_job
 from app.jobs.quant import (
     Applied,
     Saved,
@@ -25,6 +25,7 @@ from app.jobs.quant import (
     reset_job,
     save_job,
 )
+from app.jobs.sweep import SWEEP_PRESETS, sweep_job
 from app.records.imatrix import ImatrixRecord
 from app.records.logit_lens import LogitLensPair
 from app.records.compare import CompareOptions, CompareRecord, HeadPair, SweepDone, SweepPoint, TaskProgress

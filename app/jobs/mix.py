@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from app.data.overrides import OverrideSpec
-from app.jobs.compare import CompareWorkspace, encode, file_reference, measure_against
+from app.jobs.reference import measure_against
+from app.jobs.sweep import file_reference
+from app.jobs.workspace import CompareWorkspace, encode
 from app.jobs.session import Emit
 from app.records.compare import SweepDone, SweepPoint, TaskProgress
 from engine.errors import InferenceError, LensError
@@ -64,7 +66,16 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
     """Search the mix for budget_bpw, then measure it on the evaluation text; yields progress, the SweepPoint, SweepDone.
 
     `imatrix` (an engine ImportanceMatrix and its label) weights the search's errors and quantizers and B's
-    requantization; None: without one."""
+    requantization; None: without one. B is closed when the search ends, however it ends."""
+    try:
+        return (yield from _search(ws, path, budget_bpw, eval_text, cancel, emit, calib_text, max_tokens, imatrix))
+    finally:
+        ws.release()
+
+
+def _search(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, cancel: threading.Event, emit: Emit,
+            calib_text: str | None, max_tokens: int, imatrix: tuple[Any, str] | None) -> Iterator[object]:
+    """mix_job's search and measurement."""
     from engine.quality.mix_search import find_mix
     from engine.quality.sensitivity_cache import SensitivityCache, cache_key
 

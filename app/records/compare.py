@@ -166,14 +166,38 @@ def plan_label(name: str, plan: object) -> str:
     return f"{name}: " + "; ".join(notes) if notes else name
 
 
+class TopUnion:
+    """top_union over rows that arrive in pieces (a comparison's chunks): add(A's rows, B's rows) in order, then
+    result(). Each row is reduced alone, so the arrays equal top_union of the whole matrices."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[npt.NDArray[np.int64], F32, F32]] = []
+
+    def add(self, logp_a: F32, logp_b: F32) -> None:
+        """The next rows of both sides' log-probabilities, (r, n_vocab) each."""
+        self.parts.append(top_union(logp_a, logp_b))
+
+    def result(self) -> tuple[npt.NDArray[np.int64], F32, F32]:
+        """(ids, log p_A, log p_B), each (N, 2k)."""
+        if not self.parts:
+            return np.zeros((0, 2 * TOP_K), np.int64), np.zeros((0, 2 * TOP_K), np.float32), np.zeros((0, 2 * TOP_K), np.float32)
+        return tuple(np.concatenate([p[i] for p in self.parts]) for i in range(3))  # type: ignore[return-value]
+
+
 def make_compare_record(
-    stats: Comparison, logp_a: F32, logp_b: F32, ids: Sequence[int], vocab_text: Callable[[int], str], *,
+    stats: Comparison, logp_a: F32 | None, logp_b: F32 | None, ids: Sequence[int], vocab_text: Callable[[int], str], *,
     labels: tuple[str, str], caches: tuple[str, str], sizes: tuple[int, int], bpws: tuple[float, float],
     n_heads: int, elapsed_s: float, own: tuple[F32, F32] | None = None, recurrent: Sequence[int] = (),
+    top: tuple[npt.NDArray[np.int64], F32, F32] | None = None,
 ) -> CompareRecord:
-    """Pack the engine's Comparison with the token texts and each position's top tokens on both sides; `recurrent`:
+    """Pack the engine's Comparison with the token texts and each position's top tokens on both sides (`top`: made
+    already, as TopUnion makes it from a comparison's chunks; else from both sides' log-probabilities); `recurrent`:
     the layers whose mixer is a recurrent one (a hybrid's), which the layer curve draws apart."""
-    top_ids, la, lb = top_union(logp_a, logp_b)
+    if top is None:
+        if logp_a is None or logp_b is None:
+            raise ValueError("make_compare_record needs both sides' log-probabilities or their top tokens")
+        top = top_union(logp_a, logp_b)
+    top_ids, la, lb = top
     vocab = {int(i): vocab_text(int(i)) for i in np.unique(top_ids[top_ids >= 0])}
     texts = [vocab_text(int(i)) for i in ids]
     layers = np.array([x.layer for x in stats.per_layer], np.int64)

@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal
 
 from app.jobs.session import Emit
+from app.workers.gc_guard import job_ended
 from engine.errors import LensError
 
 log = logging.getLogger(__name__)
@@ -62,3 +63,5 @@ class Runner(QThread):
             if not isinstance(exc, LensError):
                 log.error("%s failed:\n%s", self.objectName(), traceback.format_exc())
             self.failed.emit(self.tag, user_message(exc))
+        finally:
+            job_ended()  # the GUI thread's collector gives the job's memory back once its thread is gone

@@ -66,7 +66,8 @@ def _logp(path: Path, ids: list[int], cvec: Path | None, scale: float) -> np.nda
 
 def test_b_is_the_file_with_a_control_vector(smollm2_path: Path, tmp_path: Path) -> None:
     cvec, adapter = write_cvec(tmp_path, "a"), write_lora(tmp_path, "a")
-    ws = CompareWorkspace()
+    loaded: list = []  # every model the workspace loads (a job closes its models when it ends)
+    ws = CompareWorkspace(lambda path, **kw: loaded.append(load_model(path, **kw)) or loaded[-1])
     try:
         rec = _compare(ws, smollm2_path, cvec, 0.5)
         assert rec.b_label == f"file + control vector {cvec.name} x0.5"
@@ -76,7 +77,8 @@ def test_b_is_the_file_with_a_control_vector(smollm2_path: Path, tmp_path: Path)
         assert rec.kld.shape == want.shape and np.allclose(rec.kld, want, rtol=1e-3, atol=1e-6)
         assert float(rec.kld.mean()) > 1e-3
         again = _compare(ws, smollm2_path, adapter, 1.0)  # a LoRA adapter in the control vector's place
-        b = ws.adapted[2]
+        assert ws.adapted is None  # closed with the job
+        b = loaded[-1]  # B of the second comparison: the file with the LoRA adapter alone
         assert again.b_label == f"file + LoRA {adapter.name} x1"
         assert control_vector.current(b) is None and [a.name for a in lora.current(b)] == [adapter.name]
     finally:

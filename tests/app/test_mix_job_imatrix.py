@@ -43,8 +43,8 @@ def test_the_search_uses_the_lens_imatrix(tiny: Path, tmp_path: Path, monkeypatc
     assert point.kind == "mix" and point.name.endswith("(imatrix)") and "with tiny.imatrix.gguf" in point.detail
     assert point.bpw <= 5.0 and point.rules and point.kld_mean >= 0
     assert isinstance(out[-1], SweepDone) and not out[-1].cancelled
-    assert ws.rq.imatrix is None  # the sweep's presets stay without the matrix
-    numerics = ws.b.numerics
+    assert ws.rq is None and ws.b is None  # B closed with the job: the next sweep's requantizer has no matrix
+    numerics = model.numerics  # B's: the file's, loaded as this model was
     folder = tmp_path / "cache" / "gguf-lens" / "mix"
     with_im = SensitivityCache(cache_key(str(tiny), ids, numerics, im.quant_weights()), folder=folder)
     without = SensitivityCache(cache_key(str(tiny), ids, numerics), folder=folder)

@@ -12,8 +12,10 @@ import pytest
 
 import engine.quality.requantize as requantize
 from app.data.overrides import OverrideSpec
-from app.jobs import compare as jobs
-from app.jobs.compare import CompareWorkspace, Reference, TimeLeft, compare_job, sweep_job
+from app.jobs import reference as jobs
+from app.jobs.compare import CompareWorkspace, compare_job
+from app.jobs.reference import Reference
+from app.jobs.sweep import TimeLeft, sweep_job
 from app.records.compare import CompareOptions, SweepDone, SweepPoint, TaskProgress
 from engine.errors import LensError
 from engine.model import load_model
