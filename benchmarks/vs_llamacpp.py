@@ -14,7 +14,8 @@ fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the firs
 --gpt-oss one with gpt-oss-20b's widths in MXFP4_MOE (benchmarks/synthetic_gpt_oss.py).
 --isa avx2 runs both as on an AVX2-only CPU (benchmarks/isa.py: numba compiles for a Haswell-class target;
 --llama-python must be a build with AVX2 flags only, which is checked); --exact also compares both engines' logits on
-the golden prose's first 128 tokens (max |difference|, rows equal, KLD).
+the golden prose's first 128 tokens (max |difference|, rows equal, KLD). --flash-attn on runs both with flash
+attention (llama.cpp's ggml_flash_attn_ext; GGUF Lens's --flash-attn on), off (default) both without.
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 path, p, n, reps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+flash = sys.argv[6] == "on"
 t = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=max(p, n) + 16, n_batch=512, n_ubatch=512, n_threads=threads,
-            n_threads_batch=threads, verbose=False)
+            n_threads_batch=threads, verbose=False, flash_attn=flash)
 load_s = time.perf_counter() - t
 rng = np.random.default_rng(1234)
 ids = rng.integers(0, llm.n_vocab(), size=p).tolist()
@@ -98,6 +100,8 @@ def main() -> int:
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: numba targets a Haswell-class CPU and llama.cpp must be an AVX2-only build")
     ap.add_argument("--exact", action="store_true", help="also compare the logits on the golden prose")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                    help="both engines with flash attention on (llama-cli's -fa auto on a CPU) or off (default)")
     args = ap.parse_args()
     models = list(args.models) or ([] if args.synthetic_1b or args.moe or args.gpt_oss else ["smollm2-135m-instruct"])
     t = str(args.threads)
@@ -141,8 +145,10 @@ def main() -> int:
         paths.append((f"synthetic-gpt-oss-20b-shape-L{shape_oss.n_layers}-mxfp4_moe", str(path)))
     for model, path in paths:
         file_mb = Path(path).stat().st_size / 2**20
-        ours_cmd = [*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json"]
-        ref_cmd = [args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps), t]
+        ours_cmd = [*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json",
+                    "--flash-attn", args.flash_attn]
+        ref_cmd = [args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps), t,
+                   args.flash_attn]
         ours_runs, ref_runs = [], []
         for _ in range(args.rounds):  # the engines take turns: a slow spell of the machine falls on both
             ours_runs.append(run_json(ours_cmd, env))
@@ -150,7 +156,7 @@ def main() -> int:
                 ref_runs.append(run_json(ref_cmd, env))
         ours = _best(ours_runs)
         row: dict = {"model": model, "file_mb": round(file_mb, 1), "p": args.p, "n": args.n, "threads": args.threads,
-                     "isa": args.isa, "llama_cpp_build": ref_isa, "rounds": args.rounds, "gguf_lens": ours,
+                     "flash_attn": args.flash_attn, "isa": args.isa, "llama_cpp_build": ref_isa, "rounds": args.rounds, "gguf_lens": ours,
                      "rss_vs_file": round(ours["peak_rss_mb"] / file_mb, 3)}
         if args.llama_python:
             ref = _best(ref_runs)

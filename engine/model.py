@@ -21,7 +21,7 @@ from engine.models.registry import model_class
 from engine.models.args import BaseArgs
 from engine.models.decoder import DecoderModel
 from engine.models.weights import Weights
-from engine.runtime.numerics import numerics_for
+from engine.runtime.numerics import flash_setting, numerics_for
 from engine.observe.recorder import Recorder
 from engine.tensor import DenseBudget
 from engine.tokenizer.vocab import Tokenizer
@@ -67,6 +67,11 @@ class Model:
     def numerics(self) -> str:
         """'ggml' (llama.cpp's numbers: products on the blocks, 8-bit activations) or 'float32' (the reference)."""
         return self.net.numerics
+
+    @property
+    def flash_attn(self) -> bool:
+        """Whether attention follows llama.cpp's flash attention kernels (--flash-attn on)."""
+        return bool(getattr(getattr(self.net, "ops", None), "flash", False))
 
     def new_cache(self, n_ctx: int | None = None, cache_type: str | None = None) -> KVCache:
         """An empty KV cache (F32, F16, Q8_0 or Q4_0 rows; default F16 with ggml numerics) for up to n_ctx positions."""
@@ -123,6 +128,7 @@ def load_model(
     gpu_layers: int | None = None,
     n_ctx: int | None = None,
     numerics: str = "ggml",
+    flash_attn: str | bool = "off",
 ) -> Model:
     """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run.
 
@@ -131,6 +137,8 @@ def load_model(
     n_ctx is the context the memory preflight plans for (default: the model's trained context).
     numerics 'ggml' (default) computes on the GGUF blocks as llama.cpp does and keeps no float copy of a weight;
     'float32' dequantizes the weights (within the dense budget) and multiplies float32 activations.
+    flash_attn 'on' (ggml numerics) attends as llama.cpp does with flash attention (ggml_flash_attn_ext), 'off'
+    (default) as its mul_mat / soft_max graph.
     """
     from engine.catalog import resolve_model  # noqa: PLC0415 - avoids importing pip machinery for plain paths
 
@@ -139,10 +147,12 @@ def load_model(
         raise SettingError("--gpu-layers needs the cupy (or auto) backend")
     if numerics not in NUMERICS:
         raise SettingError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
+    flash = flash_setting(flash_attn, numerics)
     chosen = get_backend(backend)
     asked = numerics
     if chosen.is_device and numerics == "ggml":
         numerics = "float32"  # the CUDA kernels multiply float32 activations; the CPU layers follow them
+        flash = False  # and attend in float32 (no flash kernel's order to follow)
     path = resolve_model(str(source), progress=progress)
     say("reading the GGUF header", 0.0)
     gguf = open_gguf(path)
@@ -171,7 +181,7 @@ def load_model(
         copies = budget.limit if warm and numerics == "float32" else 0
         check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies, cache_type="F16" if numerics == "ggml" else "F32")
         weights = Weights(gguf, budget, numerics)
-        net = cls(args, weights, numerics_for(numerics))
+        net = cls(args, weights, numerics_for(numerics, flash))
         warnings = list(gguf.warnings) + scan_small_tensors(gguf) + notes
         extra = weights.unused()
         if extra:

@@ -149,6 +149,14 @@ def steps() -> list[Step]:
         for t in (1, 4):
             state["attn"].attention(q[:, :t], x[:1].astype(dtype), x[:1].astype(dtype), None, 0.125)
 
+    def flash() -> None:
+        from engine.ops.attention_flash import TILE_Q, flash_attention  # noqa: PLC0415
+
+        k = np.ones((1, TILE_Q, 64), np.float16).view(np.uint16)
+        for t in (1, TILE_Q):  # the one-row kernel, the tiled one
+            q = np.ones((2, t, 64), np.float32)
+            flash_attention(q, k, k, TILE_Q, np.ones((t, TILE_Q), bool), 0.125, 256)
+
     def activations() -> None:
         ops, x = state["ops"], state["x"]
         ops.swiglu(x, x)
@@ -158,6 +166,7 @@ def steps() -> list[Step]:
     out += [("loading the ops", ops_import), ("RoPE", rope),
             ("attention (float32 cache)", lambda: attention(np.float32)),
             ("attention (float16 cache)", lambda: attention(np.float16)),
+            ("flash attention", flash),
             ("SwiGLU, GeGLU and RMSNorm", activations)]
     for name, dims in (("smollm2-135m-instruct", dict(head_dim=64, n_heads=2, n_kv_heads=1)),
                        ("gemma3-270m", dict(head_dim=128, n_heads=2, n_kv_heads=1, window=8))):

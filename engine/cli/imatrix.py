@@ -63,7 +63,7 @@ def cmd_imatrix(args: argparse.Namespace) -> int:
 
     text = read_text_file(args.text_file)
     t0 = time.perf_counter()
-    model = load_model(args.model, numerics=args.numerics)
+    model = load_model(args.model, numerics=args.numerics, flash_attn=args.flash_attn)
     im = compute_imatrix(model, text, n_ctx=args.ctx_size, skip_chunks=args.chunk, max_chunks=args.chunks,
                          parse_special=args.parse_special, dataset=args.text_file, progress=_progress())
     assert im is not None  # no cancel from the command line

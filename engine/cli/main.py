@@ -40,7 +40,7 @@ def _load(args: argparse.Namespace, warm: bool = True):
             if frac >= 1.0:
                 sys.stderr.write("\r\033[K")
     model = load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
-                       numerics=getattr(args, "numerics", "ggml"))
+                       numerics=getattr(args, "numerics", "ggml"), flash_attn=getattr(args, "flash_attn", "off"))
     if late_note() is not None:
         print(f"note: {late_note()}", file=sys.stderr)
     try:
@@ -87,6 +87,16 @@ def _intervene(args: argparse.Namespace, model) -> None:  # noqa: ANN001
         adapters = [lora.load(model, *lora.parse_spec(t)) for t in args.lora]
         lora.apply(model, adapters)
         print(f"note: {lora.describe(adapters)}", file=sys.stderr)
+
+
+def _interventions(model) -> list[str]:  # noqa: ANN001
+    """What --ablate-*, --control-vector and --lora set on the model, each as it names itself (for --json)."""
+    from engine.intervene import ablation, lora  # noqa: PLC0415
+    from engine.intervene import control_vector as cv  # noqa: PLC0415
+
+    vec = cv.current(model)
+    said = (ablation.current(model).describe(), vec.describe() if vec else "", lora.describe(lora.current(model)))
+    return [text for text in said if text]
 
 
 def _mean_ablate(args: argparse.Namespace, model, ids: list[int]) -> None:  # noqa: ANN001
@@ -234,7 +244,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps({"text": "".join(text), "tokens": len(out_ids), "token_ids": out_ids,
                           "prompt_tok_s": last.prompt_tok_s if last else 0.0,
                           "gen_tok_s": last.gen_tok_s if last else 0.0,
-                          "finish_reason": last.finish_reason if last else None}, ensure_ascii=False))
+                          "finish_reason": last.finish_reason if last else None,
+                          "interventions": _interventions(model)}, ensure_ascii=False))
     else:
         print()
     return 0
@@ -284,20 +295,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.cli.bench import run_bench  # noqa: PLC0415
-
-    result = run_bench(args.model, n_prompt=args.p, n_gen=args.n, backend=args.backend, reps=args.reps,
-                       gpu_layers=args.gpu_layers, numerics=args.numerics)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"{result['model']}  backend {result['backend']}  load {result['load_s']:.2f} s  "
-              f"peak RSS {result['peak_rss_mb']:.0f} MB")
-        encoder = result["prompt_phase"] == "encoder"  # T5: pp is the encoder's, tg the decoder's against it
-        print(f"  pp{args.p}: {result['prompt_tok_s']:8.1f} tok/s" + ("  (encoder)" if encoder else ""))
-        print(f"  tg{args.n}: {result['gen_tok_s']:8.1f} tok/s" + ("  (decoder)" if encoder else ""))
-    return 0
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
@@ -404,16 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_interventions(p)
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")
-    _add_model(p)
-    p.add_argument("-p", type=int, default=128, help="prompt tokens")
-    p.add_argument("-n", type=int, default=64, help="generated tokens")
-    p.add_argument("-r", "--reps", type=int, default=2, help="repetitions (best is kept)")
-    p.add_argument("--backend", default="numpy", choices=["auto", "numpy", "cupy"])
-    p.add_argument("--gpu-layers", type=int, default=None)
-    p.add_argument("--json", action="store_true")
-    add_numerics(p)
-    p.set_defaults(func=cmd_bench)
+    from engine.cli.bench import add_command as add_bench  # noqa: PLC0415
+
+    add_bench(sub, _add_model)
 
     p = sub.add_parser("perplexity", help="perplexity of a text in one context (T5: given --encoder-text)")
     _add_model(p)

@@ -1,4 +1,5 @@
-"""Options several gguf-lens subcommands share: --numerics, --ablate-head, and reading --text-file as the bytes it holds."""
+"""Options several gguf-lens subcommands share: --numerics, --ablate-head, --lora, and reading --text-file as the bytes
+it holds."""
 from __future__ import annotations
 
 import argparse
@@ -10,16 +11,19 @@ from engine.errors import SettingError
 
 
 def add_numerics(p: argparse.ArgumentParser) -> None:
-    """--numerics ggml|float32: llama.cpp's numbers on the blocks (default), or the float32 textbook reference."""
+    """--numerics ggml|float32: llama.cpp's numbers on the blocks (default), or the float32 textbook reference;
+    --flash-attn on|off: llama.cpp's flash attention kernels or its mul_mat graph (default)."""
     p.add_argument("--numerics", default="ggml", choices=["ggml", "float32"],
                    help="ggml: compute on the GGUF blocks with 8-bit activations and an F16 KV cache, as llama.cpp "
                         "does (default); float32: dequantized weights and float32 activations (the reference)")
+    p.add_argument("--flash-attn", default="off", choices=["on", "off"],
+                   help="on: attend as llama.cpp does with flash attention (its -fa on; -fa auto resolves to on for "
+                        "the CPU), bit for bit with ggml numerics; off: its mul_mat / soft_max graph (default)")
 
 
 def add_interventions(p: argparse.ArgumentParser) -> None:
     """--ablate-head LAYER:HEAD (repeatable): that head's output zeroed before the attention output product (or its
-    mean with --ablate-mean); --ablate-attn / --ablate-ffn LAYER, --ablate-expert LAYER:EXPERT;
-    --control-vector FILE[:SCALE] (repeatable): llama.cpp's control vectors, summed."""
+    mean with --ablate-mean); --ablate-attn / --ablate-ffn LAYER, --ablate-expert LAYER:EXPERT; and add_steering's."""
     p.add_argument("--ablate-head", action="append", default=[], metavar="LAYER:HEAD",
                    help="switch attention head HEAD of layer LAYER off (its output set to zero); repeatable")
     p.add_argument("--ablate-mean", action="store_true",
@@ -30,6 +34,12 @@ def add_interventions(p: argparse.ArgumentParser) -> None:
                    help="leave out layer LAYER's FFN output; repeatable")
     p.add_argument("--ablate-expert", action="append", default=[], metavar="LAYER:EXPERT",
                    help="never route to expert EXPERT of layer LAYER (a Mixture-of-Experts model); repeatable")
+    add_steering(p)
+
+
+def add_steering(p: argparse.ArgumentParser) -> None:
+    """--control-vector FILE[:SCALE] (repeatable): llama.cpp's control vectors, summed; --lora FILE[:SCALE]
+    (repeatable): LoRA adapters in llama.cpp's GGUF format."""
     p.add_argument("--control-vector", action="append", default=[], metavar="FILE[:SCALE]",
                    help="add a control vector (llama.cpp's format) to the layers' outputs, times SCALE (1); "
                         "repeatable: the files are summed, as llama.cpp's --control-vector-scaled does")

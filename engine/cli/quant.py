@@ -82,10 +82,11 @@ def _other_model(args: argparse.Namespace, base_path: Path):
     from engine.quality.requantize import Requantizer  # noqa: PLC0415
 
     if args.against:
-        return load_model(args.against, numerics=args.numerics), f"{Path(args.against).name}"
+        return load_model(args.against, numerics=args.numerics, flash_attn=args.flash_attn), f"{Path(args.against).name}"
     if args.against_numerics and not (args.type or args.tensor_type):
         return load_model(base_path, numerics=args.against_numerics), f"{base_path.name} ({args.against_numerics} numerics)"
-    other = load_model(base_path, warm=False, numerics=args.against_numerics or args.numerics)
+    other = load_model(base_path, warm=False, numerics=args.against_numerics or args.numerics,
+                       flash_attn="off" if args.against_numerics else args.flash_attn)
     rq = Requantizer(other)
     plan = rq.plan(args.type, args.tensor_type or [])
     _warn_fallbacks(plan)
@@ -111,7 +112,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         preset_by_name(args.type)
     text = read_text_file(args.text_file)
-    base = load_model(args.model, numerics=args.numerics)
+    base = load_model(args.model, numerics=args.numerics, flash_attn=args.flash_attn)
     ids = base.tokenizer.encode(text, add_special=True, parse_special=False)
     if args.max_tokens:
         ids = ids[: args.max_tokens]

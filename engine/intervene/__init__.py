@@ -8,6 +8,7 @@
 - `hooks`: TransformerLens-named hook points to read or replace any activation;
 - `patching`: the activation patching map (layers x positions) between a clean and a corrupted prompt.
 
-What is set stays on the model until cleared; each kind has a `describe` for a reply's signature. While any is set
-the compiled decode step steps aside and the graph runs op by op (the same numbers, a little slower).
+What is set stays on the model until cleared; each kind has a `describe` for a reply's signature. LoRA adapters and
+control vectors run in the compiled decode step (engine.runtime.decode_lora, decode_plan); while an ablation or a hook
+is set the compiled step steps aside and the graph runs op by op (the same numbers, a little slower).
 """

@@ -9,8 +9,8 @@ common.cpp, which skips a bad file with a log line, a bad file here is refused w
 applied: another width or layer count, another architecture's hint, a direction that is not F32 and 1-D, a layer
 index that does not parse or is 0, a value that is not finite.
 
-The residual add and the direction are two float32 additions in llama.cpp's order; a model with a control vector
-runs its decode steps op by op (the compiled step adds the residual inside its next call).
+The residual add and the direction are two float32 additions in llama.cpp's order, op by op and in the compiled
+decode step alike (engine.runtime.decode_plan completes the residual add before adding the direction).
 """
 from __future__ import annotations
 

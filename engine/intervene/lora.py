@@ -4,9 +4,10 @@ An adapter file has `general.type` = adapter, `adapter.type` = lora, `adapter.lo
 (the base model's), and for each adapted matrix W (ggml shape n_in x n_out) a pair `W.lora_a` (n_in x rank) and
 `W.lora_b` (rank x n_out). build_lora_mm computes W x, then per adapter lora_b (lora_a x) times
 scale = adapter_scale * alpha / rank (adapter_scale alone when alpha is 0), added to the product; the adapters' own
-products run as any dense weight of their type does (engine.tensor.Linear). llama.cpp keeps the adapters of a
-context in a hash map, so with two adapters on one matrix the order of their additions (and the last bits) is not
-fixed; on different matrices it does not matter.
+products run as any dense weight of their type does (engine.tensor.Linear; in the compiled decode step
+engine.runtime.decode_lora binds the same kernels: the same bits). llama.cpp keeps the adapters of a context in a hash
+map, so with two adapters on one matrix the order of their additions (and the last bits) is not fixed; on different
+matrices it does not matter.
 
 Refused with a message, nothing applied: not an adapter file, another adapter type or architecture, no alpha, a
 tensor without its pair or with another suffix, a matrix the model does not have (or one GGUF Lens does not adapt

@@ -16,8 +16,10 @@ operations in the same order), which still runs prompts, other cache types and t
 The plan is built from the model's one description of a block (engine.models.transformer.Layer: its products,
 norms and biases; the FFN seam dense or experts) and its switches; the step calls the recorder where the
 graph does (the inputs of the products, the rotated queries, the residual stream after each block). An experts
-FFN (engine.models.experts) runs as the graph runs it, between the compiled calls of its block. A plan is
-rebuilt when a weight is swapped (requantizing in the Quantization lens).
+FFN (engine.models.experts) runs as the graph runs it, between the compiled calls of its block. LoRA adapters run
+after the product they adapt (engine.runtime.decode_lora); a control vector's direction is added to the residual after
+its block, once the block's output is added (build_cvec). A plan is rebuilt when a weight is swapped (requantizing in
+the Quantization lens) or the adapters change.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from engine.kernels import isa, precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.ops import attention_ggml as ggml_attention
 from engine.ops import ggml as ggml_ops
+from engine.runtime import decode_lora
 from engine.runtime import decode_step as ggml_step
 from engine.runtime.decode_bind import EMPTY as _EMPTY
 from engine.runtime.decode_bind import Inputs, Product, bind, bind_all, vec, views
@@ -108,6 +111,7 @@ class DecodePlan:
         a = model.args
         self.model, self.ops = model, ops
         self.key = self._key(model)
+        self.adapters = list(getattr(model, "lora_adapters", None) or ())  # alive: their ids in the key stay theirs
         self.dim = a.dim
         self.eps = np.float32(a.norm_eps)
         self.glu = ggml_step.GEGLU if model.glu == "geglu" else ggml_step.SWIGLU
@@ -115,6 +119,8 @@ class DecodePlan:
         self.layers: list[_Layer] = []
         self.ok = True
         self.ones = np.ones(a.dim, np.float32)  # a norm weight where the step adds to the residual and norms nothing
+        self.x = np.zeros(a.dim, np.float32)
+        self.h = np.zeros((1, a.dim), np.float32)  # the normed input of the products that read the residual
         for index, layer in enumerate(model.layers):
             built = self._layer(index, layer)
             if built is None:
@@ -123,19 +129,22 @@ class DecodePlan:
             self.layers.append(built)
         self.head_in = Inputs(a.dim, [model.output.weight.qtype])
         head = bind(model.output.product(), [model.output], self.head_in)
-        if head is None:
+        if head is None or not decode_lora.adapt(head, self.h):
             self.ok = False
             return
         self.head = head
-        self.x = np.zeros(a.dim, np.float32)
-        self.h = np.zeros((1, a.dim), np.float32)
         self.softcap = np.float32(model.attn_softcap or 0.0)  # Gemma 2's attention soft-cap, 0 for none
         self.final_softcap = getattr(a, "final_softcap", None)  # and its logits'
 
     @staticmethod
-    def _key(model: DecoderModel) -> tuple[int]:
-        """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap)."""
-        return (Linear.swaps, isa.bits())
+    def _key(model: DecoderModel) -> tuple[Any, ...]:
+        """What the bound products depend on: the weights swapped so far (Linear.replace is the only way to swap), the
+        build whose order the kernels follow, the LoRA adapters bound with them."""
+        return (Linear.swaps, isa.bits(), decode_lora.key(model))
+
+    def _adapt(self, bound: list[Product], x: F32) -> bool:
+        """The LoRA adapters on these products' parts (all reading x) bound to run after them (decode_lora)."""
+        return all(decode_lora.adapt(p, x) for p in bound)
 
     def _layer(self, index: int, layer: Layer | MixerLayer) -> _Layer | None:
         if isinstance(layer, MixerLayer):
@@ -150,8 +159,11 @@ class DecodePlan:
         o_in = Inputs(layer.wo.n_in, [layer.wo.weight.qtype])
         wo = bind(layer.wo.product(), [layer.wo], o_in)
         ffn = self._ffn(layer)
+        o = np.zeros((1, hq * d), np.float32)  # the attention's output, wo's input
         if qkv is None or wo is None or ffn is None or len(h_in.vdts) > 2 or layer.wo.n_in != hq * d:
             return None  # residual_norm_quant fills two activation types
+        if not self._adapt(qkv, self.h) or not self._adapt([wo], o):
+            return None
         q, k, v = layer.split_qkv(views(qkv))
         if k is None or v is None:  # Gemma 4's KV sharing: the source layer's rows, nothing written
             k = v = _EMPTY
@@ -170,7 +182,7 @@ class DecodePlan:
                       q_scale=q_scale, kq_scale=kq_scale, names=layer.input_names(), sinks=vec(layer.sinks),
                       wo_bias=layer.wo_bias, v_norm=vec(layer.v_norm),
                       kv_layer=-1 if layer.kv_source is None else int(layer.kv_source),
-                      q_rot=np.zeros((hq, d), np.float32), o=np.zeros((1, hq * d), np.float32),
+                      q_rot=np.zeros((hq, d), np.float32), o=o,
                       rope=self._rope_of(index, spec.rope_base), **ffn, **gated)
 
     def _rope_of(self, index: int, base: float) -> tuple[Any, float]:
@@ -196,6 +208,8 @@ class DecodePlan:
             return None
         o_vdt = o_in.vdts[0]
         step = MixerStep(mixer, [b.out[:, s:e] for b in bound for _, s, e in b.parts], int(o_vdt), o_in.bufs[o_vdt])
+        if not self._adapt(bound, self.h) or not self._adapt([wo], step.y):
+            return None
         one = np.float32(1.0)
         return _Layer(runs=tuple(b.run for b in bound), q=_EMPTY, k=_EMPTY, v=_EMPTY, wo=wo, attn_norm=layer.attn_norm,
                       q_norm=_EMPTY, k_norm=_EMPTY, post_attn=_EMPTY, post_ffn=_EMPTY, h_slots=h_in.slots(),
@@ -231,13 +245,15 @@ class DecodePlan:
         gate_up = bind_all(gu_groups, f_in)
         d_in = Inputs(ffn.w_down.n_in, [ffn.w_down.weight.qtype])
         down = bind(ffn.w_down.product(), [ffn.w_down], d_in)
+        act = np.zeros((1, ffn.w_down.n_in), np.float32)  # the GLU's output, down's input
         if gate_up is None or down is None or len(f_in.vdts) > 2:
+            return None
+        if not self._adapt(gate_up, self.h) or not self._adapt([down], act):
             return None
         gate, up = ffn.split(views(gate_up))
         d_vdt = d_in.vdts[0]
         return {**fields, "ffn_runs": tuple(p.run for p in gate_up), "gate": gate, "up": up, "down": down,
-                "ffn_norm": norm, "f_slots": f_in.slots(), "d_vdt": int(d_vdt), "d_buf": d_in.bufs[d_vdt],
-                "act": np.zeros((1, ffn.w_down.n_in), np.float32)}
+                "ffn_norm": norm, "f_slots": f_in.slots(), "d_vdt": int(d_vdt), "d_buf": d_in.bufs[d_vdt], "act": act}
 
     def fits(self, cache: KVCache, pos: int) -> bool:
         """Whether this token can take the compiled step: an F16 cache and a softmax row without a scalar tail."""
@@ -306,6 +322,7 @@ class DecodePlan:
                 {(lay.rope[0], lay.rope[1]) for lay in self.layers if lay.mixer is None}}
         x, h, eps = self.x, self.h, self.eps
         x[:] = x0[0]
+        control = getattr(model, "control", None) or {}  # a control vector's directions by layer (engine.intervene)
         delta, post = _EMPTY, _EMPTY
         w8 = bool(isa.w8())
         rnq, glu = ggml_step.residual_norm_quant, ggml_step.GLU_QUANT[w8]
@@ -337,6 +354,11 @@ class DecodePlan:
                     rnq(x, delta, post, self.ones, eps, h, -1, lay.d_buf, -1, lay.d_buf)
                     done = self._unlocked(model.finish_block, i, x[None].copy(), recorder)
                     x[:] = done[0]
+                    delta, post = _EMPTY, _EMPTY
+                direction = control.get(i)
+                if direction is not None:  # build_cvec: the residual whole, then the layer's direction added to it
+                    rnq(x, delta, post, self.ones, eps, h, -1, lay.d_buf, -1, lay.d_buf)
+                    x += direction
                     delta, post = _EMPTY, _EMPTY
                 if recorder is not None:  # the residual after the block (the next call adds it to x)
                     hidden = x.copy()

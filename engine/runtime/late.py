@@ -1,6 +1,7 @@
 """The late helper's program (engine.runtime.warmup starts it as a process of its own on a first start): build
 the model again from its file and compile the late kernels, those the first tokens ran without (the compiled
-decode step, the prompt attention, the legacy one-row products, the VNNI batches; engine.kernels.precompile).
+decode step and its LoRA kernels, the prompt attention, the legacy one-row products, the VNNI batches;
+engine.kernels.precompile).
 A module apart from warmup because it builds a model, and the numerics it builds one with import warmup."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from engine.kernels.dispatch import warm_up
 from engine.models.registry import model_class
 from engine.models.weights import Weights
 from engine.ops.ggml_kernels import load_parallel
+from engine.runtime import decode_lora
 from engine.runtime.numerics import numerics_for
 from engine.runtime.warmup import warm_pass
 from engine.tensor import DenseBudget
@@ -26,6 +28,7 @@ def compile_late(path: str, names: list[str]) -> None:
     net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
     with precompile.dry_products():
         warm_pass(net)
+    decode_lora.warm()  # an adapter's halves in the decode step (engine.intervene.lora)
     load_parallel(isa.lanes() == 8)  # a long prompt's chunk kernels (every later start loads them at once)
     # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
     warm_up(parse_weights(names))

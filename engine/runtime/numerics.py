@@ -3,12 +3,14 @@
 `Float32Numerics` is the textbook reference (engine.ops.reference, exact RoPE angles, dense float32 weight copies,
 one token's attention in one compiled float32 call). `GgmlNumerics` computes as llama.cpp's CPU backend does, bit for
 bit: ggml-cpu's norms, RoPE tables, GLUs and attention products (engine.ops.ggml, engine.ops.attention_ggml), the
-F16 cache by default, the compiled decode step (engine.runtime.decode_plan) and the kernel warm-up. One object per
-loaded model: it also holds what a pass leaves behind (the rounding for the cache type, the attention path taken,
-the memoised RoPE tables, the decode plan).
+F16 cache by default, the compiled decode step (engine.runtime.decode_plan) and the kernel warm-up; with `flash`
+(--flash-attn on) attention is ggml_flash_attn_ext's instead (engine.ops.attention_flash; one token op by op). One
+object per loaded model: it also holds what a pass leaves behind (the rounding for the cache type, the attention path
+taken, the memoised RoPE tables, the decode plan).
 """
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
@@ -19,8 +21,9 @@ from engine.cache import KVCache
 from engine.kernels import precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import NUMERICS, activation_values, compiled, quantize_activation
+from engine.errors import SettingError
 from engine.models.rope import NO_SCALING, apply_rope, rope_angles
-from engine.ops import attention_decode, attention_ggml, attention_prefill, delta_rule, reference
+from engine.ops import attention_decode, attention_flash, attention_ggml, attention_prefill, delta_rule, reference
 from engine.ops import ggml as ggml_ops
 from engine.ops.attention_tiled import attention_tiled
 from engine.quant.types import GGMLType
@@ -35,6 +38,7 @@ F32 = npt.NDArray[np.float32]
 Rounding = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
 
+FLASH_ATTN = ("off", "on")  # --flash-attn: ggml_flash_attn_ext's numbers (ggml numerics) or the mul_mat graph's
 TILED_MIN_KEYS = 1024  # prefill chunks attending to this many keys or more take the tiled path
 ROPE_BLOCK = 256  # positions per memoised RoPE table (ggml numerics)
 
@@ -67,6 +71,7 @@ class Float32Numerics:
     name = "float32"
     cache_type = "F32"
     exact = False  # ggml-cpu's bits (the recurrent layers' ops take it as an argument)
+    flash = False  # attention as ggml_flash_attn_ext computes it (GgmlNumerics with --flash-attn on)
     tiled_min_keys = TILED_MIN_KEYS
 
     def __init__(self) -> None:
@@ -167,8 +172,11 @@ class GgmlNumerics(Float32Numerics):
     cache_type = "F16"
     exact = True
 
-    def __init__(self) -> None:
+    def __init__(self, flash: bool = False, flash_threads: int | None = None) -> None:
         super().__init__()
+        self.flash = flash
+        # llama.cpp's thread count: one token over 512 cells or more takes ggml's split-KV path, one chunk per thread
+        self.flash_threads = flash_threads or os.cpu_count() or 1
         self._rope_memo: dict[tuple[float, int, int], tuple[F32, F32]] = {}
         self.decode_plan = None  # engine.runtime.decode_plan.DecodePlan, built at the first compiled step
 
@@ -178,10 +186,9 @@ class GgmlNumerics(Float32Numerics):
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block; a hybrid's recurrent blocks too) where the kernels and the
         cache allow it."""
-        if (not compiled() or getattr(model, "ablated_heads", None) or getattr(model, "ablated_blocks", None)
-                or getattr(model, "control", None)
-                or getattr(model, "lora_adapters", None) or getattr(model, "hooks", None)):
-            return None  # ablated heads, a control vector, LoRA adapters (engine.intervene): op by op
+        if (not compiled() or self.flash or getattr(model, "ablated_heads", None)
+                or getattr(model, "ablated_blocks", None) or getattr(model, "hooks", None)):
+            return None  # flash attention, ablations, hooks (engine.intervene): op by op; LoRA, control vectors: the plan
         if not precompile.late_ready():
             return None  # the step's kernels compile in the background (engine.kernels.precompile): op by op
         from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only
@@ -266,6 +273,8 @@ class GgmlNumerics(Float32Numerics):
         """With an F32/F16 cache: llama.cpp's own products, softmax and padding (engine.ops.attention_ggml, bit for
         bit; a prompt in one compiled call where it can). Quantized cache rows: the reference path with ggml's
         rounding."""
+        if self.flash:
+            return self._flash(q, cache, layer, end, pos, scale, window, masks, softcap, sinks)
         stored = cache.stored(layer, end)
         if stored is None:
             return super().attend(q, cache, layer, end, pos, scale, window, masks, softcap, sinks)
@@ -282,13 +291,46 @@ class GgmlNumerics(Float32Numerics):
                                           sinks=sinks)
         return out
 
+    def _flash(
+        self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
+        masks: dict, softcap: float | None, sinks: F32 | None,
+    ) -> F32:
+        """ggml_flash_attn_ext over the F16 cache (engine.ops.attention_flash), one compiled call."""
+        if cache.qtype != GGMLType.F16:
+            raise SettingError(f"flash attention numerics need an F16 KV cache, not {cache.qtype.name}")
+        self.attention_path = "flash"
+        if window not in masks:
+            masks[window] = reference.causal_mask(pos, end, window)
+        k_bits, v_bits = cache.rows(layer)
+        n_kv = attention_ggml.kv_length(end, cache.n_ctx)
+        with KERNEL_LOCK:
+            return attention_flash.flash_attention(q, k_bits, v_bits, end, masks[window], scale, n_kv,
+                                                   self.flash_threads, softcap, sinks)
+
     def warm(self, model: DecoderModel, progress: Progress | None) -> None:
         """Compile the CPU kernels (or load them from numba's cache) and build the products' copies."""
         warmup.warm(model, progress)
 
 
-def numerics_for(name: str) -> Float32Numerics:
-    """A fresh numerics object for one model: 'ggml' or 'float32'."""
+def flash_setting(value: str | bool, numerics: str) -> bool:
+    """--flash-attn's value as a flag: 'on' or 'off' (or a bool); SettingError for anything else, or for 'on' with
+    numerics other than ggml (float32 is the textbook reference: no kernel's order to follow)."""
+    if isinstance(value, bool):
+        on = value
+    elif value in FLASH_ATTN:
+        on = value == "on"
+    else:
+        raise SettingError(f"--flash-attn {value!r} is not one of {', '.join(FLASH_ATTN)}")
+    if on and numerics != "ggml":
+        raise SettingError(f"--flash-attn on follows ggml-cpu's flash attention kernels: it needs --numerics ggml, "
+                           f"not {numerics}")
+    if on and not attention_flash.available():
+        raise SettingError("--flash-attn on needs numba (the flash attention kernels are compiled)")
+    return on
+
+
+def numerics_for(name: str, flash: bool = False) -> Float32Numerics:
+    """A fresh numerics object for one model: 'ggml' (with flash attention or not) or 'float32'."""
     if name not in NUMERICS:
         raise ValueError(f"numerics {name!r} is not one of {', '.join(NUMERICS)}")
-    return GgmlNumerics() if name == "ggml" else Float32Numerics()
+    return GgmlNumerics(flash) if name == "ggml" else Float32Numerics()

@@ -131,7 +131,7 @@ def test_bench_times_nothing_while_the_late_kernels_compile(tiny: Path, monkeypa
     monkeypatch.setattr(precompile, "wait_late", wait)
     real = bench._time_decoder
 
-    def timed(model, ids, n_gen, reps, waited):  # noqa: ANN001
+    def timed(model, ids, n_gen, reps, waited, *switch):  # noqa: ANN001
         forward = model.forward
 
         def spy(tokens, cache, *a, **k):  # noqa: ANN001
@@ -139,7 +139,7 @@ def test_bench_times_nothing_while_the_late_kernels_compile(tiny: Path, monkeypa
             return forward(tokens, cache, *a, **k)
 
         model.forward = spy
-        return real(model, ids, n_gen, reps, waited)
+        return real(model, ids, n_gen, reps, waited, *switch)
 
     monkeypatch.setattr(bench, "_time_decoder", timed)
     result = bench.run_bench(str(tiny), n_prompt=16, n_gen=2, reps=2)
