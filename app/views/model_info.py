@@ -6,8 +6,8 @@ import html
 from types import SimpleNamespace
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt, QTimer
+from PySide6.QtGui import QFontDatabase, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPlainTextEdit,
     QScrollArea, QTableView, QTabWidget, QVBoxLayout, QWidget,
@@ -18,6 +18,7 @@ from app.records.model_info import MetadataRow, ModelInfo
 from app.views.common.formatting import human_bytes
 
 Index = QModelIndex | QPersistentModelIndex
+KV_REFRESH_MS = 250  # the KV rows follow a streaming reply at most this often
 
 
 def _plain(text: str, style: str = "") -> QLabel:
@@ -90,9 +91,24 @@ class ModelLens(QWidget):
     def bind(self, state: Any) -> None:
         """Follow an AppState's KV cache (type, bytes now and at full context) and attention path."""
         self.state = state
+        self._kv_stale = False
+        self._kv_timer = QTimer(self, singleShot=True, interval=KV_REFRESH_MS)  # a reply changes these every token:
+        self._kv_timer.timeout.connect(self._show_kv)  # the rows are rebuilt at most this often, and only on screen
         for name in ("kv_bytes", "kv_type", "kv_full_bytes", "ctx_size", "ctx_used", "attention_path"):
-            getattr(state, f"{name}_changed").connect(lambda _v: self._show_kv())
+            getattr(state, f"{name}_changed").connect(lambda _v: self._kv_soon())
         self._show_kv()
+
+    def _kv_soon(self) -> None:
+        if not self.isVisible():
+            self._kv_stale = True
+        elif not self._kv_timer.isActive():
+            self._kv_timer.start()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if getattr(self, "_kv_stale", False):
+            self._kv_stale = False
+            self._show_kv()
 
     def _overview(self) -> QWidget:
         scroll = QScrollArea()
