@@ -24,7 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _compiled_names() -> set[tuple[str, int, str]]:
-    """(file, line, name) of every numba dispatcher in the engine, as cProfile names them."""
+    """(file, line, name) of every numba dispatcher in the engine, as cProfile names them: the module-level ones and
+    the copies engine.kernels.variants.specialise made so far (a copy is profiled under its plain function's name;
+    call this after the run, since copies are made when first asked for)."""
     import importlib
     import pkgutil
 
@@ -35,8 +37,9 @@ def _compiled_names() -> set[tuple[str, int, str]]:
 
     import engine.ops
     import engine.runtime
+    from engine.kernels import variants
 
-    keys = set()
+    keys = set(variants.COPIES)
     for pkg in (engine.kernels, engine.models, engine.ops, engine.runtime):
         for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):
             try:

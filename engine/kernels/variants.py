@@ -22,10 +22,16 @@ from typing import Any
 from engine.kernels.activations import njit
 
 
+COPIES: set[tuple[str, int, str]] = set()  # (file, first line, name) of every copy's code, as cProfile keys it:
+# a copy shares py_func's code object, so a profile names its calls after py_func (benchmarks/decode_overhead.py)
+
+
 def specialise(py_func: Callable[..., Any], suffix: str, scope: Mapping[str, Any], **options: Any) -> Any:
     """A numba dispatcher (njit with `options`) of a copy of the plain function py_func whose module globals
     named in `scope` hold the given values (constants, or other copies it calls), named `<name>_<suffix>`.
     The module must be fully imported before the copy is made: its globals are read then."""
+    code = py_func.__code__
+    COPIES.add((code.co_filename, code.co_firstlineno, code.co_name))
     glob = dict(py_func.__globals__)
     glob.update(scope)
     fn = types.FunctionType(py_func.__code__, glob, f"{py_func.__name__}_{suffix}", py_func.__defaults__,
