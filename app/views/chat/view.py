@@ -47,6 +47,7 @@ class Banner(QFrame):
         super().__init__(parent)
         self.kind = kind
         self.setObjectName("banner")
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)  # never stretched over the chat
         self.setStyleSheet(f"QFrame#banner {{ {BANNER_STYLE.get(kind, BANNER_STYLE['info'])} border-radius: 4px; }}")
         lay = QHBoxLayout(self)
         lay.setContentsMargins(8, 4, 4, 4)
