@@ -52,10 +52,23 @@ def lens_job(session: Session, kind: str, compute: Callable[..., Any], emit: Emi
     yield LensResult(kind, record)
 
 
-def _progress(done: int, total: int) -> None:
-    emit = getattr(_JOB, "emit", None)
-    if emit is not None and total:
-        emit(LensProgress(str(getattr(_JOB, "kind", "")), f"reading the chat: {done} of {total} tokens", done / total))
+def job_cancel() -> threading.Event | None:
+    """The running lens job's cancel event (None outside a lens job)."""
+    return getattr(_JOB, "cancel", None)
+
+
+def job_progress(what: str) -> Callable[[int, int], None]:
+    """A prefill progress callback that reports LensProgress of the running lens job as '<what>: i of n tokens'."""
+
+    def report(done: int, total: int) -> None:
+        emit = getattr(_JOB, "emit", None)
+        if emit is not None and total:
+            emit(LensProgress(str(getattr(_JOB, "kind", "")), f"{what}: {done} of {total} tokens", done / total))
+
+    return report
+
+
+_progress = job_progress("reading the chat")
 
 
 @dataclass(frozen=True)

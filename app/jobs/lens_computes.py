@@ -29,8 +29,10 @@ def roles(source: str, memo: Any = None) -> Callable[..., Any]:
     def compute(model: Any, recorder: Any, cache: Any, texts: list[str]) -> Any:
         from app.records.head_roles import make_head_roles_record, make_probe_record  # noqa: PLC0415
 
-        if source == "probe":
-            return make_probe_record(model)
+        if source == "probe":  # its own run: stoppable, with progress, as a chat's read is (app.jobs.lens)
+            from app.jobs.lens import job_cancel, job_progress  # noqa: PLC0415
+
+            return make_probe_record(model, cancel=job_cancel(), progress=job_progress("running the induction probe"))
         if not recorded(recorder, cache, 2):
             return None
         return make_head_roles_record(model, recorder, cache, texts, reads_memo=memo)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import LensError
 from engine.observe.head_roles import HeadRoles, head_roles, probe_ids
 from engine.observe.recurrent_maps import ReadsMemo, recurrent_layers
 from engine.observe.recurrent_roles import merge_roles, recurrent_head_roles
@@ -66,8 +67,10 @@ def _scored(recorder: Recorder, cache: KVCache, tokens: list[int],
     return merge_roles(attn, rec), tuple(sorted(reads)) if rec is not None else (), start
 
 
-def make_probe_record(model: Any, length: int = PROBE_LENGTH, seed: int = PROBE_SEED) -> HeadRolesRecord:
-    """Run `length` random tokens twice on a fresh cache and recorder and score the heads on that."""
+def make_probe_record(model: Any, length: int = PROBE_LENGTH, seed: int = PROBE_SEED, cancel: Any = None,
+                      progress: Any = None) -> HeadRolesRecord:
+    """Run `length` random tokens twice on a fresh cache and recorder and score the heads on that; `cancel` (an
+    Event) stops the run (LensError), `progress(done, total)` follows it (engine.generate.prefill's)."""
     from engine.generate import prefill
     from engine.observe.recorder import Recorder
 
@@ -75,7 +78,8 @@ def make_probe_record(model: Any, length: int = PROBE_LENGTH, seed: int = PROBE_
     ids = probe_ids(model.tokenizer, length, seed)
     recorder = Recorder(capture_q=True)
     cache = model.new_cache(max(len(ids), 16))
-    prefill(model, ids, cache, recorder=recorder)
+    if prefill(model, ids, cache, recorder=recorder, cancel=cancel, progress=progress) is None:
+        raise LensError("the induction probe was stopped")
     roles, recurrent, start = _scored(recorder, cache, ids, None)
     texts = tuple(model.tokenizer.token_text(t) for t in ids)
     assert roles is not None  # the probe's tokens ran through every layer

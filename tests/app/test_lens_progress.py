@@ -97,3 +97,15 @@ def test_the_engine_stops_its_running_lens_job(qtbot, tmp_path: Path) -> None:
     qtbot.waitUntil(lambda: engine._lens is None, timeout=60_000)
     assert not engine._lens_pending and seen == [True]
     engine.shutdown()
+
+
+def test_the_induction_probe_reports_progress_and_stops(session: Session) -> None:
+    from app.jobs.lens_computes import roles  # noqa: PLC0415
+
+    items: list[object] = []
+    result = next(lens_job(session, "roles", roles("probe"), items.append, threading.Event()))
+    assert result.record.source == "probe" and any(isinstance(p, LensProgress) and "probe" in p.what for p in items)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(LensError, match="probe was stopped"):
+        next(lens_job(session, "roles", roles("probe"), items.append, stop))
