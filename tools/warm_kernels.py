@@ -172,10 +172,14 @@ def steps() -> list[Step]:
                        ("gemma3-270m", dict(head_dim=128, n_heads=2, n_kv_heads=1, window=8))):
         out.append((f"{name}: prompt and decode step, on a small model of its shape",
                     _with_progress(lambda progress, n=name, d=dims: _model_paths(n, d, progress))))
+    smol = dict(head_dim=64, n_heads=2, n_kv_heads=1)
+    out.append(("smollm2-135m-instruct: the decode step with flash attention",  # engine.runtime.decode_flash
+                _with_progress(lambda progress: _model_paths("smollm2-135m-instruct", smol, progress, "on"))))
     return out
 
 
-def _model_paths(name: str, dims: dict[str, int], progress: Callable[[str, float], None]) -> None:
+def _model_paths(name: str, dims: dict[str, int], progress: Callable[[str, float], None],
+                 flash_attn: str = "off") -> None:
     """Load a small synthetic model (its warm-up runs a two-token prompt and one step), then a longer prompt."""
     import pathlib  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -185,7 +189,8 @@ def _model_paths(name: str, dims: dict[str, int], progress: Callable[[str, float
 
     with tempfile.TemporaryDirectory() as tmp:
         s = spec(name, dim=256, hidden=256, n_layers=1, n_vocab=300, n_ctx=512, **dims)
-        model = load_model(write_synthetic(pathlib.Path(tmp) / f"{name}.gguf", s), progress=progress)
+        model = load_model(write_synthetic(pathlib.Path(tmp) / f"{name}.gguf", s), progress=progress,
+                           flash_attn=flash_attn)
         try:
             progress("a 20-token prompt", 1.0)
             model.forward(list(range(5, 25)), model.new_cache(64))

@@ -7,8 +7,8 @@ source's rows (nothing written), V normed before the cache; its FFN seam's dense
 with experts and the per-layer inputs (`finish_block`) called between the compiled calls.
 
 Per block: residual + RMSNorm + activation quantization (one call), the q/k/v product(s), attention with RoPE
-and the fp16 cache write (one call), the output product, residual + norm + quantization, the gate/up
-product(s), the GLU + quantization, the down product. The products are the kernels of engine.kernels bound
+and the fp16 cache write (one call; with flash attention on, engine.runtime.decode_flash's), the output product,
+residual + norm + quantization, the gate/up product(s), the GLU + quantization, the down product. The products are the kernels of engine.kernels bound
 once to their weights and to buffers that live as long as the plan, so no call allocates or converts
 anything; the non-matrix work is engine.runtime.decode_step. The numbers are those of the NumPy path (the same
 operations in the same order), which still runs prompts, other cache types and the float32 numerics.
@@ -35,7 +35,7 @@ from engine.kernels import isa, precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.ops import attention_ggml as ggml_attention
 from engine.ops import ggml as ggml_ops
-from engine.runtime import decode_lora
+from engine.runtime import decode_flash, decode_lora
 from engine.runtime import decode_step as ggml_step
 from engine.runtime.decode_bind import EMPTY as _EMPTY
 from engine.runtime.decode_bind import Inputs, Product, bind, bind_all, vec, views
@@ -267,7 +267,9 @@ class DecodePlan:
 
     def _attend(self, i: int, lay: _Layer, cache: KVCache, pos: int, n_kv: int, rope: tuple[F32, F32],
                 attend: Callable[..., None], parts: np.int64, recorder: Recorder | None) -> None:
-        """Layer i's attention after its q/k/v products: the output quantized for attn_output."""
+        """Layer i's attention after its q/k/v products: the output quantized for attn_output. `attend` is
+        decode_step's kernel (`parts` its thread shares) or, with flash attention, decode_flash's (`parts` the cells
+        per split-KV partial)."""
         if lay.biases is not None:  # build_qkv's ggml_add of each bias, in place in the product rows
             lay.q += lay.biases[0]
             lay.k += lay.biases[1]
@@ -328,7 +330,10 @@ class DecodePlan:
         rnq, glu = ggml_step.residual_norm_quant, ggml_step.GLU_QUANT[w8]
         from numba import get_num_threads  # noqa: PLC0415 - this plan runs with compiled kernels only
 
-        attend, parts = ggml_step.ATTEND[w8], np.int64(get_num_threads())  # the heads in a share per thread
+        if self.ops.flash:  # ggml_flash_attn_ext's one-row kernel, split in chunks of llama.cpp's thread count
+            attend, parts = decode_flash.ATTEND_FLASH[w8], decode_flash.chunk_of(n_kv, self.ops.flash_threads)
+        else:  # the heads in a share per thread
+            attend, parts = ggml_step.ATTEND[w8], np.int64(get_num_threads())
         with KERNEL_LOCK:
             for i, lay in enumerate(self.layers):
                 rnq(x, delta, post, lay.attn_norm, eps, h, *lay.h_slots)

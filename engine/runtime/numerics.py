@@ -4,7 +4,8 @@
 one token's attention in one compiled float32 call). `GgmlNumerics` computes as llama.cpp's CPU backend does, bit for
 bit: ggml-cpu's norms, RoPE tables, GLUs and attention products (engine.ops.ggml, engine.ops.attention_ggml), the
 F16 cache by default, the compiled decode step (engine.runtime.decode_plan) and the kernel warm-up; with `flash`
-(--flash-attn on) attention is ggml_flash_attn_ext's instead (engine.ops.attention_flash; one token op by op). One
+(--flash-attn on) attention is ggml_flash_attn_ext's instead (engine.ops.attention_flash; one token in the compiled
+step, engine.runtime.decode_flash). One
 object per loaded model: it also holds what a pass leaves behind (the rounding for the cache type, the attention path
 taken, the memoised RoPE tables, the decode plan).
 """
@@ -186,9 +187,9 @@ class GgmlNumerics(Float32Numerics):
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block; a hybrid's recurrent blocks too) where the kernels and the
         cache allow it."""
-        if (not compiled() or self.flash or getattr(model, "ablated_heads", None)
+        if (not compiled() or getattr(model, "ablated_heads", None)
                 or getattr(model, "ablated_blocks", None) or getattr(model, "hooks", None)):
-            return None  # flash attention, ablations, hooks (engine.intervene): op by op; LoRA, control vectors: the plan
+            return None  # ablations, hooks (engine.intervene): op by op; LoRA, control vectors, flash attention: the plan
         if not precompile.late_ready():
             return None  # the step's kernels compile in the background (engine.kernels.precompile): op by op
         from engine.runtime.decode_plan import plan_for  # noqa: PLC0415 - compiled kernels only
@@ -196,7 +197,7 @@ class GgmlNumerics(Float32Numerics):
         plan = plan_for(model, self)
         if not plan.fits(cache, start):
             return None
-        self.attention_path = "plain"
+        self.attention_path = "flash" if self.flash else "plain"
         return plan.step(x, cache, start, recorder)
 
     def embed_rows(self, model: DecoderModel, table: QTensor, ids: npt.NDArray[np.int64]) -> F32:
