@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/app_memory.py [MODEL] [--rounds 6] [--tokens 512] [--presets Q8_0,Q4_K_M,Q2_K]
                                               [--jobs compare,sweep,apply,clear,patching,probe] [--settle 1]
+    .venv/bin/python benchmarks/app_memory.py [MODEL] --headless-compare [--tokens 1024]
 
 MODEL is a catalog name or a .gguf path (default smollm2-135m-instruct). The real window opens on it
 (QT_QPA_PLATFORM=offscreen, a scratch data folder), a chat message is answered (the Experiments' Apply
@@ -14,6 +15,10 @@ session's measuring on a 1B-class model.
 Printed as JSON lines: one per job (round, job, rss_before_mib, rss_after_mib, peak_mib, grew_mib, seconds;
 error when it failed), then a summary: the model, its file size, the CPU, the resident memory once loaded
 and at the end, the largest growth over one job, the peak of each job kind and VmHWM (the kernel's peak).
+
+--headless-compare runs only Compare's job (app.jobs.compare.compare_job, B the file with its FFNs at Q4_0, as
+the view starts it) in this process with no window, and prints its peak (VmHWM) against issue 43.4's target:
+both models' tensors + 512 MiB (Gemma 3 270m on 1,024 tokens: 860 MiB, was 1,212-1,358).
 """
 from __future__ import annotations
 
@@ -43,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--presets", default="Q8_0,Q4_K_M,Q2_K", help="the sweep's presets, comma separated")
     ap.add_argument("--jobs", default="compare,sweep,apply,clear,patching,probe", help="the jobs of a round, in order")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds the window idles before and after each job")
+    ap.add_argument("--headless-compare", action="store_true", help="only Compare's job, no window: its peak")
     args = ap.parse_args(argv)
+    if args.headless_compare:
+        return headless_compare(args.model, args.tokens)
 
     from PySide6.QtWidgets import QApplication
 
@@ -95,6 +103,41 @@ def main(argv: list[str] | None = None) -> int:
         }), flush=True)
         w.close()
         app.processEvents()
+    return 0
+
+
+def headless_compare(model: str, tokens: int) -> int:
+    """Compare's job as QuantBridge.run_compare starts it, on `tokens` tokens of the evaluation text; its peak."""
+    import threading  # noqa: PLC0415
+
+    from app.data.overrides import eval_text  # noqa: PLC0415
+    from app.jobs.compare import CompareWorkspace, compare_job  # noqa: PLC0415
+    from app.records.compare import CompareOptions, CompareRecord  # noqa: PLC0415
+    from benchmarks.app_session import B_RULES, MIB, cpu_model, file_mib, rss  # noqa: PLC0415
+    from engine.catalog import resolve_model  # noqa: PLC0415
+
+    path = str(resolve_model(model))
+    text = eval_text()
+    while len(text) < 8 * tokens:
+        text = f"{text}\n\n{eval_text()}"
+    opts = CompareOptions(b_source="mix", b_rules=B_RULES, b_name="FFNs at Q4_0", text=text, max_tokens=tokens)
+    before, t0 = rss(), time.perf_counter()
+    ws = CompareWorkspace()
+    rec = None
+    for item in compare_job(ws, path, opts, None, threading.Event(), lambda _: None):
+        rec = item if isinstance(item, CompareRecord) else rec
+    if rec is None:
+        raise SystemExit("the comparison made no record")
+    peak = _vm_hwm()
+    target = (rec.a_bytes + rec.b_bytes) / MIB + 512
+    print(json.dumps({
+        "model": Path(path).name, "file_mib": file_mib(path), "cpu": cpu_model(), "tokens": len(rec.token_ids),
+        "a_mib": round(rec.a_bytes / MIB, 1), "b_mib": round(rec.b_bytes / MIB, 1), "kld_mean": rec.stats.kld_mean,
+        "rss_before_mib": round(before / MIB, 1), "rss_after_mib": round(rss() / MIB, 1),
+        "peak_mib": round(peak / MIB, 1), "target_mib": round(target, 1), "within": peak / MIB <= target,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }), flush=True)
+    ws.close()
     return 0
 
 

@@ -5,7 +5,8 @@ a second copy that the overrides are applied to (or A itself with another KV cac
 GGUF), in a CompareWorkspace (app.jobs.workspace) that only these jobs touch, one at a time (app/workers/ runs
 them on one lane). Statistics come from engine.quality.compare; this module only runs the models.
 
-A and B run in step, CHUNK positions at a time, and each chunk's logits go into the running statistics (TokenStats),
+A and B run in step, a chunk of positions at a time (chunk_rows: as many as 48 MiB of logit rows a side hold, 128 at
+most, as the CLI's compare; 128 with a quantized cache, whose numbers depend on the chunk), and each chunk's logits go into the running statistics (TokenStats),
 the top tokens (TopUnion) and, when A reads with an F32 cache, the file's Reference (app.jobs.reference) that the
 sweep and the mix search reuse; then they are dropped: neither run's (tokens, vocabulary) logits are ever whole in
 memory (1 GiB a side for Gemma 3 on 1,024 tokens). When the job ends its models are closed; what the view asks
@@ -13,6 +14,7 @@ next of the comparison (another head) is read from the recorded queries and keys
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -23,14 +25,15 @@ import numpy as np
 
 from app.data.overrides import OverrideSpec
 from app.jobs.adapter_files import adapter_label
-from app.jobs.reference import CHUNK, Reference, keep_reference, reference_key, spill_dir
+from app.jobs.reference import CHUNK, Reference, chunk_rows, keep_reference, reference_key, spill_dir
 from app.jobs.session import Emit
 from app.jobs.workspace import CompareWorkspace, Say, encode
 from app.records.compare import CompareOptions, HeadPair, TaskProgress, TopUnion, make_compare_record, plan_label
 from engine.errors import LensError, SettingError
 from engine.kernels import pages
 
-__all__ = ["CompareWorkspace", "encode", "compare_job", "head_job", "head_pair", "release_job", "run_pair"]
+__all__ = ["CompareWorkspace", "chunk_rows", "encode", "compare_job", "head_job", "head_pair", "release_job",
+           "run_pair"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,9 @@ class LastRun:
 
 def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel: threading.Event, say: Say,
              reference: bool = False) -> tuple[Run, Run, dict[str, object], tuple[Any, Any, Any], Reference | None]:
-    """A and B on `ids`, each on a fresh cache of its type, in step: CHUNK positions of A, the same of B (the forward
-    passes, and so the numbers, of two whole runs prefilled CHUNK at a time), recording queries and hidden states.
+    """A and B on `ids`, each on a fresh cache of its type, in step: chunk_rows(vocabulary) positions of A (CHUNK with
+    a quantized cache), the same of B (the forward passes, and so the numbers, of two whole runs prefilled that many
+    at a time), recording queries and hidden states.
     Each chunk's log-probabilities go into the statistics, the top tokens and (reference=True) the file's
     Reference, then are dropped. Returns both runs, token_stats's dictionary, top_union's arrays, the Reference."""
     from engine.generate import run_checked  # noqa: PLC0415
@@ -78,15 +82,20 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
             for m, t in zip((a, b), caches)]
     acc, top = TokenStats(ids, base_logp=True, other_logp=True), TopUnion()
     ref = Reference(reference_key(a, ids), ids, int(a.args.n_vocab)) if reference else None
+    # F32 caches: the numbers do not depend on the chunk, sized by the vocabulary; a quantized cache's do (a chunk's
+    # own keys are read before they are stored quantized), so its comparison keeps the CHUNK its numbers are of
+    exact = all(str(t).upper() == "F32" for t in caches)
+    chunk = chunk_rows(int(a.args.n_vocab)) if exact else CHUNK
     what = f"running A and B on {n} tokens"
     say(what, 0.0)
-    for r0 in range(0, n, CHUNK):
-        r1 = min(r0 + CHUNK, n)
+    for r0 in range(0, n, chunk):
+        r1 = min(r0 + chunk, n)
         rows = []
         for side, run in enumerate(runs):
             if cancel.is_set():
                 raise LensError("comparison cancelled")
             logits = run_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder, all_logits=True)
+            to_scratch(run.recorder, n)
             rows.append(log_softmax_rows(logits, out=logits))  # in place: the logits are not needed again
             say(what, (r0 + (side + 1) * (r1 - r0) / 2) / n)
         if ref is not None:
@@ -95,6 +104,40 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
         top.add(rows[0], rows[1])
         del rows, logits
     return runs[0], runs[1], acc.result(), top.result(), ref
+
+
+def to_scratch(rec: Any, n: int) -> None:
+    """Move what the recorder holds of a run (queries, hidden states, a recurrent layer's inputs) into scratch files,
+    sized for all n positions: the recorder writes the next chunks' rows in place (a shared mapping: they reach the
+    page cache) and the pages written leave this process after each chunk. Neither run's recordings (Gemma 3 on
+    1,024 tokens: 72 MiB of queries, 45 MiB of hidden states a run) are resident while the logits of a chunk are."""
+    stores = [(rec.q, 1), (rec.hidden, 0), *((r, 0) for r in rec.recurrent.values())]
+    for store, axis in stores:
+        for key, x in store.items():
+            if not isinstance(x, np.memmap):
+                store[key] = _scratch_array(x, max(n, x.shape[axis]), axis)
+            view = store[key].view()
+            view.flags.writeable = False  # pages.release drops a read-only mapping's pages (here: written back first)
+            pages.release(view)
+
+
+def _scratch_array(x: np.ndarray, length: int, axis: int) -> np.ndarray:
+    """x in a writable scratch file (unlinked) of `length` positions along `axis`; x itself where none can be made."""
+    import tempfile  # noqa: PLC0415
+
+    shape = list(x.shape)
+    shape[axis] = length
+    nbytes = int(np.prod(shape)) * x.dtype.itemsize
+    try:
+        with tempfile.TemporaryFile(dir=spill_dir(), prefix="gguf-lens-record-") as f:
+            os.posix_fallocate(f.fileno(), 0, nbytes)  # the blocks reserved now: a full disk is an OSError, not SIGBUS
+            out = np.memmap(f, dtype=x.dtype, mode="r+", shape=tuple(shape))
+    except (OSError, ValueError, AttributeError):  # no space, no folder, no posix_fallocate: x stays in memory
+        return x
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(0, x.shape[axis])
+    out[tuple(idx)] = x
+    return out
 
 
 def _for_heads(run: Run) -> Run:
@@ -107,6 +150,9 @@ def _for_heads(run: Run) -> Run:
     spilled: dict[int, np.ndarray] = {}  # by id: a layer that reads another's rows keeps reading the same array
 
     def out(x: np.ndarray) -> np.ndarray:
+        if isinstance(x, np.memmap):  # in its scratch file already (to_scratch): read-only from now on
+            x.flags.writeable = False
+            return x
         if id(x) not in spilled:
             spilled[id(x)] = pages.spill(np.ascontiguousarray(x), folder)
         return spilled[id(x)]

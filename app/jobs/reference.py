@@ -20,7 +20,18 @@ from engine.errors import LensError
 from engine.kernels.pages import trim_heap
 
 Say = Callable[[str, float], None]
-CHUNK = 128  # prefill chunk: the step of progress and cancel (and of the comparison's runs: same numbers)
+CHUNK = 128  # prefill chunk at most: the step of progress and cancel (and of the comparison's runs: same numbers)
+MIN_CHUNK = 16  # and at least, however big the vocabulary
+
+
+def chunk_rows(n_vocab: int) -> int:
+    """The prefill chunk of the jobs' measuring runs (a comparison's A and B in step, the sweep's reference and
+    variants): as many positions as the CLI's logit budget (engine.quality.compare.LOGIT_ROWS_BYTES of float32
+    rows a side) holds, CHUNK at most, MIN_CHUNK at least. Gemma 3's 262,144-token vocabulary gets 48 rows (48 MiB
+    a side, not 128 MiB), a 49,152-token one CHUNK. With an F32 cache the numbers do not depend on the chunk."""
+    from engine.quality.compare import LOGIT_ROWS_BYTES  # noqa: PLC0415
+
+    return int(max(MIN_CHUNK, min(CHUNK, LOGIT_ROWS_BYTES // (4 * max(1, int(n_vocab))))))
 
 
 def spill_dir() -> str | None:
@@ -138,18 +149,19 @@ def make_reference(model: Any, ids: Sequence[int], cancel: threading.Event, say:
 
 
 def _chunks(model: Any, ids: Sequence[int], cancel: threading.Event, say: Say, what: str) -> Iterator[np.ndarray]:
-    """The logits of `ids` on a fresh F32 cache, CHUNK rows at a time (the forward passes run_model makes), each
+    """The logits of `ids` on a fresh F32 cache, chunk_rows at a time (the forward passes run_model makes), each
     chunk's logits handed over as it comes. The weights stream: a measuring run reads each once per chunk, so
     their file pages (the GGUF's, or a requantized variant's scratch file) are given back after each product."""
     from engine.generate import run_checked  # noqa: PLC0415
     from engine.kernels.pages import streaming  # noqa: PLC0415
 
     cache = model.new_cache(max(len(ids), 16), "F32")
+    chunk = chunk_rows(int(model.args.n_vocab))
     say(what, 0.0)
-    for r0 in range(0, len(ids), CHUNK):
+    for r0 in range(0, len(ids), chunk):
         if cancel.is_set():
             raise LensError("comparison cancelled")
-        r1 = min(r0 + CHUNK, len(ids))
+        r1 = min(r0 + chunk, len(ids))
         with streaming():  # each weight's file pages go once its batch is done (one layer resident at a time)
             logits = run_checked(model, list(ids[r0:r1]), cache, None, all_logits=True)
         yield logits

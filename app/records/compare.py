@@ -139,7 +139,9 @@ def top_union(logp_a: F32, logp_b: F32, k: int = TOP_K) -> tuple[npt.NDArray[np.
     step = max(1, (4 << 20) // max(1, 8 * logp_a.shape[-1]))  # rows at a time: argpartition's indices are int64
 
     def top(logp: F32) -> npt.NDArray[np.int64]:
-        parts = [np.argpartition(-logp[r : r + step], k, axis=-1)[:, :k] for r in range(0, n, step)]
+        # each part copied out: a view would keep its block's whole (rows, n_vocab) int64 indices alive until the
+        # concatenation (Gemma 3: 4 MiB a block, 256 MiB over a 128-row chunk)
+        parts = [np.argpartition(-logp[r : r + step], k, axis=-1)[:, :k].copy() for r in range(0, n, step)]
         return np.concatenate(parts) if parts else np.zeros((0, k), np.int64)
 
     ta, tb = top(logp_a), top(logp_b)
