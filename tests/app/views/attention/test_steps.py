@@ -208,8 +208,10 @@ def test_real_app_cache_type_path_and_steps(qtbot, smollm2_path: Path, data_dir:
     assert w.state.kv_full_bytes == cache.bytes_for(cache.n_ctx) == 2 * 30 * cache.n_ctx * 3 * 68
     assert w.state.attention_path == "tiled" and w.status.path.text() == "attention: tiled"
     assert w.status.kv_cost.text().startswith("Q8_0 · ") and "tiled" in lens.path_label.text()
+    w.lens_tabs.setCurrentWidget(w.model_lens)  # the Model tab's KV rows follow the state while it is on screen
     kv_rows = [w.model_lens.kv_form.itemAt(i, w.model_lens.kv_form.ItemRole.FieldRole).widget().text()
                for i in range(w.model_lens.kv_form.rowCount())]
+    w.lens_tabs.setCurrentWidget(w.lens_slots["Attention"])
     assert "Q8_0" in kv_rows[0] and any("34/32 B (Q8_0)" in t for t in kv_rows) and "tiled attention" in kv_rows[-1]
     qtbot.waitUntil(lambda: lens.attention is not None, timeout=60_000)
     lens.show_steps()
