@@ -56,13 +56,68 @@ def kv_chunk(n_queries: int, n_kv: int, threads: int) -> int:
 
 
 if HAVE_NUMBA:
-    from engine.kernels.activations import f16_to_f32, f32_to_f16, fma32, prange
+    from engine.kernels.activations import f16_to_f32, f32_to_f16, fma32, njit, prange
     from engine.kernels.floats.vec_dot import _dot_f16_row
     from engine.kernels.variants import lane_variants
     from engine.ops.ggml_kernels import reduce_lanes, v_expf_lane
 
     _ONE = np.float32(1.0)
     _ZERO = np.float32(0.0)
+
+    @njit(cache=True, forceinline=True)
+    def one_row(q16, kch, vch, lo, n_keys, masked, mask_row, eff, softcap, has_sink, sink, chunk, acc, vkq, total_v,
+                out_row):
+        """One query row of the one-row (and split-KV) path: q16 the query in fp16, kch / vch its KV head's fp16
+        cache rows (>= n_keys, d), keys lo..n_keys (with `masked`, those whose mask_row entry is False skipped),
+        `chunk` cells per partial, the partials merged in chunk order, the sink joining the first; out_row (d,) =
+        the accumulator times 1/sum. acc (vec_dot_f16's step: its order), vkq: scratch; total_v (d,) zeroed."""
+        d = q16.shape[0]
+        n_chunks = max(1, -(-n_keys // chunk))
+        total_m, total_s = np.float32(-np.inf), _ZERO
+        for part in range(n_chunks):
+            vkq[:] = _ZERO
+            m, s_sum = np.float32(-np.inf), _ZERO
+            for j in range(max(lo, part * chunk), min(n_keys, (part + 1) * chunk)):
+                if masked and not mask_row[j]:
+                    continue  # a -inf mask entry: the key is skipped before its product
+                s = _dot_f16_row(kch[j], q16, acc) * eff
+                if softcap > _ZERO:
+                    s = softcap * np.float32(np.tanh(s))
+                ms, vs = _ONE, _ONE
+                if s > m:  # a new maximum: the fp16 accumulator times expf(old - new), this key's weight 1
+                    ms = np.float32(np.exp(m - s))
+                    m = s
+                    for c in range(d):  # ggml_vec_scale_f16
+                        vkq[c] = f16_to_f32(f32_to_f16(vkq[c] * ms))
+                else:
+                    vs = np.float32(np.exp(s - m))
+                for c in range(d):  # ggml_vec_mad_f16: fp16 in, one fma, fp16 out (its scalar tail contracted too)
+                    vkq[c] = f16_to_f32(f32_to_f16(fma32(f16_to_f32(vch[j, c]), vs, vkq[c])))
+                s_sum = fma32(s_sum, ms, vs)  # GCC contracts S*ms + vs into one fma (-ffp-contract=fast)
+            if has_sink and part == 0:  # the sink joins the first chunk's maximum and sum
+                ms, vs = _ONE, _ONE
+                if sink > m:
+                    ms = np.float32(np.exp(m - sink))
+                    m = sink
+                    for c in range(d):
+                        vkq[c] = vkq[c] * ms
+                else:
+                    vs = np.float32(np.exp(sink - m))
+                s_sum = fma32(s_sum, ms, vs)
+            if n_chunks == 1:
+                total_m, total_s = m, s_sum
+                total_v[:] = vkq
+            elif s_sum != _ZERO:  # ggml_flash_attn_ext_reduce_partials, chunk by chunk
+                new_m = max(total_m, m)
+                old_scale = np.float32(np.exp(total_m - new_m))
+                new_scale = np.float32(np.exp(m - new_m))
+                for c in range(d):  # a*b + c*d contracted as fma(a, b, c*d)
+                    total_v[c] = fma32(total_v[c], old_scale, vkq[c] * new_scale)
+                total_s = fma32(total_s, old_scale, s_sum * new_scale)
+                total_m = new_m
+        inv = _ZERO if total_s == _ZERO else _ONE / total_s
+        for c in range(d):
+            out_row[c] = total_v[c] * inv
 
     def _flash_rows(q, kc, vc, n_keys, mask, scale, softcap, sinks, chunk, out):
         """The one-row path (and the split-KV path with chunk < the keys): out (Hq, T, d) for q (Hq, T, d), the
@@ -71,7 +126,6 @@ if HAVE_NUMBA:
         hq, t, d = q.shape
         group = hq // kc.shape[0]
         eff = scale / softcap if softcap > _ZERO else scale  # the op divides its scale by the cap
-        n_chunks = max(1, -(-n_keys // chunk))
         for task in prange(hq * t):
             h, i = task // t, task % t
             kv = h // group
@@ -79,54 +133,10 @@ if HAVE_NUMBA:
             acc = np.empty(step, np.float32)
             vkq = np.empty(d, np.float32)
             total_v = np.zeros(d, np.float32)
-            total_m, total_s = np.float32(-np.inf), _ZERO
             for c in range(d):  # from_float of K's vec_dot_type: Q in fp16
                 q16[c] = f16_to_f32(f32_to_f16(q[h, i, c]))
-            for part in range(n_chunks):
-                vkq[:] = _ZERO
-                m, s_sum = np.float32(-np.inf), _ZERO
-                for j in range(part * chunk, min(n_keys, (part + 1) * chunk)):
-                    if not mask[i, j]:
-                        continue  # a -inf mask entry: the key is skipped before its product
-                    s = _dot_f16_row(kc[kv, j], q16, acc) * eff
-                    if softcap > _ZERO:
-                        s = softcap * np.float32(np.tanh(s))
-                    ms, vs = _ONE, _ONE
-                    if s > m:  # a new maximum: the fp16 accumulator times expf(old - new), this key's weight 1
-                        ms = np.float32(np.exp(m - s))
-                        m = s
-                        for c in range(d):  # ggml_vec_scale_f16
-                            vkq[c] = f16_to_f32(f32_to_f16(vkq[c] * ms))
-                    else:
-                        vs = np.float32(np.exp(s - m))
-                    for c in range(d):  # ggml_vec_mad_f16: fp16 in, one fma, fp16 out (its scalar tail contracted too)
-                        vkq[c] = f16_to_f32(f32_to_f16(fma32(f16_to_f32(vc[kv, j, c]), vs, vkq[c])))
-                    s_sum = fma32(s_sum, ms, vs)  # GCC contracts S*ms + vs into one fma (-ffp-contract=fast)
-                if sinks.shape[0] and part == 0:  # the sink joins the first chunk's maximum and sum
-                    sink = sinks[h]
-                    ms, vs = _ONE, _ONE
-                    if sink > m:
-                        ms = np.float32(np.exp(m - sink))
-                        m = sink
-                        for c in range(d):
-                            vkq[c] = vkq[c] * ms
-                    else:
-                        vs = np.float32(np.exp(sink - m))
-                    s_sum = fma32(s_sum, ms, vs)
-                if n_chunks == 1:
-                    total_m, total_s = m, s_sum
-                    total_v[:] = vkq
-                elif s_sum != _ZERO:  # ggml_flash_attn_ext_reduce_partials, chunk by chunk
-                    new_m = max(total_m, m)
-                    old_scale = np.float32(np.exp(total_m - new_m))
-                    new_scale = np.float32(np.exp(m - new_m))
-                    for c in range(d):  # a*b + c*d contracted as fma(a, b, c*d)
-                        total_v[c] = fma32(total_v[c], old_scale, vkq[c] * new_scale)
-                    total_s = fma32(total_s, old_scale, s_sum * new_scale)
-                    total_m = new_m
-            inv = _ZERO if total_s == _ZERO else _ONE / total_s
-            for c in range(d):
-                out[h, i, c] = total_v[c] * inv
+            one_row(q16, kc[kv], vc[kv], 0, n_keys, True, mask[i], eff, softcap, sinks.shape[0] > 0,
+                    sinks[h] if sinks.shape[0] else _ZERO, chunk, acc, vkq, total_v, out[h, i])
 
     def _flash_tiled(q, kc, vc, n_keys, mask, scale, softcap, sinks, out):
         """The tiled path: out (Hq, T, d) as _flash_rows, Q in float32, 64 keys per tile."""

@@ -1,6 +1,7 @@
 """The compiled decode step's attention with flash attention on (--flash-attn on): one token's query row against the
 F16 KV cache as ggml_flash_attn_ext's CPU kernel computes it, bit for bit the op-by-op path's
-(engine.ops.attention_flash, which GgmlNumerics._flash calls for a token run op by op).
+(engine.ops.attention_flash, which GgmlNumerics._flash calls for a token run op by op): both run a row with
+attention_flash.one_row, and the step writes K and V with decode_step.write_kv, as the plain step does.
 
 One token is one query row, so it never takes the tiled kernel: it takes the one-row path (Q rounded to fp16, each
 score ggml_vec_dot_f16 times the scale, an online softmax key by key with libm's expf, the V accumulator rounded to
@@ -34,37 +35,15 @@ def chunk_of(n_kv: int, threads: int) -> np.int64:
 if HAVE_NUMBA:
     from numba import prange
 
-    from engine.kernels.activations import f16_to_f32, f32_to_f16, fma32, njit
-    from engine.kernels.floats.vec_dot import _dot_f16_row
+    from engine.kernels.activations import f16_to_f32, f32_to_f16
     from engine.kernels.variants import lane_variants
-    from engine.runtime.decode_step import _norm, _rope, quantize_into
+    from engine.ops.attention_flash import one_row
+    from engine.runtime.decode_step import _norm, _rope, quantize_into, write_kv
 
     _ONE = np.float32(1.0)
     _ZERO = np.float32(0.0)
     _O = np.int64(0)
-
-    @njit(cache=True)
-    def write_kv(k, v, k_norm, v_norm, eps, kc, vc, pos, cos, sin, neox):
-        """The token's keys (normed when k_norm is not empty, rotated) and values (normed when v_norm is not
-        empty) into the fp16 cache rows at `pos`; nothing when k is empty (a layer reading another's rows)."""
-        hkv, _, d = kc.shape
-        tmp = np.empty(d, np.float32)
-        kr = np.empty(d, np.float32)
-        for h in range(hkv if k.shape[0] else 0):
-            if k_norm.shape[0]:
-                _norm(k, h * d, d, k_norm, eps, tmp, _O)
-                _rope(tmp, _O, d, cos, sin, neox, kr, _O)
-            else:
-                _rope(k, h * d, d, cos, sin, neox, kr, _O)
-            for t in range(d):
-                kc[h, pos, t] = f32_to_f16(kr[t])
-            if v_norm.shape[0]:
-                _norm(v, h * d, d, v_norm, eps, tmp, _O)
-                for t in range(d):
-                    vc[h, pos, t] = f32_to_f16(tmp[t])
-            else:
-                for t in range(d):
-                    vc[h, pos, t] = f32_to_f16(v[h * d + t])
+    _NO_MASK = np.zeros(0, np.bool_)  # one_row's mask row, unread: the keys a token sees are a range
 
     def _attend_flash(q, k, v, q_norm, k_norm, v_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale,
                       kq_scale, softcap, sinks, q_rot, o, vdt, xq, chunk):
@@ -84,7 +63,6 @@ if HAVE_NUMBA:
         n_keys = pos + 1
         lo = 0 if window <= 0 else max(0, pos - window + 1)  # causal_mask: pos - j < window
         eff = kq_scale / softcap if softcap > _ZERO else kq_scale  # the op divides its scale by the cap
-        n_chunks = max(1, -(-n_keys // chunk))
         out = o[0]
         for h in prange(hq):
             kv = h // group
@@ -101,50 +79,8 @@ if HAVE_NUMBA:
             for t in range(d):  # ggml_scale (when asked), then from_float of K's vec_dot_type: Q in fp16
                 qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
                 q16[t] = f16_to_f32(f32_to_f16(qs))
-            total_m, total_s = np.float32(-np.inf), _ZERO
-            for part in range(n_chunks):
-                vkq[:] = _ZERO
-                m, s_sum = np.float32(-np.inf), _ZERO
-                for j in range(max(lo, part * chunk), min(n_keys, (part + 1) * chunk)):  # the visible keys only
-                    s = _dot_f16_row(kc[kv, j], q16, acc) * eff
-                    if softcap > _ZERO:
-                        s = softcap * np.float32(np.tanh(s))
-                    ms, vs = _ONE, _ONE
-                    if s > m:  # a new maximum: the fp16 accumulator times expf(old - new), this key's weight 1
-                        ms = np.float32(np.exp(m - s))
-                        m = s
-                        for c in range(d):  # ggml_vec_scale_f16
-                            vkq[c] = f16_to_f32(f32_to_f16(vkq[c] * ms))
-                    else:
-                        vs = np.float32(np.exp(s - m))
-                    for c in range(d):  # ggml_vec_mad_f16: fp16 in, one fma, fp16 out
-                        vkq[c] = f16_to_f32(f32_to_f16(fma32(f16_to_f32(vc[kv, j, c]), vs, vkq[c])))
-                    s_sum = fma32(s_sum, ms, vs)  # S*ms + vs contracted (-ffp-contract=fast)
-                if sinks.shape[0] and part == 0:  # the sink joins the first chunk's maximum and sum
-                    sink = sinks[h]
-                    ms, vs = _ONE, _ONE
-                    if sink > m:
-                        ms = np.float32(np.exp(m - sink))
-                        m = sink
-                        for c in range(d):
-                            vkq[c] = vkq[c] * ms
-                    else:
-                        vs = np.float32(np.exp(sink - m))
-                    s_sum = fma32(s_sum, ms, vs)
-                if n_chunks == 1:
-                    total_m, total_s = m, s_sum
-                    total_v[:] = vkq
-                elif s_sum != _ZERO:  # ggml_flash_attn_ext_reduce_partials, chunk by chunk
-                    new_m = max(total_m, m)
-                    old_scale = np.float32(np.exp(total_m - new_m))
-                    new_scale = np.float32(np.exp(m - new_m))
-                    for c in range(d):  # a*b + c*d contracted as fma(a, b, c*d)
-                        total_v[c] = fma32(total_v[c], old_scale, vkq[c] * new_scale)
-                    total_s = fma32(total_s, old_scale, s_sum * new_scale)
-                    total_m = new_m
-            inv = _ZERO if total_s == _ZERO else _ONE / total_s
-            for c in range(d):
-                out[h * d + c] = total_v[c] * inv
+            one_row(q16, kc[kv], vc[kv], lo, n_keys, False, _NO_MASK, eff, softcap, sinks.shape[0] > 0,
+                    sinks[h] if sinks.shape[0] else _ZERO, chunk, acc, vkq, total_v, out[h * d : (h + 1) * d])
         quantize_into(vdt, o, xq)
 
     ATTEND_FLASH = lane_variants(_attend_flash, cache=True, parallel=True)  # a late kernel, as the whole step

@@ -124,6 +124,29 @@ if HAVE_NUMBA:
             dst[do + a] = fma32(x0, c, -(x1 * s))
             dst[do + b] = fma32(x0, s, x1 * c)
 
+    @njit(cache=True)
+    def write_kv(k, v, k_norm, v_norm, eps, kc, vc, pos, cos, sin, neox):
+        """The token's keys (normed when k_norm is not empty, rotated) and values (normed when v_norm is not
+        empty) into the fp16 cache rows at `pos`; nothing when k is empty (a layer reading another's rows)."""
+        hkv, _, d = kc.shape
+        tmp = np.empty(d, np.float32)
+        kr = np.empty(d, np.float32)
+        for h in range(hkv if k.shape[0] else 0):
+            if k_norm.shape[0]:
+                _norm(k, h * d, d, k_norm, eps, tmp, _O)
+                _rope(tmp, _O, d, cos, sin, neox, kr, _O)
+            else:
+                _rope(k, h * d, d, cos, sin, neox, kr, _O)
+            for t in range(d):
+                kc[h, pos, t] = f32_to_f16(kr[t])
+            if v_norm.shape[0]:
+                _norm(v, h * d, d, v_norm, eps, tmp, _O)
+                for t in range(d):
+                    vc[h, pos, t] = f32_to_f16(tmp[t])
+            else:
+                for t in range(d):
+                    vc[h, pos, t] = f32_to_f16(v[h * d + t])
+
     def _attend(q, k, v, q_norm, k_norm, v_norm, eps, kc, vc, pos, n_kv, window, cos, sin, neox, q_scale, kq_scale,
                 softcap, sinks, q_rot, o, vdt, xq, parts):
         """Attention of the token at `pos` for one layer.
@@ -148,23 +171,7 @@ if HAVE_NUMBA:
         group = hq // hkv
         n_used = pos + 1
         lo = 0 if window <= 0 else max(0, pos - window + 1)
-        tmp = np.empty(d, np.float32)
-        kr = np.empty(d, np.float32)
-        for h in range(hkv if k.shape[0] else 0):  # the new key (normed, rotated) and value into the cache, as fp16
-            if k_norm.shape[0]:
-                _norm(k, h * d, d, k_norm, eps, tmp, _O)
-                _rope(tmp, _O, d, cos, sin, neox, kr, _O)
-            else:
-                _rope(k, h * d, d, cos, sin, neox, kr, _O)
-            for t in range(d):
-                kc[h, pos, t] = f32_to_f16(kr[t])
-            if v_norm.shape[0]:
-                _norm(v, h * d, d, v_norm, eps, tmp, _O)
-                for t in range(d):
-                    vc[h, pos, t] = f32_to_f16(tmp[t])
-            else:
-                for t in range(d):
-                    vc[h, pos, t] = f32_to_f16(v[h * d + t])
+        write_kv(k, v, k_norm, v_norm, eps, kc, vc, pos, cos, sin, neox)  # the new key and value, as fp16
         body = n_kv - n_kv % lanes
         scores_t = np.zeros((parts, n_kv), np.float32)  # each share's scratch (scores and w16 left zero by a head)
         w16_t = np.zeros((parts, n_kv), np.float32)
