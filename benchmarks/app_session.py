@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,8 @@ from PySide6.QtCore import QCoreApplication, QEventLoop
 
 from app.records.compare import CompareOptions
 from app.records.interventions import InterventionSpec
+from benchmarks.sweep_memory import Sampler as PeakSampler  # the highest VmRSS while it runs, sampled in a thread
+from benchmarks.sweep_memory import rss  # resident bytes now (VmRSS)
 
 JOBS = ("compare", "sweep", "apply", "clear", "patching", "probe")
 PATCH_KINDS = ("resid_pre", "attn_out", "mlp_out", "heads")  # a new kind each round: a repeated map is shown from memory
@@ -29,15 +30,6 @@ PATCH_PROMPTS = ("The Eiffel Tower is in the city of", "The Colosseum is in the 
 CHAT = "Tell me, in two sentences, why the sky is blue and why sunsets are red."
 B_RULES = ("ffn_.*=Q4_0",)  # Compare's B: the file with its FFN weights at Q4_0 (the issue's measurement)
 MIB = 1 << 20
-
-
-def rss() -> int:
-    """Resident bytes of this process now (VmRSS)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def cpu_model() -> str:
@@ -63,30 +55,6 @@ def idle(seconds: float) -> None:
     """Let the window run its event loop (timers, deferred deletions) for `seconds`."""
     end = time.monotonic() + seconds
     wait_until(lambda: time.monotonic() >= end, seconds + 5.0)
-
-
-class PeakSampler:
-    """The highest VmRSS seen while it runs, sampled every `every` seconds in a daemon thread."""
-
-    def __init__(self, every: float = 0.02):
-        self.every = every
-        self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-peak", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss())
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> PeakSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,19 @@ def no_shared_references() -> Any:
     reference.forget_references()
 
 
+def chunk_rows_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each chunk the statistics are given, in order (TokenStats.add spied on)."""
+    rows: list[int] = []
+    real_add = quality.TokenStats.add
+
+    def add(self: Any, base: np.ndarray, other: np.ndarray) -> None:
+        rows.append(base.shape[0])
+        return real_add(self, base, other)
+
+    monkeypatch.setattr(quality.TokenStats, "add", add)
+    return rows
+
+
 def whole_run(model: Any, ids: list[int], cache_type: str, step: int | None = None) -> tuple[np.ndarray, Recorder]:
     """The log-probabilities of all of `ids` in one (N, n_vocab) array, prefilled `step` (else chunk_rows) at a time
     (the old run_model)."""
@@ -95,13 +108,8 @@ def test_no_whole_run_of_logits_is_ever_held(tiny: Path, monkeypatch: pytest.Mon
     """Every batch of rows the statistics get is one chunk of both runs (never all N positions at once), and
     the runs' logits of a chunk are gone before the next chunk runs."""
     monkeypatch.setattr(reference, "CHUNK", 32)
-    rows: list[int] = []
+    rows = chunk_rows_seen(monkeypatch)
     live: list[Any] = []
-    real_add = quality.TokenStats.add
-
-    def add(self: Any, base: np.ndarray, other: np.ndarray) -> None:
-        rows.append(base.shape[0])
-        return real_add(self, base, other)
 
     def checked(model: Any, ids: Any, cache: Any, recorder: Any, all_logits: bool = False) -> np.ndarray:
         import weakref
@@ -111,7 +119,6 @@ def test_no_whole_run_of_logits_is_ever_held(tiny: Path, monkeypatch: pytest.Mon
         live.append(weakref.ref(out))
         return out
 
-    monkeypatch.setattr(quality.TokenStats, "add", add)
     monkeypatch.setattr("engine.generate.run_checked", checked)
     ws = CompareWorkspace()
     try:
@@ -143,14 +150,7 @@ def test_a_big_vocabulary_runs_fewer_rows_at_a_time_with_the_same_numbers(tiny: 
     n_vocab = int(a.args.n_vocab)
     monkeypatch.setattr(quality, "LOGIT_ROWS_BYTES", 4 * n_vocab * 40)
     assert jobs.chunk_rows(n_vocab) == 40
-    rows: list[int] = []
-    real_add = quality.TokenStats.add
-
-    def add(self: Any, base: np.ndarray, other: np.ndarray) -> None:
-        rows.append(base.shape[0])
-        return real_add(self, base, other)
-
-    monkeypatch.setattr(quality.TokenStats, "add", add)
+    rows = chunk_rows_seen(monkeypatch)
     ws = CompareWorkspace()
     try:
         items = compare(ws, tiny, CompareOptions(b_source="preset", b_preset="Q4_0", text=TEXT, max_tokens=N), None)
@@ -177,14 +177,7 @@ def test_a_quantized_cache_keeps_the_chunk_its_numbers_are_of(tiny: Path, monkey
     """A quantized cache's numbers depend on the prefill chunk (a chunk reads its own keys before they are stored
     quantized): with B on a Q8_0 cache the runs keep CHUNK positions however small the logit budget."""
     monkeypatch.setattr(quality, "LOGIT_ROWS_BYTES", 4 * 40)  # 16 rows (MIN_CHUNK) for any vocabulary
-    rows: list[int] = []
-    real_add = quality.TokenStats.add
-
-    def add(self: Any, base: np.ndarray, other: np.ndarray) -> None:
-        rows.append(base.shape[0])
-        return real_add(self, base, other)
-
-    monkeypatch.setattr(quality.TokenStats, "add", add)
+    rows = chunk_rows_seen(monkeypatch)
     ws = CompareWorkspace()
     try:
         compare(ws, tiny, CompareOptions(b_source="file", b_cache="Q8_0", text=TEXT, max_tokens=N), None)
