@@ -14,9 +14,8 @@ import pytest
 from benchmarks.synthetic_model import spec, write_synthetic
 from engine.kernels.dispatch import compiled
 from engine.model import load_model
-from engine.observe.recorder import Recorder
 from engine.runtime import decode_flash
-from tests.engine.models.test_ggml_decode import GEMMA_TINY, _same_bits, _steps
+from tests.engine.models.test_ggml_decode import GEMMA_TINY, _same_bits, _same_recordings, _steps
 
 pytestmark = pytest.mark.skipif(not compiled(), reason="the compiled decode step needs numba")
 
@@ -119,14 +118,7 @@ def test_split_chunks_change_the_bits_as_llamacpps_threads_do(files: dict[str, P
 def test_compiled_flash_step_records_what_the_op_by_op_path_records(files: dict[str, Path]) -> None:
     model = load_model(files["gemma3"], flash_attn="on")
     try:
-        ids = list(range(7, 19))
-        r_slow, r_fast = Recorder(capture_hidden=True), Recorder(capture_hidden=True)
-        _steps(model, ids, fast=False, recorder=r_slow)
-        _steps(model, ids, fast=True, recorder=r_fast)
-        n = len(ids)
-        for layer in range(model.net.args.n_layers):
-            assert _same_bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n])
-            assert _same_bits(r_slow.hidden[layer][:n], r_fast.hidden[layer][:n])
+        _same_recordings(model)
     finally:
         model.close()
 

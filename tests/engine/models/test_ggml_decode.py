@@ -110,17 +110,25 @@ def test_the_heads_shares_of_the_compiled_attention_give_the_same_bits(tiny: dic
         model.close()
 
 
+def _same_recordings(model) -> tuple[Recorder, Recorder]:  # noqa: ANN001
+    """12 steps op by op and through the compiled step, each recorded: the rotated q and the hidden states of every
+    layer must be the same bits. Returns both recorders."""
+    ids = list(range(7, 19))
+    r_slow, r_fast = Recorder(capture_hidden=True), Recorder(capture_hidden=True)
+    _steps(model, ids, fast=False, recorder=r_slow)
+    _steps(model, ids, fast=True, recorder=r_fast)
+    n = len(ids)
+    for layer in range(model.net.args.n_layers):
+        assert _same_bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n])
+        assert _same_bits(r_slow.hidden[layer][:n], r_fast.hidden[layer][:n])
+    return r_slow, r_fast
+
+
 def test_compiled_step_records_what_the_numpy_path_records(tiny: dict[str, Path]) -> None:
     model = load_model(tiny["gemma3-types"])
     try:
-        ids = list(range(7, 19))
-        r_slow, r_fast = Recorder(capture_hidden=True), Recorder(capture_hidden=True)
-        _steps(model, ids, fast=False, recorder=r_slow)
-        _steps(model, ids, fast=True, recorder=r_fast)
-        n = len(ids)
+        r_slow, r_fast = _same_recordings(model)
         for layer in range(model.net.args.n_layers):
-            assert _same_bits(r_slow.q[layer][:, :n], r_fast.q[layer][:, :n])
-            assert _same_bits(r_slow.hidden[layer][:n], r_fast.hidden[layer][:n])
             assert r_slow.specs[layer] == r_fast.specs[layer]
     finally:
         model.close()
