@@ -44,6 +44,7 @@ def _chat(qtbot, w: MainWindow, text: str) -> AttentionLens:
     n = lambda: w.engine.session.cache.length  # noqa: E731
     qtbot.waitUntil(lambda: lens.attention is not None and lens.attention.n_tokens == n(), timeout=REPLY_MS)
     qtbot.waitUntil(lambda: lens.head is not None, timeout=REPLY_MS)
+    qtbot.waitUntil(lambda: lens.grid.record is lens.attention, timeout=REPLY_MS)  # the grid redraws throttled
     return lens
 
 

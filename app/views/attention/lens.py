@@ -230,7 +230,6 @@ class AttentionLens(HeadFollow, QWidget):
     def set_attention(self, rec: AttentionRecord) -> None:
         """A new grid record; redrawn at most every 150 ms while streaming. The row window follows the newest token."""
         grew = self.attention is None or rec.n_tokens != self.attention.n_tokens
-        first = self.attention is None and self.head is None
         self.attention = rec
         self.overview.setCurrentWidget(self.splitter if rec.n_tokens else self.empty)
         self.end_spin.setMaximum(max(0, rec.n_tokens - 1))
@@ -242,8 +241,8 @@ class AttentionLens(HeadFollow, QWidget):
         if not self.streaming:  # a live record: the whole-chat views wait for the reply's end (reply_ended)
             self._refresh_steps()
             self._refresh_tab()
-        if first and rec.n_tokens:
-            self.request_head()
+        if self.head is None and rec.n_tokens:  # no head drawn yet: ask (again, when the last answer was dropped as
+            self.request_head()  # stale: a reply started before it ran, or another model was opened)
         elif grew and self.follow_check.isChecked() and self.head is not None:
             self._live_head()
 

@@ -55,6 +55,26 @@ def test_grid_click_requests_and_draws_the_head(qtbot) -> None:
     assert "KV 1" in lens.info.text() and "h2–h3" in lens.info.text()
 
 
+def test_a_dropped_head_answer_is_asked_again_by_the_next_grid(qtbot) -> None:
+    """A head request answered with nothing (stale: a reply began before it ran) must not leave the head view empty
+    for good: the next grid record asks again (CI run of 2026-12-07: the head never came after a model switch)."""
+    lens = AttentionLens()
+    qtbot.addWidget(lens)
+    run = fake_run(n_tokens=20)
+    lens.set_model(synthetic_model_record(len(run.recorder.q), run.recorder.q[0].shape[0], run.cache.n_kv_heads))
+    att, _ = fake_records(run)
+    asked: list[tuple] = []
+    lens.head_requested.connect(lambda l, h, r: asked.append((l, h)))  # noqa: E741 - answered by no one
+    lens.set_attention(att)
+    assert asked == [(0, 0)] and lens.head is None
+    lens.set_attention(att)
+    assert asked == [(0, 0), (0, 0)]
+    lens.set_head(make_head_record(run.model, run.recorder, run.cache, 0, 0, None, run.texts))
+    lens.follow_check.setChecked(False)
+    lens.set_attention(att)  # a head is drawn: a grid of the same tokens asks nothing
+    assert len(asked) == 2
+
+
 def test_head_view_masks_hover_and_sink(qtbot) -> None:
     lens, run = _lens(qtbot, n_tokens=30)
     att, hr = fake_records(run, 1, 2)
