@@ -428,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.imatrix import add_commands as add_imatrix  # noqa: PLC0415
 
     add_imatrix(sub)
+    from engine.cli.serve import add_command as add_serve  # noqa: PLC0415
+
+    add_serve(sub, _add_model)
+    from engine.cli.attribute import add_command as add_attribute  # noqa: PLC0415
+
+    add_attribute(sub, _add_model)
     return ap
 
 
