@@ -237,6 +237,7 @@ class BlockProduct:
         # "q8_0_x16": vec_dot's numbers, one row through vpdpbusd across sixteen rows; "q8_0_rows": vec_dot's own
         # AVX2 sequence on the GGUF blocks (a CPU without AVX512-VNNI, or rows not in sixteens)
         self.path, self.tiled = "vec_dot", None
+        self._int_rows = False  # the one-row product is legacy.gemv_int on (a copy of) the GGUF blocks
         lazy = reg.compiled and int(qtype) in paths.LEGACY_INT  # batches read the GGUF blocks (legacy_gemm)
         stacked = (lambda: np.concatenate(parts, axis=0)) if parts else (lambda: blocks)
         if lazy and qtype == _T.Q8_0 and self.n_out % 16 == 0 and paths.q8_0_x16() is not None:
@@ -245,6 +246,12 @@ class BlockProduct:
         elif lazy and qtype == _T.Q8_0 and not parts:  # ggml's AVX2 vec_dot on the GGUF blocks, moved (_anon_blocks)
             self._make, self.gemv = self._anon_blocks, paths.gemv_q8_0_rows()
             self.path, self.repacked, self.planar = "q8_0_rows", False, False
+        elif lazy and (int_gemv := paths.gemv_int(paths.legacy_kind(qtype, self.n_out))) is not None:
+            # Q4_0..Q5_1: the one-row product reads the GGUF blocks in integers (legacy.gemv_int: streams them at
+            # the memory's speed, where the byte planes' float lanes were compute-bound), from a copy in anonymous
+            # memory made at the first one-row product; batches read that copy too: resident once, no page faults
+            self._make, self.gemv = self._anon_rows(stacked, parts or [blocks]), int_gemv
+            self.path, self.repacked, self.planar, self._int_rows = "vec_dot", False, False, True
         elif lazy and ks.repack is not None:
             # the legacy quants' byte planes, made at the first one-row product (decode): batches read the GGUF
             # blocks, so a model that only reads prompts (a sweep, a measurement) never holds the second copy
@@ -261,7 +268,9 @@ class BlockProduct:
         # the kernels' type id: Q4_0 with rows in eights takes llama.cpp's repacked q4_0_8x8 numbers (legacy_dot)
         self.kind = paths.legacy_kind(qtype, self.n_out) if reg.compiled else int(qtype)
         if self.kind != int(qtype):
-            self.gemv, self.path = paths.legacy_gemv(self.kind), "q4_0_x8"
+            self.path = "q4_0_x8"
+            if not self._int_rows:
+                self.gemv = paths.legacy_gemv(self.kind)
         # F16 / F32 / BF16 batches: llamafile's tinyBLAS, as llama.cpp
         self.float_batch = paths.tinyblas_gemm(qtype) if reg.compiled else None
         self.raw_parts: list[U8] | None = (parts or [blocks]) if self.batch is not None else None
@@ -297,6 +306,19 @@ class BlockProduct:
         copy.flags.writeable = False
         self.raw_parts = [copy]
         return copy
+
+    def _anon_rows(self, stacked: Callable[[], U8], parts: list[U8]) -> Callable[[], U8]:
+        """The GGUF blocks (the parts stacked by rows) copied into anonymous memory at the first one-row product,
+        each part's file pages released as it is copied (pages.anon_concat), batches reading the copy from then
+        on (raw_parts): what legacy.gemv_int reads every token, resident once."""
+
+        def make() -> U8:
+            copy = pages.anon_concat(parts)
+            copy.flags.writeable = False
+            self.raw_parts = [copy]
+            return copy
+
+        return make
 
     @property
     def repack_made(self) -> bool:
@@ -339,6 +361,9 @@ class BlockProduct:
             out[:] = 0.0
         elif t == 1 and self.gemv is not None and (self.batch is None or precompile.late_ready()):
             xq = act.bytes_for(self.qtype).reshape(-1)
+            if self._int_rows:  # legacy.gemv_int's one specialisation: a read-only activation
+                xq = xq.view()
+                xq.flags.writeable = False
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
                 self.gemv(self.weight, xq, out.reshape(-1))
         elif self.float_batch is not None and paths.tinyblas_takes(t, self.n_in, self.n_out, self.qtype):
@@ -405,6 +430,10 @@ class BlockProduct:
             return None
         if precompile.is_dry():
             return lambda: None
+        if self._int_rows:  # legacy.gemv_int: its one specialisation reads a read-only activation
+            gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1).view(), out.reshape(-1)
+            x1.flags.writeable = False
+            return lambda: gemv(w, x1, o1)
         if self.qtype in K_QUANTS or self.qtype in I_QUANTS or self.path in ("q8_0_x16", "q8_0_rows"):
             gemv, w, x1, o1 = self.gemv, self.weight, xq.reshape(-1), out.reshape(-1)
             return lambda: gemv(w, x1, o1)

@@ -52,8 +52,9 @@ def q8_1_sum_rounding(xq: U8) -> F32:
 def block_mins(product: Any, r0: int, r1: int) -> F32:
     """The fp16 min m of every Q4_1/Q5_1 block of rows [r0, r1) of a BlockProduct (bytes 2..3 of a block),
     (rows, nb) float32, from its GGUF blocks or its byte planes."""
-    if product.blocks is not None and not product.planar:
-        b = product.blocks[r0:r1].reshape(r1 - r0, -1, TYPES[product.qtype].type_size)
+    raw = product.blocks if product.blocks is not None else None if product.planar else product.weight
+    if raw is not None and not product.planar:  # the GGUF blocks (or their copy: a fused legacy product's)
+        b = raw[r0:r1].reshape(r1 - r0, -1, TYPES[product.qtype].type_size)
         m = np.ascontiguousarray(b[..., 2:4])
     else:  # byte planes (ng, nb, type_size, group): the m bytes of every row, in row order
         planes = product.weight.planes

@@ -72,21 +72,33 @@ def anon_copy(arr: np.ndarray, chunk: int = COPY_CHUNK) -> np.ndarray:
     transparent huge pages), copied `chunk` bytes of rows at a time with each part's file pages released as soon
     as it is copied: the process never holds both copies. For weights that every decode step reads whole, where
     a file mapping's 4 KiB pages cost a TLB miss each (in a VM a two-level page walk)."""
-    out = np.empty(arr.shape, arr.dtype)
+    return anon_concat([arr], chunk)
+
+
+def anon_concat(parts: list[np.ndarray], chunk: int = COPY_CHUNK) -> np.ndarray:
+    """anon_copy of arrays stacked by rows (one weight of several: q/k/v, gate/up), each part's file pages
+    released as it is copied."""
+    first = parts[0]
+    shape = first.shape if len(parts) == 1 else (sum(len(p) for p in parts), *first.shape[1:])
+    out = np.empty(shape, first.dtype)
     fn = _madvise()
     if fn is not None and out.nbytes >= 2 << 20:
         start = out.__array_interface__["data"][0]
         lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + out.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if hi > lo:
             fn(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE)  # a hint: failure changes nothing
-    if arr.ndim == 0:
-        out[...] = arr
-    else:
+    if first.ndim == 0:
+        out[...] = first
+        return out
+    at = 0
+    for arr in parts:
         rows = max(1, chunk // max(1, arr[:1].nbytes))
         for r in range(0, len(arr), rows):
-            out[r : r + rows] = arr[r : r + rows]
-            release(arr[r : r + rows])
-    release(arr)  # the pages at the chunks' edges (and those a fault mapped around a later chunk's first read)
+            stop = min(len(arr), r + rows)
+            out[at + r : at + stop] = arr[r:stop]
+            release(arr[r:stop])
+        release(arr)  # the pages at the chunks' edges (and those a fault mapped around a later chunk's first read)
+        at += len(arr)
     return out
 
 

@@ -38,6 +38,14 @@ def q8_0_x16() -> Any:
     return _X16[0]
 
 
+def gemv_int(kind: int) -> Callable | None:
+    """The integer one-row product on the GGUF blocks (engine.kernels.legacy.gemv_int) of a legacy kernel type id
+    (legacy_kind: Q4_0, Q4_1, Q5_0, Q5_1, Q4_0_X8) where numba targets AVX2 or AVX-512; else None (byte planes)."""
+    from engine.kernels.legacy import gemv_int as gi  # noqa: PLC0415 - compiled kernels only
+
+    return gi.GEMV_INT[kind] if kind in gi.KINDS and gi.available() else None
+
+
 def gemv_q8_0_rows() -> Callable:
     """engine.kernels.legacy.q8_0_rows' one-row Q8_0 product on the GGUF blocks (ggml's AVX2 vec_dot sequence)."""
     from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows as gemv  # noqa: PLC0415 - compiled kernels only

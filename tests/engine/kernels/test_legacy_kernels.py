@@ -69,6 +69,17 @@ def _products(name: str, w, xq: np.ndarray) -> dict[str, np.ndarray]:
         for i in range(len(xq)):
             legacy.GEMV[qtype](weight, xq[i], rows[i])
         got[f"gemv/{layout}"] = rows
+    if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # integers on the GGUF blocks, two rows a vector (legacy.gemv_int)
+        from engine.kernels.legacy.gemv_int import GEMV_INT
+
+        rows = np.full((len(xq), n_rows), np.nan, np.float32)
+        raw = np.ascontiguousarray(w).copy()
+        raw.flags.writeable = False
+        for i in range(len(xq)):
+            x1 = np.ascontiguousarray(xq[i]).copy()
+            x1.flags.writeable = False
+            GEMV_INT[int(qtype)](raw, x1, rows[i])
+        got["gemv/int"] = rows
     if qtype == GGMLType.Q8_0:  # ggml's AVX2 sequence on the GGUF blocks (engine.kernels.legacy.q8_0_rows)
         from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows
 

@@ -36,6 +36,7 @@ def test_kernels_equal_llamacpp_bit_for_bit(golden, which):
     from engine.kernels.legacy.family import kind_gemv  # noqa: PLC0415
     from engine.kernels.legacy.dot import Q4_0_X8  # noqa: PLC0415
     from engine.kernels.legacy.repack import repack  # noqa: PLC0415
+    from engine.kernels.legacy.gemv_int import GEMV_INT  # noqa: PLC0415
     from tests.engine.kernels.test_legacy_gemm import kernel  # noqa: PLC0415
 
     gemm_int = kernel(which)
@@ -51,6 +52,9 @@ def test_kernels_equal_llamacpp_bit_for_bit(golden, which):
             one = np.full(w.shape[0], np.nan, np.float32)
             kind_gemv(Q4_0_X8)(repack(GGMLType.Q4_0, w), xq[0], one)
             assert np.array_equal(one.view(np.uint32), want[0].view(np.uint32)), wcase
+            one[:] = np.nan  # ...and the integer one on the GGUF blocks (legacy.gemv_int)
+            GEMV_INT[Q4_0_X8](_read_only(w), _read_only(xq[0]), one)
+            assert np.array_equal(one.view(np.uint32), want[0].view(np.uint32)), (wcase, "gemv_int")
         n += 1
     assert n >= 3 * 7
 
@@ -79,3 +83,9 @@ def test_vec_dot_numbers_differ_from_the_repacked_ones(golden):
     gemm_int(int(GGMLType.Q4_0), w, quantize_q8_0(x), out)
     assert not np.array_equal(out, golden["y_quantized_16"])
     assert np.allclose(out, golden["y_quantized_16"], rtol=1e-4, atol=1e-5)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a).copy()
+    a.flags.writeable = False
+    return a
