@@ -100,12 +100,16 @@ def run_checked(model: Model, ids: Sequence[int], cache: KVCache, recorder: Reco
     return logits
 
 
+UBATCH = 512  # prompt tokens a forward pass takes at once: llama.cpp's default n_ubatch (its batches, its numbers;
+# a 16k prompt's activations and attention tiles stay those of 512 tokens)
+
+
 def prefill(
     model: Model,
     ids: Sequence[int],
     cache: KVCache,
     *,
-    chunk_size: int = 256,
+    chunk_size: int = UBATCH,
     recorder: Recorder | None = None,
     cancel: threading.Event | None = None,
     progress: ProgressFn | None = None,

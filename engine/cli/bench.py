@@ -44,10 +44,12 @@ def peak_rss_mb() -> float:
 def run_bench(
     model_source: str, *, n_prompt: int = 128, n_gen: int = 64, backend: str = "numpy", reps: int = 2,
     gpu_layers: int | None = None, seed: int = 1234, numerics: str = "ggml", lora: Sequence[str] = (),
-    control_vectors: Sequence[str] = (), flash_attn: str = "off",
+    control_vectors: Sequence[str] = (), flash_attn: str = "off", gen_after_prompt: bool = False,
 ) -> dict[str, Any]:
     """Load the model, then time a prefill of n_prompt random tokens and n_gen single-token steps; best of `reps`.
-    `lora` and `control_vectors`: 'FILE[:SCALE]' specs, as the CLI's --lora and --control-vector take them."""
+    `lora` and `control_vectors`: 'FILE[:SCALE]' specs, as the CLI's --lora and --control-vector take them.
+    `gen_after_prompt`: the steps continue the prompt's cache (generation at depth n_prompt, as llama-bench -d),
+    instead of starting from an empty one."""
     from engine.model import load_model  # noqa: PLC0415
 
     if not (1 <= n_prompt <= 65536 and 1 <= n_gen <= 65536 and 1 <= reps <= 100):
@@ -66,7 +68,7 @@ def run_bench(
     if seq2seq:  # timed with the interventions only (the comparison without them is a decoder-only model's)
         best = {True: _time_encoder_decoder(model, ids, n_gen, reps, waited)}
     else:
-        best = _time_decoder(model, ids, n_gen, reps, waited, switch if switch.names else None)
+        best = _time_decoder(model, ids, n_gen, reps, waited, switch if switch.names else None, gen_after_prompt)
     pp_best, tg_best = best[True]
     plain = {}
     if False in best:  # the same model without the interventions, timed beside it
@@ -86,6 +88,7 @@ def run_bench(
         "gpu_layers": model.gpu_layers,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
+        "gen_depth": n_prompt if gen_after_prompt and not seq2seq else 0,
         "prompt_phase": "encoder" if seq2seq else "decoder",
         **_isa(model),
         "notes": list(model.warnings),
@@ -142,20 +145,24 @@ class Interventions:
 
 
 def _time_decoder(model: Any, ids: list[int], n_gen: int, reps: int,  # noqa: ANN401
-                  waited: list[float], switch: Interventions | None) -> dict[bool, tuple[float, float]]:
+                  waited: list[float], switch: Interventions | None,
+                  after_prompt: bool = False) -> dict[bool, tuple[float, float]]:
     """Best seconds of a prefill of `ids` and of n_gen single-token steps from an empty cache: {True: with the
     interventions (or the model as it is), False: without them (only with a switch)}."""
-    n_ctx = max(len(ids), n_gen) + 1
+    from engine.generate import prefill  # noqa: PLC0415
+
+    n_ctx = (len(ids) + n_gen if after_prompt else max(len(ids), n_gen)) + 1
     model.forward(ids[:8], model.new_cache(n_ctx))  # warm-up: first BLAS calls, page faults
-    model.forward(ids, model.new_cache(n_ctx))  # a long prompt's kernels too (it may start the late helper)
+    prefill(model, ids, model.new_cache(n_ctx))  # a long prompt's kernels too (it may start the late helper)
     _settle(waited)
 
     def rep() -> tuple[float, float]:
         cache = model.new_cache(n_ctx)
         t = time.perf_counter()
-        model.forward(ids, cache)
+        prefill(model, ids, cache)  # in llama.cpp's batches of 512 (engine.generate.UBATCH), as its eval runs them
         pp = time.perf_counter() - t
-        cache = model.new_cache(n_ctx)
+        if not after_prompt:
+            cache = model.new_cache(n_ctx)
         tok = ids[0]
         t = time.perf_counter()
         for _ in range(n_gen):
@@ -220,6 +227,8 @@ def add_command(sub: argparse._SubParsersAction, add_model: Callable[[argparse.A
     p.add_argument("--backend", default="numpy", choices=["auto", "numpy", "cupy"])
     p.add_argument("--gpu-layers", type=int, default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--gen-after-prompt", action="store_true",
+                   help="time generation after the prompt, at position -p (llama-bench -d), not from an empty cache")
     add_numerics(p)
     add_steering(p)
     p.set_defaults(func=cmd_bench)
@@ -229,7 +238,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark and print it (one JSON object with --json)."""
     result = run_bench(args.model, n_prompt=args.p, n_gen=args.n, backend=args.backend, reps=args.reps,
                        gpu_layers=args.gpu_layers, numerics=args.numerics, lora=args.lora,
-                       control_vectors=args.control_vector, flash_attn=args.flash_attn)
+                       control_vectors=args.control_vector, flash_attn=args.flash_attn,
+                       gen_after_prompt=args.gen_after_prompt)
     if args.json:
         print(json.dumps(result))
         return 0

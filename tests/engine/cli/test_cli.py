@@ -146,3 +146,39 @@ def test_bench_times_nothing_while_the_late_kernels_compile(tiny: Path, monkeypa
     assert events[:3] == ["forward 8", "forward 16", "wait"] and events.count("wait") == 1, events
     assert events.count("forward 16") == 1 + 2  # the warm-up's and the two timed prompts, all after it
     assert result["kernels_wait_s"] >= 0.0
+
+
+def test_bench_runs_prompts_in_llama_cpp_batches_and_can_generate_after_the_prompt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt goes through the engine's prefill in llama.cpp's batches of 512 (n_ubatch: the peak memory of a
+    long prompt is one batch's activations); --gen-after-prompt times the steps at depth -p (llama-bench -d)."""
+    from engine.cli import bench
+    from engine.generate import UBATCH
+
+    path = make_tiny_llama(tmp_path / "long.gguf", n_ctx=2048)
+    seen: list[tuple[str, int, int]] = []
+    real = bench._time_decoder
+
+    def timed(model, ids, n_gen, reps, waited, *rest):  # noqa: ANN001
+        forward, step = model.forward, model.greedy_step
+
+        def spy_forward(tokens, cache, *a, **k):  # noqa: ANN001
+            seen.append(("forward", len(tokens), cache.length))
+            return forward(tokens, cache, *a, **k)
+
+        def spy_step(token, cache):  # noqa: ANN001
+            seen.append(("step", 1, cache.length))
+            return step(token, cache)
+
+        model.forward, model.greedy_step = spy_forward, spy_step
+        return real(model, ids, n_gen, reps, waited, *rest)
+
+    monkeypatch.setattr(bench, "_time_decoder", timed)
+    for after in (False, True):
+        seen.clear()
+        result = bench.run_bench(str(path), n_prompt=UBATCH + 100, n_gen=3, reps=1, gen_after_prompt=after)
+        batches = [n for kind, n, _ in seen if kind == "forward" and n > 8]
+        assert batches == [UBATCH, 100] * 2, batches  # the warm-up's prompt and the timed one
+        steps = [at for kind, _, at in seen if kind == "step"]
+        assert steps[-3:] == ([UBATCH + 100 + i for i in range(3)] if after else [0, 1, 2]), steps
+        assert result["gen_depth"] == (UBATCH + 100 if after else 0)
