@@ -201,6 +201,30 @@ def dot32bf(typingctx, a, ao, bb, bo, n):
     return types.float32(a, ao, bb, bo, n), codegen
 
 
+@intrinsic
+def dot64bf_acc(typingctx, a, ao, bb, n, acc):
+    """ggml_vec_dot_bf16's AVX512_BF16 loop for one row: bf16 values of a from byte ao against b, n % 64 == 0,
+    VDPBF16PS per 64 values into two accumulators (the first 32 values and the last 32); both stored to acc (32,)
+    for the caller's reduction (engine.kernels.floats.vec_dot's order: each reduced, added in double)."""
+    def codegen(context, b, signature, args):
+        a_, ao_, b_, n_, acc_ = args
+        pa = byte_ptr(context, b, signature.args[0], a_, ao_)
+        pb = byte_ptr(context, b, signature.args[2], b_, ir.Constant(I64, 0))
+        po = byte_ptr(context, b, signature.args[4], acc_, ir.Constant(I64, 0))
+        accs = [cgutils.alloca_once_value(b, ir.Constant(_F16X, None)) for _ in range(2)]
+        with cgutils.for_range(b, b.sdiv(n_, ir.Constant(n_.type, 4 * LANES))) as loop:
+            at = b.mul(loop.index, ir.Constant(I64, 8 * LANES))
+            for k, acc in enumerate(accs):
+                av = b.bitcast(load(b, b.gep(pa, [at]), vec(I32, LANES), 4 * LANES * k), _BF32)
+                bv = b.bitcast(load(b, b.gep(pb, [at]), vec(I32, LANES), 4 * LANES * k), _BF32)
+                b.store(call_intrinsic(b, "llvm.x86.avx512bf16.dpbf16ps.512", _F16X, [b.load(acc), av, bv]), acc)
+        for k, acc in enumerate(accs):
+            b.store(b.load(acc), b.bitcast(b.gep(po, [ir.Constant(I64, 4 * LANES * k)]), _F16X.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(a, ao, bb, n, acc), codegen
+
+
 def _gemm_bf16_rows(w, x, out):
     """out[t, r] = DOT_BF16 of bf16 weight row r with bf16 activation row t, both uint16 bits, C-contiguous rows of
     n values, sixteen weight rows a task: the loop of both builds' BF16 batches, each copy with its own DOT_BF16."""

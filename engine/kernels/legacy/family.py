@@ -35,6 +35,7 @@ from engine.quant.types import GGMLType
 
 from engine.kernels.legacy import dequant as legacy_dequant
 from engine.kernels.floats import vec_dot as legacy_floats
+from engine.kernels.floats.tinyblas import bf16_available
 from engine.kernels.legacy import products as legacy_products
 from engine.kernels import isa
 from engine.kernels.activations import HAVE_NUMBA
@@ -78,6 +79,9 @@ def _float_dot(qtype: GGMLType | int) -> Callable[[np.ndarray, np.ndarray, F32],
     accumulators: 64 on AVX-512, 32 on AVX2)."""
     step = np.int64(4 * isa.lanes())
     dot = {_T.F32: legacy_floats.dot_f32, _T.F16: legacy_floats.dot_f16}.get(qtype, legacy_floats.dot_bf16)
+    if qtype == _T.BF16 and step == 64 and bf16_available():  # VDPBF16PS itself, for one activation row
+        dp = legacy_floats.dot_bf16_dp
+        return lambda w, y, out: dp(w, y, out) if y.shape[0] == 1 else dot(w, y, out, step)
     return lambda w, y, out: dot(w, y, out, step)
 
 
