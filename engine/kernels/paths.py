@@ -178,9 +178,10 @@ def repacked_rows(qtype: GGMLType, n_rows: int) -> tuple[str, Callable, Callable
 
         return "mxfp4_x8", iquant_dot.gemv_mxfp4_x8, iquant_dot.gemm_mxfp4_x8
     if takes_q2_k_x8(qtype, n_rows):
-        from engine.kernels.iquant.tiled import gemm_q2_k_x8, gemv_q2_k_x8  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.iquant.q2_k_gemv import gemv_q2_k_rows  # noqa: PLC0415 - compiled kernels only
+        from engine.kernels.iquant.tiled import gemm_q2_k_x8  # noqa: PLC0415
 
-        return "q2_k_x8", gemv_q2_k_x8, gemm_q2_k_x8
+        return "q2_k_x8", gemv_q2_k_rows, gemm_q2_k_x8  # the gemv's numbers, streamed in integers
     return None
 
 

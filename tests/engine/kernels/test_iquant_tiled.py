@@ -112,3 +112,21 @@ def test_q2_k_rows_in_eights_are_llamacpp_q2_k_8x8(kq) -> None:
     with dispatch.KERNEL_LOCK:
         run()
     assert_bits_equal(out, golden["y_3"][2:3], "bound gemv")
+
+
+def test_the_streamed_q2_k_gemv_equals_the_decoded_one_on_any_bytes() -> None:
+    """engine.kernels.iquant.q2_k_gemv (integers straight off the blocks) against tiled.gemv_q2_k_x8 (rows decoded
+    into scratch first), on blocks of random bytes (any scales, mins, d and dmin) and a Q8_K row: the same bits."""
+    from engine.kernels.iquant.q2_k_gemv import gemv_q2_k_rows
+    from engine.kernels.iquant.tiled import gemv_q2_k_x8
+
+    rng = np.random.default_rng(7)
+    for rows, cols in ((8, 256), (40, 2048)):
+        w = rng.integers(0, 256, (rows, cols // 256 * 84), dtype=np.uint8)
+        w[:, 80:84] = np.frombuffer((rng.standard_normal(2 * rows) * 0.01).astype("<f2").tobytes(), np.uint8).reshape(rows, 4)
+        w.flags.writeable = False
+        xq = np.asarray(quantize_q8_k((rng.standard_normal((1, cols)) * 2).astype(np.float32))).reshape(-1)
+        ours, ref = np.full(rows, np.nan, np.float32), np.full(rows, np.nan, np.float32)
+        gemv_q2_k_rows(w, xq, ours)
+        gemv_q2_k_x8(w, xq, ref)
+        assert_bits_equal(ours, ref, f"{rows}x{cols}")
