@@ -229,7 +229,7 @@ def kv_cache_bytes(args: BaseArgs, n_ctx: int, cache_type: str = "F32") -> int:
     return 2 * (args.n_layers - recurrent) * n_ctx * args.n_kv_heads * row(args.head_dim) + state
 
 
-def scratch_bytes(args: BaseArgs, n_ctx: int, chunk_size: int = 256, all_logits: bool = False) -> int:
+def scratch_bytes(args: BaseArgs, n_ctx: int, chunk_size: int = 512, all_logits: bool = False) -> int:
     """Peak temporaries of one prefill chunk: attention scores, activations and logits (float32)."""
     t = max(1, min(chunk_size, n_ctx))
     # a prefill chunk takes the plain path, (heads, T, S) scores, below TILED_MIN_KEYS keys and the tiled
@@ -248,7 +248,7 @@ def estimate_memory(
     n_ctx: int | None = None,
     dense_budget: int = 0,
     cache_type: str = "F32",
-    chunk_size: int = 256,
+    chunk_size: int = 512,  # engine.generate.UBATCH (llama.cpp's n_ubatch)
     all_logits: bool = False,
     available: int | None = None,
 ) -> MemoryEstimate:
@@ -296,7 +296,7 @@ def check_memory(
     n_ctx: int | None = None,
     dense_budget: int = 0,
     cache_type: str = "F32",
-    chunk_size: int = 256,
+    chunk_size: int = 512,  # engine.generate.UBATCH (llama.cpp's n_ubatch)
     all_logits: bool = False,
     available: int | None = None,
 ) -> MemoryEstimate:

@@ -59,6 +59,7 @@ def run_bench(
     t0 = time.perf_counter()
     model = load_model(model_source, backend=backend, gpu_layers=gpu_layers, numerics=numerics, flash_attn=flash_attn)
     load_s = time.perf_counter() - t0
+    _check_context(model, (n_prompt + n_gen if gen_after_prompt else max(n_prompt, n_gen)) + 1)
     switch = Interventions(model, lora, control_vectors)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.args.n_vocab, size=n_prompt).tolist()
@@ -94,6 +95,20 @@ def run_bench(
         "notes": list(model.warnings),
         "kernels_wait_s": round(sum(waited), 2),
     }
+
+
+def _check_context(model: Any, n_ctx: int) -> None:  # noqa: ANN401
+    """A context past what the file allows, or one whose KV cache would not fit in free memory, is refused before
+    anything runs."""
+    if getattr(model.net, "is_encoder_decoder", False):
+        return
+    from engine.memory import check_memory  # noqa: PLC0415
+
+    trained = int(model.args.n_ctx)
+    if n_ctx > trained:
+        raise SettingError(f"bench: -p and -n need a context of {n_ctx} tokens; this model's file allows {trained} "
+                           "(its context_length)")
+    check_memory(model.gguf, model.args, n_ctx=n_ctx, cache_type="F16" if model.numerics == "ggml" else "F32")
 
 
 def _settle(waited: list[float]) -> None:

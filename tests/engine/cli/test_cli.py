@@ -95,6 +95,8 @@ def test_bench_json(tiny: Path) -> None:
         ["generate", "TINY", "--prompt", "x", "--top-p", "7"],
         ["tokenize", "TINY"],
         ["bench", "TINY", "-p", "0"],
+        ["bench", "TINY", "-p", "300", "-n", "2"],  # past the file's context_length (256)
+        ["bench", "TINY", "--flash-attn", "auto-ish"],
         ["logits", "TINY", "--tokens-file", "/nonexistent.json", "--out", "/tmp/x.npy"],
         ["perplexity", "TINY", "--text-file", "/nonexistent.txt"],
         ["nosuchcommand"],
