@@ -41,6 +41,17 @@ if HAVE_NUMBA:
         hq, t, d = q.shape
         group = hq // kc.shape[0]
         n_eff = min(n_kv, n_keys + 63 - (n_keys + 63) % 64)  # past the cached keys the padding adds exact zeros
+        first = np.zeros(t, np.int64)  # each query's first and last visible key: a sliding window's row touches
+        last = np.full(t, -1, np.int64)  # only the chunks around it (a chunk all masked adds exactly +0.0 anywhere)
+        for i in prange(t):
+            j = 0
+            while j < n_keys and not mask[i, j]:
+                j += 1
+            first[i] = j
+            j = n_keys - 1
+            while j >= 0 and not mask[i, j]:
+                j -= 1
+            last[i] = j
         for task in prange(hq * t):
             h = task // t
             i = task % t
@@ -50,7 +61,8 @@ if HAVE_NUMBA:
                 q16[c] = f16_to_f32(f32_to_f16(q[h, i, c]))
             e = np.zeros(n_kv, np.float32)
             top = -np.inf
-            for j in range(n_keys):
+            lo, hi = first[i], last[i] + 1
+            for j in range(lo, hi):
                 if not mask[i, j]:
                     e[j] = -np.inf
                     continue
@@ -65,20 +77,18 @@ if HAVE_NUMBA:
             if sinks.shape[0] and not top > sinks[h]:  # gpt-oss: MAX(max, sink)
                 top = sinks[h]
             total = 0.0
-            for c in range(0, n_kv, lanes):
-                if c >= n_keys:
-                    break  # the padding: v_expf(-inf) = 0 in every later chunk
+            for c in range(lo - lo % lanes, min(n_kv, hi), lanes):  # the chunks outside [lo, hi) add +0.0
                 for lane in range(lanes):
                     j = c + lane
-                    e[j] = v_expf_lane(e[j] - top, W8) if j < n_keys else np.float32(0.0)
+                    e[j] = v_expf_lane(e[j] - top, W8) if lo <= j < hi else np.float32(0.0)
                 total += np.float64(reduce_lanes(e, c, W8))
             if sinks.shape[0]:  # the sink's term, libm's expf (numba's float32 exp is the same call)
                 total += np.float64(np.exp(sinks[h] - top))
             inv = np.float32(1.0 / total)
-            for j in range(n_keys):  # the fp16 work buffer of V*w
+            for j in range(lo, hi):  # the fp16 work buffer of V*w
                 e[j] = f16_to_f32(f32_to_f16(e[j] * inv))
             acc = np.zeros((lanes, d), np.float32)
-            for j in range(min(n_keys, n_eff)):
+            for j in range(lo, min(hi, n_eff)):
                 if mask[i, j]:  # a masked key's weight is 0: its fmas would add only zeros (at most a zero's sign)
                     at = kv * vc.strides[0] + j * vc.strides[1]
                     if W8:
