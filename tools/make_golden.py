@@ -12,7 +12,9 @@ writes golden_<model>_avx2.*: that build's numbers, which differ from the AVX-51
 For each catalog model it tokenizes tests/fixtures/prose.txt as a whole document (BOS when the model's
 metadata adds one), runs every position through llama.cpp with the default f16 KV cache and again with an
 f32 cache, and stores per position the top-K log-probabilities (K=128, full softmax over the whole
-vocabulary), plus the perplexity of tokens 2..n. Storing top-K instead of whole logit rows keeps the files
+vocabulary), plus the perplexity of tokens 2..n. --long does Gemma 3 alone over tests/fixtures/long_prose.txt (a part of llama.cpp's own tools/completion/README.md,
+MIT): 1,6xx tokens, past its sliding window and in four of llama.cpp's 512-token batches. Storing top-K instead of
+whole logit rows keeps the files
 small (a 262,144-entry vocabulary would be 1 MB per position); the KL divergence is then computed with the
 probability mass outside the top-K lumped into one bucket, which can only under-estimate by a hair.
 """
@@ -43,10 +45,10 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def run(path: Path, text: str, add_bos: bool, cache_type: int, threads: int) -> tuple[list[int], np.ndarray]:
+def run(path: Path, text: str, add_bos: bool, cache_type: int, threads: int, n_ctx: int = 1024) -> tuple[list[int], np.ndarray]:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
                 verbose=False, type_k=cache_type, type_v=cache_type)
     ids = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
     llm.reset()
@@ -78,13 +80,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--isa", choices=("avx512", "avx2"), default="avx512",
                     help="the build the llama.cpp in use must be; avx2 writes golden_<model>_avx2.*")
+    ap.add_argument("--long", action="store_true",
+                    help="Gemma 3 over tests/fixtures/long_prose.txt (1,6xx tokens: past its 512-token sliding window "
+                         "three times and four 512-token batches), context 2048, F16 cache: golden_gemma3_long.*")
     args = ap.parse_args()
-    text = (FIXTURES / "prose.txt").read_text(encoding="utf-8")
+    text = (FIXTURES / ("long_prose.txt" if args.long else "prose.txt")).read_text(encoding="utf-8")
     system_info = check_isa(args.isa)
-    suffix = "" if args.isa == "avx512" else f"_{args.isa}"
+    suffix = ("" if args.isa == "avx512" else f"_{args.isa}") + ("_long" if args.long else "")
     import llama_cpp
 
     for key, filename in MODELS.items():
+        if args.long and key != "gemma3":  # the model with a sliding window
+            continue
         path = args.models_dir / filename
         if not path.exists():
             print(f"skip {key}: {path} missing", file=sys.stderr)
@@ -95,8 +102,8 @@ def main() -> int:
         out: dict[str, np.ndarray] = {}
         summary: dict[str, object] = {"model": filename, "llama_cpp_python": llama_cpp.__version__, "top_k": TOP_K,
                                       "add_bos": add_bos}
-        for tag, ctype in (("f16", GGML_TYPE_F16), ("f32", GGML_TYPE_F32)):
-            ids, logits = run(path, text, add_bos, ctype, args.threads)
+        for tag, ctype in (("f16", GGML_TYPE_F16),) if args.long else (("f16", GGML_TYPE_F16), ("f32", GGML_TYPE_F32)):
+            ids, logits = run(path, text, add_bos, ctype, args.threads, 2048 if args.long else 1024)
             logp = log_softmax(logits)
             top = np.argsort(-logp, axis=-1, kind="stable")[:, :TOP_K]
             out[f"{tag}_top_ids"] = top.astype(np.int32)
@@ -105,7 +112,7 @@ def main() -> int:
             summary[f"{tag}_ppl"] = math.exp(float(nll.mean()))
             out["ids"] = np.asarray(ids, dtype=np.int32)
         summary["n_tokens"] = int(out["ids"].size)
-        if args.isa != "avx512":  # the AVX-512 files stay as they were made
+        if args.isa != "avx512" or args.long:  # the AVX-512 files of the short prose stay as they were made
             summary["system_info"] = system_info
         np.savez_compressed(FIXTURES / f"golden_{key}{suffix}.npz", **out)
         (FIXTURES / f"golden_{key}{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
