@@ -101,6 +101,7 @@ class MainWindow(ModelSlots, QMainWindow):
         self.bridge.bind_conversation(self.conversation)  # the lenses follow the conversation on screen
         self.quant_bridge = QuantBridge(self.engine, self.state, self.lens_tabs.lens(QuantLens), self.compare_view,
                                         self.bridge, self)
+        self.bridge.why.compare_workspace = lambda: self.quant_bridge.workspace  # the Why lens's A and B
         self.experiments_bridge = ExperimentsBridge(self.engine, self.state, self.experiments_view, self,
                                                     conversation=self.conversation, compare=self.compare_view)
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))

@@ -72,7 +72,10 @@ class Screenshot:
 
     def _tab_ready(self) -> bool:
         """The Compare tab computes what it shows first (prepare_screenshot, then screenshot_ready until done); the
-        Patching tab runs its default prompts."""
+        Patching tab runs its default prompts; the Why lens explains the reply's last token."""
+        why = self.window.lens_tabs.content("Why")
+        if why is not None and self.window.lens_tabs.showing("Why"):
+            return not getattr(why, "busy", False) and getattr(why, "record", None) is not None
         patching = self.window.patching_view
         if self.window.lens_tabs.currentWidget() is self.window.experiments_view:
             if not self.prepared:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject
 
+from app.controllers.attribution_feed import KINDS as WHY_KINDS
+from app.controllers.attribution_feed import AttributionFeed
 from app.controllers.lens_feed import LensFeeder
 from app.jobs import lens_computes as lc
 from app.jobs.lens import ATTENTION_MAX_ROWS, InContext, LensResult, in_context
@@ -92,6 +94,7 @@ class LensBridge(LensFeeder, QObject):
         state.settings_changed.connect(lambda s: engine.set_numerics(numerics_setting(s)))
         engine.set_numerics(numerics_setting(state.settings))
         engine.lens_failed.connect(self._failed)
+        self.why = AttributionFeed(self)  # the Why lens's requests and records (app.controllers.attribution_feed)
         for slot in slots.values():
             self.attach(slot)
 
@@ -157,6 +160,18 @@ class LensBridge(LensFeeder, QObject):
         if self._seq2seq():
             self._request("cross_step", cross_step(int(layer), int(head), int(query), self.shown_context()))
 
+    def request_attribution(self, token_index: int, contrast: str, method: str) -> None:
+        self.why.request(token_index, contrast, method)
+
+    def request_ablation(self, what: Any) -> None:
+        self.why.confirm(what)
+
+    def stop_attribution(self) -> None:
+        self.why.stop()
+
+    def request_attribution_pair(self, what: Any) -> None:
+        self.why.request_pair(what)
+
     def _seq2seq(self) -> bool:
         """Whether the model is an encoder-decoder (its lenses read the cache as it is, never a conversation)."""
         rec = self.state.model_record
@@ -208,6 +223,7 @@ class LensBridge(LensFeeder, QObject):
         """What is on screen may have changed without a reply (another version, another chat, a new model): if the
         lenses show another conversation, they drop it and read this one once (when a lens that needs it is on
         screen), saying so meanwhile."""
+        self.why.context_changed()
         want = self.shown_context()
         if want is None or want == self._shown or want == self._want:
             return
@@ -243,6 +259,7 @@ class LensBridge(LensFeeder, QObject):
             self.deliver(self.lens(AttentionLens), AttentionLens.new_reply)  # scores of the old context go
             return
         self.deliver(self.lens(AttentionLens), AttentionLens.reply_ended)
+        self.why.reply_ended()
         if current == self._reply_chat and self.state.attention_record is not None:
             self._shown = self.shown_context()  # the lenses show the reply just made, as the chat shows it
         else:
@@ -269,6 +286,8 @@ class LensBridge(LensFeeder, QObject):
             self._read()
         elif title == ExpertsLens.title:
             self.request_routing()
+        elif title == self.why.title:
+            self.why.shown()
 
     def set_hidden_keys(self, keys: Any) -> None:
         """The keys "hide sinks" hides changed: the grid is pooled again without them."""
@@ -302,6 +321,7 @@ class LensBridge(LensFeeder, QObject):
         self.state.attention_record = None
         self.state.tok_s = 0.0
         self._context_memo_reset()
+        self.why.model_loaded()
         for slot in self.slots.values():
             self.feed(slot)
         self._shown = self._want = None
@@ -370,6 +390,8 @@ class LensBridge(LensFeeder, QObject):
 
     def _failed(self, kind: str, message: str) -> None:
         log.info("lens %s: %s", kind, message)
+        if kind in WHY_KINDS:
+            self.why.failed(kind, message)
         if kind in ("roles", "logit", "attention", "state"):  # the view that asked says so instead of waiting for ever
             self.deliver(self.lens(AttentionLens), AttentionLens.lens_failed, kind, message)
 
@@ -407,6 +429,9 @@ class LensBridge(LensFeeder, QObject):
             result = LensResult(result.kind, tag.record)
         keep, rec = self._current(result)
         if not keep:
+            return
+        if result.kind in WHY_KINDS:
+            self.why.ready(result.kind, rec)
             return
         if rec is None:
             if result.kind in ("roles", "logit", "state"):  # nothing to score or decode: say what to do

@@ -20,17 +20,18 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QStackedLayout, QTabWidget, QWidget
 
 from app.views.attention.lens import AttentionLens
+from app.views.attribution import WhyLens
 from app.views.experts import ExpertsLens
 from app.views.positions import PositionsLens
 from app.views.quant.lens import QuantLens
 
 log = logging.getLogger(__name__)
 
-LensWidget = AttentionLens | PositionsLens | QuantLens | ExpertsLens
-LensClass = type[AttentionLens] | type[PositionsLens] | type[QuantLens] | type[ExpertsLens]
-L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens)
+LensWidget = AttentionLens | PositionsLens | QuantLens | ExpertsLens | WhyLens
+LensClass = type[AttentionLens] | type[PositionsLens] | type[QuantLens] | type[ExpertsLens] | type[WhyLens]
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens, WhyLens)
 
-LENSES: tuple[LensClass, ...] = (AttentionLens, PositionsLens, QuantLens, ExpertsLens)  # the lens tabs, in order
+LENSES: tuple[LensClass, ...] = (AttentionLens, PositionsLens, QuantLens, ExpertsLens, WhyLens)  # the tabs, in order
 
 
 class LensRequests(Protocol):
@@ -71,6 +72,19 @@ class LensRequests(Protocol):
 
     def request_block(self, name: str, index: int) -> None:
         """Another block of a tensor decoded."""
+
+    def request_attribution(self, token_index: int, contrast: str, method: str) -> None:
+        """Why the model wrote token `token_index` of the conversation (-1: the last), rather than `contrast` ('':
+        its logit alone); `method` 'ixg' or 'ig' adds the input tokens' attributions ('': none)."""
+
+    def request_ablation(self, what: object) -> None:
+        """Switch one part off for real: (token index, contrast, kind, layer, index, its attribution)."""
+
+    def stop_attribution(self) -> None:
+        """Stop the Why lens's jobs."""
+
+    def request_attribution_pair(self, what: object) -> None:
+        """The same attribution in A and B of the last comparison: (ids, token index, reply start, contrast id)."""
 
 
 class LensSlot(QWidget):

@@ -7,5 +7,8 @@ expert, computed on the model as it runs.
 - `capture`: the one forward pass whose activations the decomposition reads;
 - `tokens`: TOKEN as text or `#id`, the prompt, the position, with errors a user can act on.
 
-Input attributions (integrated gradients, input x gradient) and patching maps are not built yet.
+- `inputs`: input x gradient and integrated gradients per prompt token (engine.grad's backward), with IG's completeness
+  error;
+- `attribution_patching`: the gradient estimate of every head's and position's patching effect, checked against real
+  activation patching (Spearman, top-10 overlap).
 """

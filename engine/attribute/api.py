@@ -11,8 +11,13 @@ one) at a position, as named arrays that sum to the logit (difference), and the 
     a.to_json()                           # what `gguf-lens attribute ... --json` prints
 
 The decomposition is engine.attribute.direct's (direct logit attribution on the run's own activations, exact with
-labelled remainders). `method` ('ig', 'ixg', 'patching': input attributions and patching maps) is not built yet and is
-refused.
+labelled remainders). `method` adds gradient attributions (engine.grad's backward of the same graph):
+'ixg' / 'ig' fill `inputs` (engine.attribute.inputs: input x gradient, integrated gradients with its completeness
+error), 'patching' fills `patching` (engine.attribute.attribution_patching: every head's and position's estimated
+patching effect for the pair prompt / `corrupt`, checked against real activation patching of the heads).
+
+    a = attribute(model, "The capital of France is", " Paris", contrast=" London", method="ig")
+    a.inputs.values, a.inputs.completeness_error
 """
 from __future__ import annotations
 
@@ -23,15 +28,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from engine.attribute.attribution_patching import PatchingEstimate, attribution_patching
 from engine.attribute.capture import check_supported, run
 from engine.attribute.direct import decompose
+from engine.attribute.inputs import IG_STEPS, InputAttribution, input_x_gradient, integrated_gradients
 from engine.attribute.tokens import Token, prompt_ids, resolve_position, resolve_token
 from engine.errors import SettingError
+from engine.grad.backward import check_supported as check_gradients
 
 if TYPE_CHECKING:
     from engine.model import Model
 
-METHODS = ("ig", "ixg", "patching")  # named by the CLI contract; none is built yet
+METHODS = ("ig", "ixg", "patching")  # named by the CLI contract
 NO_INDEX = -1  # `layers` / `indices` where JSON says null (the embedding's layer, a whole block's index)
 
 
@@ -51,6 +59,9 @@ class Attribution:
     layer_updates: npt.NDArray[np.float64]  # (n_layers,) each block's recorded residual update along the direction
     numerics: str  # 'ggml' or 'float32': the run's
     softcap: float | None  # the final soft-cap the logits pass through after (None: none)
+    token_texts: tuple[str, ...] = ()  # the prompt's tokens as text (for the input attributions)
+    inputs: InputAttribution | None = None  # method 'ixg' / 'ig': per prompt token up to `position`
+    patching: PatchingEstimate | None = None  # method 'patching': the estimated maps and their check
 
     def top(self, n: int = 10) -> list[tuple[str, int | None, int | None, float]]:
         """The n parts with the largest |value| (remainders left out), largest first."""
@@ -77,6 +88,8 @@ class Attribution:
             "components": comps,
             "layer_updates": [float(v) for v in self.layer_updates],
             "remainder": self.remainder(),
+            **({} if self.inputs is None else {"inputs": self.inputs.to_json(self.token_texts)}),
+            **({} if self.patching is None else {"patching": self.patching.to_json()}),
         }
 
 
@@ -84,34 +97,53 @@ def _opt(v: Any) -> int | None:
     return None if int(v) == NO_INDEX else int(v)
 
 
-def check_method(method: str | None) -> None:
-    """Refuse a `method` (input attributions, patching maps): none is built yet."""
-    if method is None:
-        return
-    if method in METHODS:
-        raise SettingError(f"--method {method}: not built yet (direct logit attribution is; input attributions and "
-                           "patching maps come later)")
-    raise SettingError(f"--method {method!r} is not one of {', '.join(METHODS)}")
+def check_method(method: str | None, corrupt: str | Sequence[int] | None = None) -> None:
+    """Refuse a `method` that is not one of METHODS, patching without a corrupted prompt, or one given without it."""
+    if method is not None and method not in METHODS:
+        raise SettingError(f"--method {method!r} is not one of {', '.join(METHODS)}")
+    if method == "patching" and corrupt is None:
+        raise SettingError("--method patching needs --corrupt TEXT: the corrupted prompt (as many tokens as the "
+                           "prompt)")
+    if method != "patching" and corrupt is not None:
+        raise SettingError("--corrupt is the corrupted prompt of --method patching: give --method patching")
 
 
 def attribute(model: Model, prompt: str | Sequence[int], target: str | int, contrast: str | int | None = None,
-              position: int | None = None, method: str | None = None) -> Attribution:
+              position: int | None = None, method: str | None = None, corrupt: str | Sequence[int] | None = None,
+              steps: int = IG_STEPS, rule: str = "uniform") -> Attribution:
     """Direct logit attribution of `target` (minus `contrast`) at `position` (default: the last) of the prompt (a text
-    or token ids); target and contrast are token texts or '#id' strings or ids (engine.attribute.tokens)."""
-    check_method(method)
+    or token ids); target and contrast are token texts or '#id' strings or ids (engine.attribute.tokens). `method`:
+    'ixg' / 'ig' (`steps` points, `rule` 'uniform' or 'log') add input attributions, 'patching' attribution patching
+    of the pair prompt / `corrupt` (the wrong token: `contrast`, else the corrupted run's top token)."""
+    check_method(method, corrupt)
     check_supported(model)
+    if method is not None:
+        check_gradients(model)
     tgt = resolve_token(model.tokenizer, target, "target")
     con = None if contrast is None else resolve_token(model.tokenizer, contrast, "contrast")
     if con is not None and con.id == tgt.id:
         raise SettingError(f"the contrast is the target ({tgt.text!r}, #{tgt.id}): their difference is 0 by definition")
     ids = prompt_ids(model, prompt)
     p = resolve_position(position, len(ids))
+    bad_ids = None if corrupt is None else prompt_ids(model, corrupt)
+    if bad_ids is not None and len(bad_ids) != len(ids):
+        raise SettingError(f"the prompt is {len(ids)} tokens, the corrupted one {len(bad_ids)}: attribution patching "
+                           "needs prompts of the same length")
     cap = run(model, ids[: p + 1])  # causal: the tokens after p change nothing at p
     d = decompose(model, cap, tgt.id, None if con is None else con.id)
+    upto, con_id = ids[: p + 1], None if con is None else con.id
+    inputs = patching = None
+    if method == "ixg":
+        inputs = input_x_gradient(model, upto, tgt.id, con_id)
+    elif method == "ig":
+        inputs = integrated_gradients(model, upto, tgt.id, con_id, steps, rule)
+    elif method == "patching":
+        patching = attribution_patching(model, upto, bad_ids[: p + 1], tgt.id, con_id)
     return Attribution(
         tokens=tuple(ids), position=p, target=tgt, contrast=con, logit_diff=d.logit_diff,
         kinds=np.array([part.kind for part in d.parts]),
         layers=np.array([NO_INDEX if part.layer is None else part.layer for part in d.parts], np.int32),
         indices=np.array([NO_INDEX if part.index is None else part.index for part in d.parts], np.int32),
         values=d.values, layer_updates=d.layer_updates, numerics=model.numerics,
-        softcap=getattr(model.args, "final_softcap", None))
+        softcap=getattr(model.args, "final_softcap", None),
+        token_texts=tuple(model.tokenizer.token_text(i) for i in upto), inputs=inputs, patching=patching)

@@ -16,14 +16,16 @@ TOP = 15  # parts listed without --json
 
 def cmd_attribute(args: argparse.Namespace) -> int:
     from engine.attribute.api import attribute, check_method  # noqa: PLC0415
+    from engine.attribute.inputs import IG_STEPS  # noqa: PLC0415
     from engine.cli.main import _load  # noqa: PLC0415 - the CLI's loader: numerics, progress, notes
 
-    check_method(args.method)  # refused before the model loads
+    check_method(args.method, args.corrupt)  # refused before the model loads
     if args.top < 0:
         raise SettingError(f"--top {args.top}: must be 0 or more")
     model = _load(args)
     try:
-        got = attribute(model, args.prompt, args.target, args.contrast, args.position)
+        got = attribute(model, args.prompt, args.target, args.contrast, args.position, args.method, args.corrupt,
+                        IG_STEPS if args.steps is None else args.steps, args.ig_rule)
     finally:
         model.close()
     if args.json:
@@ -38,7 +40,36 @@ def cmd_attribute(args: argparse.Namespace) -> int:
     rest = got.values[got.kinds == "remainder"]
     print(f"  {got.remainder():+9.4f}  remainder: rounding and quantization, all layers and the head (the largest "
           f"single one {rest[np.argmax(np.abs(rest))]:+.4f})")
+    if got.inputs is not None:
+        _print_inputs(got.inputs, got.token_texts)
+    if got.patching is not None:
+        _print_patching(got.patching, args.top)
     return 0
+
+
+def _print_inputs(inputs: Any, texts: tuple[str, ...]) -> None:
+    name = {"ixg": "input x gradient", "ig": f"integrated gradients ({inputs.steps} points)"}[inputs.method]
+    print(f"{name} per prompt token (float32 reference gradient of {inputs.value:.4f}):")
+    for p, (text, value) in enumerate(zip(texts, inputs.values)):
+        print(f"  {value:+9.4f}  {p:4d} {text!r}")
+    if inputs.completeness_error is not None:
+        gap = inputs.value - inputs.baseline_value
+        print(f"  sum {float(np.sum(inputs.values)):+.4f} vs f(x) - f(0) = {gap:+.4f}: "
+              f"completeness error {inputs.completeness_error:.4f}")
+
+
+def _print_patching(est: Any, top: int) -> None:
+    print(f"attribution patching: answer #{est.answer} - wrong #{est.wrong}, clean {est.clean_diff:+.4f}, corrupted "
+          f"{est.corrupt_diff:+.4f}; estimated share of the difference restored per head (all positions):")
+    per_head = est.per_head()
+    real = est.checks["heads"].real if "heads" in est.checks else None
+    for flat in np.argsort(-np.abs(per_head), axis=None, kind="stable")[:top]:
+        layer, head = np.unravel_index(flat, per_head.shape)
+        shown = "" if real is None else f"  (real patching {real[layer, head]:+.4f})"
+        print(f"  {per_head[layer, head]:+9.4f}  L{layer}.{head}{shown}")
+    for name, check in est.checks.items():
+        print(f"  against real patching ({name}): Spearman {check.spearman:.3f}, "
+              f"top-10 overlap {check.top_overlap:.0%}")
 
 
 def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -60,9 +91,19 @@ def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None]) 
                    help="the prompt position whose next-token logits are explained (default: the last; -1 counts from "
                         "the end)")
     p.add_argument("--method", default=None, choices=["ig", "ixg", "patching"],
-                   help="input attributions or a patching map: not built yet (refused)")
+                   help="add gradient attributions: per prompt token (ixg: input x gradient, ig: integrated gradients "
+                        "from zero embeddings, with its completeness error) or attribution patching per head and "
+                        "position (patching, needs --corrupt), checked against real activation patching")
+    p.add_argument("--corrupt", default=None, metavar="TEXT", help="--method patching: the corrupted prompt (as many "
+                   "tokens as --prompt); the wrong token is --contrast, else the corrupted run's top token")
+    p.add_argument("--steps", type=int, default=None, help="--method ig: points on the path (default 32, Inseq's)")
+    p.add_argument("--ig-rule", default="uniform", choices=["uniform", "log"], help="--method ig: Gauss-Legendre on "
+                   "[0, 1] (Inseq's) or on log-spaced panels down to 1e-7 (steps a multiple of 8; see the completeness "
+                   "error printed)")
     p.add_argument("--top", type=int, default=TOP, help="parts listed without --json")
     p.add_argument("--json", action="store_true", help="one JSON object: target, contrast, position, logit_diff, "
-                   "components [{kind, layer, index, value}] summing to logit_diff")
+                   "components [{kind, layer, index, value}] summing to logit_diff; with --method, `inputs` "
+                   "(tokens [{position, id, text, value}], completeness_error) or `patching` (heads [layer][head]"
+                   "[position], resid_pre [layer][position], validation {heads: {spearman, top10_overlap, real}})")
     add_numerics(p)
     p.set_defaults(func=cmd_attribute)

@@ -22,6 +22,7 @@ from app.main_window import MainWindow
 from app.records.attention import make_attention_record
 from app.state import AppState
 from app.views.attention.lens import AttentionLens
+from app.views.attribution import WhyLens
 from app.views.lenses import LENSES, LensRequests, LensSlot, LensTabs
 from app.views.experts import ExpertsLens
 from app.views.positions import PositionsLens
@@ -60,8 +61,8 @@ def emit_dummy(widget: QObject, name: str) -> None:
 
 
 def test_the_table_lists_each_lens_class_once_with_its_tab_title() -> None:
-    assert [cls.title for cls in LENSES] == ["Attention", "Positions", "Quantization", "Experts"]
-    assert LENSES == (AttentionLens, PositionsLens, QuantLens, ExpertsLens)
+    assert [cls.title for cls in LENSES] == ["Attention", "Positions", "Quantization", "Experts", "Why"]
+    assert LENSES == (AttentionLens, PositionsLens, QuantLens, ExpertsLens, WhyLens)
     for cls in LENSES:
         assert callable(cls.set_model) and callable(cls.connect_requests), cls.__name__
 

@@ -33,7 +33,7 @@ def window(qtbot, data_dir: Path) -> MainWindow:
 def test_layout_and_shortcuts(window: MainWindow) -> None:
     assert window.windowTitle() == "GGUF Lens"
     tabs = [window.lens_tabs.tabText(i) for i in range(window.lens_tabs.count())]
-    assert tabs == ["Attention", "Positions", "Quantization", "Experts", "Compare", "Experiments", "Model"]
+    assert tabs == ["Attention", "Positions", "Quantization", "Experts", "Why", "Compare", "Experiments", "Model"]
     actions = {a.text(): a for m in window.menuBar().findChildren(type(window.menuBar().actions()[0].menu()))
                for a in m.actions()}
     assert actions["New chat"].shortcut().toString() == "Ctrl+N"

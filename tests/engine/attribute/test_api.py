@@ -48,8 +48,9 @@ def test_bad_input_is_refused_and_changes_nothing(tiny_model) -> None:  # noqa: 
     before = attribute(tiny_model, "the cat sat", "#40")
     cases = [({"target": "xyz"}, "not one token"), ({"target": "#5000"}, "not in the vocabulary"),
              ({"position": 9}, r"position 9 is past the prompt's 9 tokens"), ({"position": -10}, "past the prompt"),
-             ({"contrast": "#40"}, "the contrast is the target"), ({"method": "ixg"}, "ixg: not built yet"),
-             ({"method": "ig"}, "not built yet"), ({"method": "patching"}, "not built yet")]
+             ({"contrast": "#40"}, "the contrast is the target"), ({"method": "patching"}, "needs --corrupt"),
+             ({"method": "ixg", "corrupt": "the cat sat"}, "give --method patching"), ({"method": "lrp"}, "not one of"),
+             ({"method": "patching", "corrupt": "the"}, "needs prompts of the same length")]
     for extra, message in cases:
         kw = {"target": "#40", **extra}
         with pytest.raises(LensError, match=message):
@@ -102,8 +103,8 @@ def test_cli_prints_one_json_object_and_refuses_in_one_line(tiny: Path, capsys: 
     assert main(["attribute", str(tiny), "--prompt", "the cat", "--target", "#40", "--position", "9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "position 9 is past the prompt's" in err
-    assert main(["attribute", str(tiny), "--prompt", "the cat", "--target", "#40", "--method", "ixg"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+    assert main(["attribute", str(tiny), "--prompt", "the cat", "--target", "#40", "--method", "patching"]) == 2
+    assert "needs --corrupt" in capsys.readouterr().err
     assert main(["attribute", str(tiny), "--prompt", "the cat", "--target", "#40", "--top", "3"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("logit ") and text.count("\n") == 5
