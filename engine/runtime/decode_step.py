@@ -46,7 +46,7 @@ if HAVE_NUMBA:
     from engine.kernels.floats.vec_dot import _dot_f16_row
     from engine.kernels.variants import lane_variants
     from engine.kernels.q8k import quantize_q8_k_into
-    from engine.kernels.floats.tinyblas import axpy8, axpy16
+    from engine.kernels.floats.tinyblas import axpy8, axpy16, steps8, steps16
     from engine.ops.ggml_kernels import reduce16_columns, reduce_lanes, v_expf_lane
 
     _ONE = np.float32(1.0)
@@ -195,8 +195,13 @@ if HAVE_NUMBA:
                     qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
                     q16[t] = f16_to_f32(f32_to_f16(qs))
                 top = -np.inf
+                direct = d % step == 0 and kc.strides[2] == 2  # the steps straight off the cache row (no view, no call)
                 for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
-                    s = _dot_f16_row(kc[kv, j], q16, acc)
+                    if direct:
+                        at = kv * kc.strides[0] + j * kc.strides[1]
+                        s = steps8(kc, at, q16, _O, d // step) if W8 else steps16(kc, at, q16, _O, d // step)
+                    else:
+                        s = _dot_f16_row(kc[kv, j], q16, acc)
                     if softcap > _ZERO:
                         s = np.float32(np.tanh(s * inv_cap)) * softcap
                     s = s * kq_scale
