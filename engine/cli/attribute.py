@@ -14,15 +14,14 @@ from engine.errors import SettingError
 TOP = 15  # parts listed without --json
 
 
-def cmd_attribute(args: argparse.Namespace) -> int:
+def cmd_attribute(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     from engine.attribute.api import attribute, check_method  # noqa: PLC0415
     from engine.attribute.inputs import IG_STEPS  # noqa: PLC0415
-    from engine.cli.main import _load  # noqa: PLC0415 - the CLI's loader: numerics, progress, notes
 
     check_method(args.method, args.corrupt)  # refused before the model loads
     if args.top < 0:
         raise SettingError(f"--top {args.top}: must be 0 or more")
-    model = _load(args)
+    model = load(args)  # the CLI's loader (engine.cli.main._load): numerics, progress, notes
     try:
         got = attribute(model, args.prompt, args.target, args.contrast, args.position, args.method, args.corrupt,
                         IG_STEPS if args.steps is None else args.steps, args.ig_rule)
@@ -72,7 +71,8 @@ def _print_patching(est: Any, top: int) -> None:
               f"top-10 overlap {check.top_overlap:.0%}")
 
 
-def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None],
+                load: Callable[[argparse.Namespace], Any]) -> None:
     """Register the `attribute` sub-command."""
     p = sub.add_parser("attribute", help="why this token: its logit split over the embedding, heads, FFNs, experts",
                        description="Direct logit attribution: the logit of TOKEN (minus the contrast's) at a position "
@@ -106,4 +106,4 @@ def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None]) 
                    "(tokens [{position, id, text, value}], completeness_error) or `patching` (heads [layer][head]"
                    "[position], resid_pre [layer][position], validation {heads: {spearman, top10_overlap, real}})")
     add_numerics(p)
-    p.set_defaults(func=cmd_attribute)
+    p.set_defaults(func=lambda args: cmd_attribute(args, load))

@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub, _add_model)
     from engine.cli.attribute import add_command as add_attribute  # noqa: PLC0415
 
-    add_attribute(sub, _add_model)
+    add_attribute(sub, _add_model, _load)
     return ap
 
 

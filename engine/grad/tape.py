@@ -24,6 +24,20 @@ class NoVJP(LensError):
     """An op the backward has no vector-Jacobian product for (an architecture whose backward is not built yet)."""
 
 
+
+_OPS: list[Any] = []  # engine.grad.vjps, which registers itself here when imported (it imports this module)
+
+
+def install(ops: Any) -> None:
+    """Called by engine.grad.vjps at import: the table of VJPs the Var's NumPy dispatch goes through."""
+    _OPS[:] = [ops]
+
+
+def _ops() -> Any:
+    if not _OPS:
+        raise NoVJP("engine.grad.vjps is not loaded: import engine.grad.backward to trace a model")
+    return _OPS[0]
+
 class Tape:
     """The recorded ops of one traced pass, in order: per node its VJP and parent node indices."""
 
@@ -115,12 +129,12 @@ class Var:
 
     # --- NumPy's dispatch
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        from engine.grad import vjps  # noqa: PLC0415 - the table imports this module
+        vjps = _ops()
 
         return vjps.apply_ufunc(self.tape, ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func: Callable, types: Any, args: Any, kwargs: Any) -> Any:
-        from engine.grad import vjps  # noqa: PLC0415
+        vjps = _ops()
 
         return vjps.apply_function(self.tape, func, args, kwargs)
 
@@ -146,12 +160,12 @@ class Var:
 
     # --- methods the graph calls
     def reshape(self, *shape: Any, **kwargs: Any) -> Var:
-        from engine.grad import vjps  # noqa: PLC0415
+        vjps = _ops()
 
         return vjps.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape)
 
     def transpose(self, *axes: Any) -> Var:
-        from engine.grad import vjps  # noqa: PLC0415
+        vjps = _ops()
 
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], tuple | list) else axes
         return vjps.transpose(self, tuple(axes) if axes else tuple(range(self.ndim))[::-1])
@@ -164,13 +178,13 @@ class Var:
         return self.reshape(-1)
 
     def __getitem__(self, index: Any) -> Var:
-        from engine.grad import vjps  # noqa: PLC0415
+        vjps = _ops()
 
         return vjps.getitem(self, index)
 
     def __setitem__(self, index: Any, item: Any) -> None:
         """NumPy's in-place write, as a new node this Var now stands for (its earlier node keeps its value)."""
-        from engine.grad import vjps  # noqa: PLC0415
+        vjps = _ops()
 
         new = vjps.setitem(self, index, item)
         self.value, self.idx = new.value, new.idx

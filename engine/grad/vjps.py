@@ -8,12 +8,14 @@ with its name. Cotangents of broadcast inputs are summed back to the input's sha
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from engine.grad import tape as _tape
 from engine.grad.tape import NoVJP, Tape, Var, value_of
 
 G = np.ndarray
@@ -295,3 +297,6 @@ def setitem(x: Var, index: Any, item: Any) -> Var:
         rest[index] = 0.0
         return [rest] + ([unbroadcast(np.asarray(g[index]), item_shape)] if len(parents) > 1 else [])
     return x.tape.node(out, parents, back)
+
+
+_tape.install(sys.modules[__name__])  # the Var's NumPy dispatch goes through this module
