@@ -14,6 +14,7 @@ from app.controllers.conversation import Conversation
 from app.controllers.lenses import LensBridge
 from app.controllers.experiments import ExperimentsBridge
 from app.controllers.quant import QuantBridge
+from app.controllers.serve import ServeController
 from app.data.store import Settings, Store, export_chat
 from app.state import AppState
 from app.views.chat.chat_list import ChatList
@@ -107,6 +108,9 @@ class MainWindow(ModelSlots, QMainWindow):
         self.lens_tabs.currentChanged.connect(lambda i: self.bridge.tab_shown(self.lens_tabs.tabText(i)))
         self.status = StatusPanel(self.state)
         self.setStatusBar(self.status)
+        self.serve = ServeController(self.engine, self.conversation, port=lambda: self.state.settings.serve_port,
+                                     model_label=lambda: self.model_label, banner=self.chat_view.show_banner, parent=self)
+        self.status.addPermanentWidget(self.serve.label)
         self._menus()
 
     def _dock(self, title: str, widget: Any, area: Qt.DockWidgetArea) -> QDockWidget:
@@ -133,6 +137,13 @@ class MainWindow(ModelSlots, QMainWindow):
         f.addSeparator()
         self._action(f, "Export chat as Markdown…", lambda: self.export(self.conversation.current.id, "md"))
         self._action(f, "Export chat as JSON…", lambda: self.export(self.conversation.current.id, "json"))
+        f.addSeparator()
+        self.serve_action = QAction("Serve the model (OpenAI API on 127.0.0.1)", self, checkable=True)
+        self.serve_action.setToolTip("OpenAI clients reach the loaded model at http://127.0.0.1:PORT/v1 (Settings: "
+                                     "serve_port); each request shows up in the chat list")
+        self.serve_action.toggled.connect(lambda on: self.serve.set_serving(on))
+        self.serve.serving_changed.connect(self._serving_changed)
+        f.addAction(self.serve_action)
         f.addSeparator()
         self._action(f, "Quit", self.close, QKeySequence.StandardKey.Quit)
         c = bar.addMenu("&Chat")
@@ -350,8 +361,14 @@ class MainWindow(ModelSlots, QMainWindow):
             self.shutdown()
         super().closeEvent(event)
 
+    def _serving_changed(self, on: bool) -> None:
+        self.serve_action.blockSignals(True)
+        self.serve_action.setChecked(on)
+        self.serve_action.blockSignals(False)
+
     def shutdown(self) -> None:
         self.closed = True
+        self.serve.shutdown()
         self.conversation.stop()
         self.engine.shutdown()
         self.quant_bridge.close()

@@ -123,6 +123,7 @@ class ModelSlots:
         st.settings = dataclasses.replace(st.settings, last_model=result.source)
         self._writer_note()
         self.bridge.model_loaded()
+        self.serve.model_loaded()  # the endpoint serves the window's model
 
     def _model_kind(self, kind: Any) -> None:
         """A base model gets a note, plain-text prompts and short replies by default; an instruct model the opposite."""

@@ -156,6 +156,7 @@ class Chat:
     updated: float = field(default_factory=time.time)
     titled_by_user: bool = False
     prompt_mode: str = ""  # 'template' (the model's chat template), 'plain' (the text alone), '' = as the model suits
+    source: str = ""  # where it came from: '' this window, 'API · client · url' a request the endpoint answered
 
     def touch(self) -> None:
         self.updated = time.time()
@@ -192,6 +193,7 @@ class Chat:
             "title": self.title,
             "titled_by_user": self.titled_by_user,
             "prompt_mode": self.prompt_mode,
+            "source": self.source,
             "system_prompt": self.system_prompt,
             "draft": self.draft,
             "created": self.created,
@@ -216,6 +218,7 @@ class Chat:
             updated=float(d.get("updated") or time.time()),
             titled_by_user=bool(d.get("titled_by_user")),
             prompt_mode=d.get("prompt_mode") if d.get("prompt_mode") in PROMPT_MODES else "",
+            source=str(d.get("source") or "")[:500],
         )
 
 

@@ -24,6 +24,7 @@ OVERFLOW_POLICIES = {
 LIMITS: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 5.0), "top_k": (0, 1000), "top_p": (0.01, 1.0), "min_p": (0.0, 1.0),
     "repeat_penalty": (0.5, 3.0), "max_tokens": (1, 32768), "seed": (-1, 2**31 - 1), "context_limit": (256, 131072),
+    "serve_port": (1, 65535),
 }
 
 
@@ -69,6 +70,7 @@ class Settings:
     context_limit: int = 4096  # the KV cache (and recorded queries) never grow past min(this, the model's context)
     enable_thinking: bool = True  # reasoning switches, for templates that read them (engine.chat.reasoning)
     reasoning_effort: str = "medium"
+    serve_port: int = 8080  # File > Serve the model: the OpenAI-compatible endpoint's port on 127.0.0.1
     last_model: str = ""
     current_chat: str = ""
     geometry: str = ""
