@@ -59,7 +59,7 @@ def run_bench(
     t0 = time.perf_counter()
     model = load_model(model_source, backend=backend, gpu_layers=gpu_layers, numerics=numerics, flash_attn=flash_attn)
     load_s = time.perf_counter() - t0
-    _check_context(model, (n_prompt + n_gen if gen_after_prompt else max(n_prompt, n_gen)) + 1)
+    _check_context(model, n_prompt + n_gen if gen_after_prompt else max(n_prompt, n_gen))  # the positions used
     switch = Interventions(model, lora, control_vectors)
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.args.n_vocab, size=n_prompt).tolist()
