@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -128,8 +129,11 @@ class ServeApp:
         headers = {"X-Queue-Length": str(length)}
         fmt = reply_format(req, self.runner.model_id)
         if req.stream:
+            # the background task runs once the response is over, a client gone before the stream's first
+            # event included (a generator never started has no `finally` to run): the job is cancelled then
             return StreamingResponse(self._stream(job, inbox, fmt), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+                                     headers={**headers, "Cache-Control": "no-cache"},
+                                     background=BackgroundTask(self.runner.cancel, job))
         watch = asyncio.ensure_future(self._cancel_on_disconnect(request, job))
         try:
             while True:
