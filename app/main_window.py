@@ -21,6 +21,8 @@ from app.views.chat.chat_list import ChatList
 from app.views.chat.sampling import SamplingPanel
 from app.views.chat.view import ChatView
 from app.views.compare.view import CompareView
+from app.records.attribution import REPLY_TOKEN
+from app.views.attribution import WhyLens
 from app.views.lenses import LensTabs
 from app.views.model_info import ModelLens
 from app.views.experiments import ExperimentsView
@@ -176,6 +178,7 @@ class MainWindow(ModelSlots, QMainWindow):
         view.edit_resend.connect(conv.edit_resend)
         view.branch_requested.connect(conv.branch)
         view.version_requested.connect(conv.select_version)
+        view.why_requested.connect(self._why_token)
         view.prompt_mode_chosen.connect(self._prompt_mode_chosen)
         view.system_prompt_edited.connect(conv.set_system_prompt)
         view.draft_edited.connect(conv.set_draft)
@@ -360,6 +363,18 @@ class MainWindow(ModelSlots, QMainWindow):
         if not self.closed:
             self.shutdown()
         super().closeEvent(event)
+
+    def _why_token(self, index: int, position: int) -> None:
+        """A reply token's "Why this token?": the Why lens explains it (the last reply's; an earlier reply's tokens
+        are not in the conversation the lens reads as a reply)."""
+        chat = self.conversation.current
+        last = max((i for i, m in enumerate(chat.messages) if m.role == "assistant"), default=-1) if chat else -1
+        if index != last:
+            self.chat_view.show_banner("info", "Why this token explains tokens of the last reply: regenerate or "
+                                               "branch from this one to explain it.")
+            return
+        self.lens_tabs.select(WhyLens.title)
+        self.lens_tabs.lens(WhyLens).ask(REPLY_TOKEN + int(position))
 
     def _serving_changed(self, on: bool) -> None:
         self.serve_action.blockSignals(True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from app.jobs.chat import fit_context
 from app.jobs.lens import InContext, job_cancel, job_progress
-from app.records.attribution import (ABLATABLE, NO_INDEX, AblationCheck, AttributionPair, AttributionRecord,
+from app.records.attribution import (REPLY_TOKEN, ABLATABLE, NO_INDEX, AblationCheck, AttributionPair, AttributionRecord,
                                      component_label, make_attribution_record)
 from app.records.compare import TaskProgress
 from app.records.reply import GenerationRequest
@@ -68,9 +68,12 @@ def conversation_ids(model: Any, cache: Any, context: GenerationRequest) -> tupl
 
 
 def _token_index(token_index: int, n_tokens: int, reply_start: int) -> int:
-    """The token asked for (-k: the k-th from the end), checked: a token with no predecessor was never generated."""
+    """The token asked for (-k: the k-th from the end; REPLY_TOKEN + p: token p of the last reply), checked: a token
+    with no predecessor was never generated."""
     if reply_start >= n_tokens:
         raise SettingError(NO_REPLY)
+    if token_index >= REPLY_TOKEN:  # a token of the last reply, counted from its first
+        token_index = reply_start + int(token_index) - REPLY_TOKEN
     idx = n_tokens + int(token_index) if token_index < 0 else int(token_index)
     if not 1 <= idx < n_tokens:
         raise SettingError(f"token {idx} is not in the conversation (tokens 1..{n_tokens - 1} have a predecessor)")

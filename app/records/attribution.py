@@ -29,6 +29,10 @@ def component_label(kind: str, layer: int, index: int) -> str:
     return f"{kind} L{layer}" + (f".{index}" if index != NO_INDEX else "")
 
 
+REPLY_TOKEN = 1 << 30  # a token index at or past this asks for token (index - REPLY_TOKEN) of the last reply (a token
+# clicked in the chat: the lens maps it to the conversation when it reads it)
+
+
 @dataclass(frozen=True)
 class AttributionRecord:
     """One position's logit (difference) split into parts, for the Why lens (arrays aligned, one entry per part)."""

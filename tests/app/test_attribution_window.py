@@ -176,3 +176,32 @@ def test_the_bridge_asks_routes_and_drops_why_records(qtbot) -> None:
     lens.stop_button.click()  # stopped: what the job sends after is dropped
     engine.lens_ready.emit(LensResult("why", _OfModel(bridge._serial, InContext(record(), ctx))))
     assert lens.record is None and not lens.busy and lens.status.text() == "Stopped."
+
+
+def test_why_this_token_from_a_clicked_reply_token(qtbot, llama: Path, data_dir: Path) -> None:
+    """A reply token clicked in the chat offers "Why this token?": the Why tab comes up and explains that token of the
+    last reply (its place in the conversation found when the lens reads it); an earlier reply's token says why not."""
+    w = greedy_window(qtbot, llama, data_dir, max_tokens=5)
+    try:
+        for text in ("first question", "second question"):
+            assert w.conversation.send(text)
+            qtbot.waitUntil(lambda: not w.conversation.generating, timeout=WAIT_MS)
+        messages = w.conversation.current.messages
+        last = max(i for i, m in enumerate(messages) if m.role == "assistant")
+        widget = next(x for x in w.chat_view.widgets if x.index == last)
+        assert len(widget.message.tokens) >= 3
+        widget._show_alternatives(1)  # a click on the reply's second token
+        assert widget.popup.why_button.isVisible()
+        lens = w.lens_tabs.lens(WhyLens)
+        widget.popup.why_button.click()
+        assert w.lens_tabs.currentWidget() is not None and w.lens_tabs.tabText(w.lens_tabs.currentIndex()) == "Why"
+        qtbot.waitUntil(lambda: lens.record is not None and not lens.busy
+                        and lens.record.token_index == lens.record.reply_start + 1, timeout=WAIT_MS)
+        assert lens.record.target_id == widget.message.tokens[1][0]
+        banners: list[str] = []
+        w.chat_view.show_banner = lambda kind, text, **_k: banners.append(text)
+        first = min(i for i, m in enumerate(messages) if m.role == "assistant")
+        w.chat_view.why_requested.emit(first, 0)
+        assert banners and "last reply" in banners[-1]
+    finally:
+        w.close()

@@ -36,6 +36,7 @@ class MessageWidget(QFrame):
     regenerate = Signal()
     continue_reply = Signal()
     version_requested = Signal(int, int)  # (message index, version to show)
+    why_requested = Signal(int, int)  # (message index, token position in the reply): "Why this token?"
 
     def __init__(self, index: int, message: Message, parent: QWidget | None = None):
         super().__init__(parent)
@@ -201,6 +202,7 @@ class MessageWidget(QFrame):
         self.refresh()
         if self.popup is None:
             self.popup = TokenPopup(self)
+            self.popup.why_requested.connect(lambda p: self.why_requested.emit(self.index, p))
         self.popup.set_token(position, self.message.tokens[position])
         self.popup.popup_at(QCursor.pos())
 

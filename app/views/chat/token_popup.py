@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6.QtCore import QPoint, QRect, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.records.model_info import escape_text
 from app.records.reply import TokenRecord
@@ -39,7 +39,10 @@ class ProbBar(QWidget):
 
 
 class TokenPopup(QFrame):
-    """The alternatives at one position: rank, token, probability; the sampled token is highlighted."""
+    """The alternatives at one position: rank, token, probability; the sampled token is highlighted. "Why this
+    token?" asks the Why lens to explain it (why_requested with the token's position in its reply)."""
+
+    why_requested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent, Qt.WindowType.Popup)
@@ -57,8 +60,18 @@ class TokenPopup(QFrame):
         self._grid_host = QWidget()
         self._layout.addWidget(self._grid_host)
         self.rows: list[tuple[str, str]] = []  # (token shown, probability shown), for tests
+        self.position = 0
+        self.why_button = QPushButton("Why this token?")
+        self.why_button.setToolTip("Split its logit into the embedding, every head, FFN and expert (the Why lens)")
+        self.why_button.clicked.connect(self._why)
+        self._layout.addWidget(self.why_button)
+
+    def _why(self) -> None:
+        self.hide()
+        self.why_requested.emit(self.position)
 
     def set_token(self, position: int, token: TokenRecord) -> None:
+        self.position = position
         tid, text, logprob, alts = token
         self._title.setText(f"Token {position + 1}: {show_token(text)}  (id {tid}, model p = {_pct(logprob)})")
         old = self._grid_host

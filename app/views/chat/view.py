@@ -77,6 +77,7 @@ class ChatView(QWidget):
     system_prompt_edited = Signal(str)
     draft_edited = Signal(str)
     version_requested = Signal(int, int)  # (message index, version)
+    why_requested = Signal(int, int)  # (message index, token position in that reply): "Why this token?"
     branch_requested = Signal(int, str)  # (message index, new text): a new chat continues from the edit
     prompt_mode_chosen = Signal(str)  # 'template' | 'plain'
 
@@ -242,6 +243,7 @@ class ChatView(QWidget):
         w.regenerate.connect(self.regenerate)
         w.continue_reply.connect(self.continue_reply)
         w.version_requested.connect(self.version_requested)
+        w.why_requested.connect(self.why_requested)
         self.list.insertWidget(self.list.count() - 1, w)
         w.show()
         self.widgets.append(w)
