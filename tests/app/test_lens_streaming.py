@@ -61,6 +61,8 @@ def test_whole_chat_views_wait_for_the_reply(qtbot, tiny: Path, data_dir: Path, 
         assert lens.roles.record.roles.n_tokens == cache.length  # the whole reply scored, once it ended
     elif view == "logit":
         qtbot.waitUntil(lambda: lens.logit.panel.record is not None, timeout=REPLY_MS)
+    else:  # the step is asked when the reply's whole read arrives (a live record of the same length may come first)
+        qtbot.waitUntil(lambda: any(k == "step" and not g for k, g in kinds), timeout=REPLY_MS)
     after = [k for k, generating in kinds if not generating]
     assert {"roles": "roles", "logit": "logit", "steps": "step"}[view] in after
     w.close()
