@@ -51,12 +51,10 @@ class AttributionFeed:
                 signal.connect(slot)
 
     def lens(self) -> WhyLens | None:
-        slot = self.bridge.slots.get(WhyLens.title)
-        widget = slot.widget if slot is not None else None
-        return widget if isinstance(widget, WhyLens) else None
+        return self.bridge.lens(WhyLens)
 
     def _say(self, method: Any, *args: Any) -> None:
-        self.bridge.deliver(self.lens(), method, *args)  # type: ignore[arg-type]
+        self.bridge.deliver(self.lens(), method, *args)
 
     def _context(self) -> Any:
         """The conversation on screen, or None after telling the lens why there is nothing to explain."""

@@ -9,13 +9,14 @@ from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from app.state import AppState
 from app.views.attention.lens import AttentionLens
+from app.views.attribution import WhyLens
 from app.views.experts import ExpertsLens
 from app.views.lenses import LensSlot
 from app.views.positions import PositionsLens
 from app.views.quant.lens import QuantLens
 
 log = logging.getLogger(__name__)
-L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens)
+L = TypeVar("L", AttentionLens, PositionsLens, QuantLens, ExpertsLens, WhyLens)
 P = ParamSpec("P")
 
 

@@ -14,7 +14,7 @@ from engine.cli.main import main
 from engine.errors import LensError, SettingError
 from engine.generate import prefill
 from engine.model import load_model
-from tests.engine.attribute.conftest import arch_file
+from tests.engine.arch_files import arch_file
 from tests.tiny_models import make_tiny_llama
 
 

@@ -15,7 +15,8 @@ from engine.intervene.control_vector import ControlVector, apply
 from engine.intervene.hooks import run_with_cache
 from engine.model import load_model
 from engine.observe.recorder import Recorder
-from tests.engine.attribute.conftest import ARCHS, IDS, arch_file
+from tests.engine.arch_files import arch_file
+from tests.engine.attribute.conftest import ARCHS, IDS
 
 
 def _ids(model) -> list[int]:  # noqa: ANN001

@@ -16,7 +16,7 @@ from engine.errors import LensError
 from engine.grad.backward import gradient
 from engine.intervene.hooks import run_with_cache, run_with_hooks
 from engine.model import load_model
-from tests.engine.attribute.conftest import arch_file
+from tests.engine.arch_files import arch_file
 from tests.tiny_models import make_tiny_llama
 
 IDS = [5, 17, 3, 40, 9, 23, 11, 30]

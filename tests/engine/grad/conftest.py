@@ -5,8 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import make_tiny_gemma3
-from tools.make_arch_models import write_arch
 
 # every switch of the block graph: biases, q/k norms, fused qkv and gate+up, post-norms, soft-caps, sliding windows,
 # query scaling, NEOX / IMROPE-as-NEOX RoPE; experts with softmax and softmax-weight gating, a shared expert and its
@@ -20,14 +18,3 @@ REFUSED = {"qwen35": "recurrent \\(DeltaNet\\) mixer", "qwen3next": "recurrent \
 @pytest.fixture(scope="session")
 def grad_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("grad")
-
-
-def arch_path(folder: Path, name: str) -> Path:
-    """The test model `name` (a tools/make_arch_models.py name, or 'gemma3'), F32, written on first use."""
-    path = folder / f"{name}.gguf"
-    if not path.exists():
-        if name == "gemma3":
-            make_tiny_gemma3(path)
-        else:
-            write_arch(path, name)
-    return path

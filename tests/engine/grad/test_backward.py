@@ -11,7 +11,8 @@ from engine.errors import LensError
 from engine.generate import prefill
 from engine.grad.backward import gradient
 from engine.model import load_model
-from tests.engine.grad.conftest import COVERED, REFUSED, arch_path
+from tests.engine.arch_files import arch_file
+from tests.engine.grad.conftest import COVERED, REFUSED
 
 IDS = [5, 17, 3, 40, 9, 23, 11]  # in every test vocabulary (the smallest has 269 entries)
 TARGET, CONTRAST = 7, 12
@@ -32,7 +33,7 @@ def _rel(a: float, b: float) -> float:
 
 @pytest.mark.parametrize("arch", COVERED)
 def test_gradient_matches_central_differences(grad_dir: Path, arch: str) -> None:
-    model = load_model(arch_path(grad_dir, arch), numerics="float32", warm=False)
+    model = load_model(arch_file(grad_dir, arch), numerics="float32", warm=False)
     rng = np.random.default_rng(0)
     try:
         row = prefill(model, IDS, model.new_cache(len(IDS)), all_logits=True)[-1].astype(np.float64)
@@ -67,7 +68,7 @@ def test_gradient_matches_central_differences(grad_dir: Path, arch: str) -> None
 
 @pytest.mark.parametrize("arch", ["llama3", "gemma2", "qwen2moe"])
 def test_traced_pass_is_the_models_own_and_leaves_it_as_it_was(grad_dir: Path, arch: str) -> None:
-    model = load_model(arch_path(grad_dir, arch), numerics="ggml", warm=False)
+    model = load_model(arch_file(grad_dir, arch), numerics="ggml", warm=False)
     try:
         net = model.net
         ops, numerics = net.ops, [lin.numerics for lin in net.linears().values()]
@@ -84,7 +85,7 @@ def test_traced_pass_is_the_models_own_and_leaves_it_as_it_was(grad_dir: Path, a
         assert abs(g.value - float(before[TARGET] - before[CONTRAST])) < 0.05 * max(1.0, abs(g.value))
     finally:
         model.close()
-    ref = load_model(arch_path(grad_dir, arch), numerics="float32", warm=False)
+    ref = load_model(arch_file(grad_dir, arch), numerics="float32", warm=False)
     try:
         row = prefill(ref, IDS, ref.new_cache(len(IDS)), all_logits=True)[-1].astype(np.float64)
         g = gradient(ref, IDS, TARGET, CONTRAST, capped=True)
@@ -95,7 +96,7 @@ def test_traced_pass_is_the_models_own_and_leaves_it_as_it_was(grad_dir: Path, a
 
 @pytest.mark.parametrize("arch", sorted(REFUSED))
 def test_architectures_without_a_backward_are_refused(grad_dir: Path, arch: str) -> None:
-    model = load_model(arch_path(grad_dir, arch), numerics="float32", warm=False)
+    model = load_model(arch_file(grad_dir, arch), numerics="float32", warm=False)
     try:
         ops = model.net.ops
         before = prefill(model, IDS, model.new_cache(len(IDS)), all_logits=True)[-1]
