@@ -243,14 +243,14 @@ class BlockProduct:
         if lazy and qtype == _T.Q8_0 and self.n_out % 16 == 0 and paths.q8_0_x16() is not None:
             self._make, self.gemv = _released(paths.q8_0_x16().repack_q8_0_x16, stacked, parts or [blocks]), paths.gemv_x16
             self.path, self.repacked, self.planar = "q8_0_x16", True, False
-        elif lazy and qtype == _T.Q8_0 and not parts:  # ggml's AVX2 vec_dot on the GGUF blocks, moved (_anon_blocks)
-            self._make, self.gemv = self._anon_blocks, paths.gemv_q8_0_rows()
+        elif lazy and qtype == _T.Q8_0 and not parts:  # ggml's AVX2 vec_dot on the GGUF blocks, moved (_anon_rows)
+            self._make, self.gemv = self._anon_rows([blocks]), paths.gemv_q8_0_rows()
             self.path, self.repacked, self.planar = "q8_0_rows", False, False
         elif lazy and (int_gemv := paths.gemv_int(paths.legacy_kind(qtype, self.n_out))) is not None:
             # Q4_0..Q5_1: the one-row product reads the GGUF blocks in integers (legacy.gemv_int: streams them at
             # the memory's speed, where the byte planes' float lanes were compute-bound), from a copy in anonymous
             # memory made at the first one-row product; batches read that copy too: resident once, no page faults
-            self._make, self.gemv = self._anon_rows(stacked, parts or [blocks]), int_gemv
+            self._make, self.gemv = self._anon_rows(parts or [blocks]), int_gemv
             self.path, self.repacked, self.planar, self._int_rows = "vec_dot", False, False, True
         elif lazy and ks.repack is not None:
             # the legacy quants' byte planes, made at the first one-row product (decode): batches read the GGUF
@@ -296,21 +296,12 @@ class BlockProduct:
                     self._weight, self._make = self._make(), None
         return self._weight
 
-    def _anon_blocks(self) -> U8:
-        """The GGUF blocks moved into anonymous memory (huge pages where Linux gives them) at the first one-row
-        product, the file pages released as they are copied, and batches reading the copy from then on: a decode
-        step reads the whole weight every token, and from a file mapping each 4 KiB page costs a TLB miss (two page
-        walks in a VM): Gemma 3's Q8_0 output head took 15.2 ms a token from the mapping there, 11.6 ms from the copy.
-        The same bytes, the same bits; resident once, as before."""
-        copy = pages.anon_copy(self.blocks)
-        copy.flags.writeable = False
-        self.raw_parts = [copy]
-        return copy
-
-    def _anon_rows(self, stacked: Callable[[], U8], parts: list[U8]) -> Callable[[], U8]:
-        """The GGUF blocks (the parts stacked by rows) copied into anonymous memory at the first one-row product,
-        each part's file pages released as it is copied (pages.anon_concat), batches reading the copy from then
-        on (raw_parts): what legacy.gemv_int reads every token, resident once."""
+    def _anon_rows(self, parts: list[U8]) -> Callable[[], U8]:
+        """The GGUF blocks (the parts stacked by rows) moved into anonymous memory (huge pages where Linux gives
+        them) at the first one-row product, each part's file pages released as it is copied (pages.anon_concat), and
+        batches reading the copy from then on (raw_parts): a decode step reads the whole weight every token, and from
+        a file mapping each 4 KiB page costs a TLB miss (two page walks in a VM): Gemma 3's Q8_0 output head took
+        15.2 ms a token from the mapping there, 11.6 ms from the copy. The same bytes, the same bits; resident once."""
 
         def make() -> U8:
             copy = pages.anon_concat(parts)

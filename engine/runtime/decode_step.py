@@ -181,6 +181,7 @@ if HAVE_NUMBA:
         red_t = np.empty((parts, lanes, d), np.float32)
         qn_t = np.empty((parts, d), np.float32)
         out = o[0]
+        direct = d % step == 0 and kc.strides[2] == 2  # each score's steps straight off the cache row (no view, no call)
         for share in prange(parts):  # (numba's get_num_threads in a kernel keeps it out of the on-disk cache)
             scores, w16, q16, acc = scores_t[share], w16_t[share], q16_t[share], acc_t[share]
             part, red, qn = part_t[share], red_t[share], qn_t[share]
@@ -195,7 +196,6 @@ if HAVE_NUMBA:
                     qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
                     q16[t] = f16_to_f32(f32_to_f16(qs))
                 top = -np.inf
-                direct = d % step == 0 and kc.strides[2] == 2  # the steps straight off the cache row (no view, no call)
                 for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
                     if direct:
                         at = kv * kc.strides[0] + j * kc.strides[1]
