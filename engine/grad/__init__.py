@@ -16,7 +16,10 @@ difference) with respect to the input embeddings and any hook point (Transformer
 
 Float64 (`dtype=np.float64`) runs the same graph in double precision: what the finite-difference checks use.
 A Mixture-of-Experts FFN runs as `engine.grad.experts.TracedMoE` during the pass (its kernels write into preallocated
-arrays): the same maths on traced values, the routing frozen as the pass chose it. Architectures whose ops have no
-VJP yet (recurrent DeltaNet mixers, Gemma 4's per-layer inputs, encoder-decoders) are refused up front with a
-LensError naming the missing part.
+arrays): the same maths on traced values, the routing frozen as the pass chose it; Gemma 4's experts branch as
+`TracedGemma4Experts`. A DeltaNet layer (Qwen3.5, Qwen3-Next) gets `engine.grad.recurrent`'s ops: its gates,
+convolution, norms and delta rule spelled in NumPy, a token at a time, so the recurrence's gradient is composed like
+the rest. An encoder-decoder (T5) runs its own encoder and decoder on traced values (`engine.grad.seq2seq`), the
+gradient taken with respect to the encoder's and the decoder's input embeddings. An op with no VJP (a compiled kernel
+reached on a traced value) raises a LensError naming it, and the model is left as it was.
 """

@@ -21,10 +21,13 @@ import numpy.typing as npt
 
 from engine.errors import LensError, SettingError
 from engine.grad.tape import NoVJP, Tape, Var
+from engine.grad import recurrent as recurrent_ops
 from engine.grad.vjps import Dequantized
-from engine.grad.experts import TracedMoE
+from engine.grad.experts import TracedGemma4Experts, TracedMoE
+from engine.grad.seq2seq import decoder_ids, seq2seq_pass
 from engine.models.experts import MoEFFN
 from engine.models.ffn import DenseFFN
+from engine.models.gemma4_ffn import Gemma4FFN
 from engine.ops import reference
 from engine.runtime.numerics import Float32Numerics
 from engine.tensor import Linear
@@ -40,18 +43,12 @@ def missing_backward(model: Model) -> str | None:
     """What of this model's graph has no backward yet (None: every part has one)."""
     net = model.net
     if getattr(net, "is_encoder_decoder", False):
-        return f"{model.arch} is an encoder-decoder (only decoder-only graphs have a backward)"
+        return None  # its encoder and decoder run traced as they are (engine.grad.seq2seq)
     if not hasattr(net, "layers") or not hasattr(net, "out_norm") or not hasattr(net, "hooks"):
         return f"the {model.arch} graph is not the shared block graph"
-    if getattr(net, "per_layer", None) is not None:
-        return "Gemma 4's per-layer inputs"
     for i, layer in enumerate(net.layers):
-        if getattr(layer, "mixer", None) is not None:
-            return f"the recurrent (DeltaNet) mixer of layer {i}"
-        if not isinstance(layer.ffn, DenseFFN | MoEFFN):
+        if not isinstance(layer.ffn, DenseFFN | MoEFFN | Gemma4FFN):
             return f"the {type(layer.ffn).__name__} of layer {i} (an architecture's own FFN)"
-        if layer.kv_source is not None or layer.v_from_k or layer.gated:
-            return f"layer {i}'s shared / gated attention"
     return None
 
 
@@ -67,12 +64,15 @@ def check_supported(model: Model) -> None:
 class TapeCache:
     """What the traced attention reads as its KV cache: the traced K/V of the pass, per layer."""
 
-    def __init__(self, n_layers: int, n_ctx: int):
+    def __init__(self, n_layers: int, n_ctx: int, states: dict[int, Any] | None = None,
+                 shared: dict[int, int] | None = None):
         self.n_ctx = n_ctx
         self.length = 0
         self.qtype = None
         self.k: list[Any] = [None] * n_layers
         self.v: list[Any] = [None] * n_layers
+        self.states = dict(states or {})  # recurrent layer -> its state before the pass (zeros: from the start)
+        self.shared = dict(shared or {})  # layer -> the layer whose K/V it reads (Gemma 4)
 
     def reserve(self, n_total: int) -> None:
         """Nothing to allocate: the rows are the pass's own."""
@@ -84,16 +84,24 @@ class TapeCache:
         return start
 
     def keys(self, layer: int, n: int | None = None) -> Var:
-        return self.k[layer]
+        return self.k[self.shared.get(layer, layer)]
 
     def values(self, layer: int, n: int | None = None) -> Var:
-        return self.v[layer]
+        return self.v[self.shared.get(layer, layer)]
 
     def rows(self, layer: int) -> None:
         return None
 
     def stored(self, layer: int, n: int) -> None:
         return None
+
+    def state(self, layer: int) -> Any:
+        """A recurrent layer's state before the pass (the prompt runs from position 0: zeros)."""
+        return self.states[layer]
+
+    def put_state(self, layer: int, final: Any, before_last: Any) -> None:
+        """The traced state a recurrent layer reached: kept for the rest of the pass only."""
+        self.states[layer] = final
 
 
 class TapeNumerics(Float32Numerics):
@@ -106,6 +114,10 @@ class TapeNumerics(Float32Numerics):
 
     def decode_attention(self, *args: object) -> None:
         return None
+
+    def recurrent(self) -> Any:
+        """The DeltaNet ops on traced values (engine.grad.recurrent)."""
+        return recurrent_ops
 
     def sigmoid(self, x: Var) -> Var:
         return 1.0 / (1.0 + np.exp(-x))
@@ -179,12 +191,16 @@ def traced(model: Model, copies: bool = False) -> Iterator[None]:
         return
     linears = _all_linears(net)
     before = [(lin, lin.numerics, lin.weight, lin.budget, lin._dense) for lin in linears]
-    stacked = [(f, f._stacked) for layer in net.layers for f in layer.fused()]
-    experts = [layer for layer in net.layers if isinstance(layer.ffn, MoEFFN)]
+    layers = getattr(net, "layers", [])  # an encoder-decoder's blocks have no fused products and no experts
+    stacked = [(f, f._stacked) for layer in layers for f in layer.fused()]
+    experts = [layer for layer in layers if isinstance(layer.ffn, MoEFFN)]
+    branches = [layer.ffn for layer in layers if getattr(layer.ffn, "moe", None) is not None]  # Gemma 4's
     ops = net.ops
     net.ops = TapeNumerics()
     for layer in experts:  # the experts seam as traced ops, the routing frozen (engine.grad.experts)
         layer.ffn = TracedMoE(layer.ffn)
+    for ffn in branches:
+        ffn.moe = TracedGemma4Experts(ffn.moe)
     for lin in linears:
         lin.numerics = "float32"
         if not copies:
@@ -197,6 +213,8 @@ def traced(model: Model, copies: bool = False) -> Iterator[None]:
         net.ops = ops
         for layer in experts:
             layer.ffn = layer.ffn.ffn
+        for ffn in branches:
+            ffn.moe = ffn.moe.moe
         for lin, numerics, weight, budget, dense in before:
             lin.numerics, lin.weight, lin.budget = numerics, weight, budget
             if copies and dense is None and lin._dense is not None:
@@ -214,6 +232,17 @@ def _head(net: Any, x: Var, target: int, contrast: int | None) -> Var:
     if head.loras:
         return net.output(x)[:, ids]
     return x @ head.weight.rows(np.asarray(ids, np.int64)).T
+
+
+def _zero_states(net: Any) -> dict[int, Any]:
+    """Each recurrent layer's state at position 0 (its mixer's shape, zeros)."""
+    return {i: layer.mixer.dims.recurrent_shape().zeros() for i, layer in enumerate(net.layers)
+            if getattr(layer, "mixer", None) is not None}
+
+
+def _shared_kv(net: Any) -> dict[int, int]:
+    """Layers that attend to another layer's K/V (Gemma 4's KV sharing) -> that layer."""
+    return {i: int(src) for i, layer in enumerate(net.layers) if (src := getattr(layer, "kv_source", None)) is not None}
 
 
 def _all_linears(net: Any) -> list[Linear]:
@@ -237,18 +266,31 @@ class Gradient:
 
 def gradient(model: Model, ids: Sequence[int], target: int, contrast: int | None = None, *,
              points: Sequence[str] = (), embeddings: np.ndarray | None = None, dtype: Any = np.float32,
-             backward: bool = True, capped: bool = False, shift: dict[str, np.ndarray] | None = None) -> Gradient:
+             backward: bool = True, capped: bool = False, shift: dict[str, np.ndarray] | None = None,
+             decoder: Sequence[int] | None = None) -> Gradient:
     """d(logit[target] - logit[contrast]) at the last of `ids` w.r.t. the input embeddings (default: the ids' own,
     or `embeddings` (T, dim)) and the hook points named (TransformerLens names, e.g. 'blocks.3.attn.hook_z');
     `capped`: the logits after the final soft-cap (the model's output) rather than before it; `shift`: hook point ->
     an array added to the activation there (what finite differences of an intermediate activation perturb);
-    `backward=False`: the forward alone (the gradients are NaN); `dtype`: float32, or float64 for checks."""
+    `backward=False`: the forward alone (the gradients are NaN); `dtype`: float32, or float64 for checks.
+    An encoder-decoder model (T5): `ids` is the encoder's input and `decoder` the decoder's tokens (default: its start
+    token), the logits are the decoder's last position's, and the embeddings are the encoder's rows then the
+    decoder's (T = len(ids) + len(decoder)); hook points are not available there."""
     check_supported(model)
     net = model.net
     ids = [int(i) for i in ids]
     if not ids:
         raise SettingError("a gradient needs at least one token")
-    x0 = net.embed(np.asarray(ids, np.int64)) if embeddings is None else np.asarray(embeddings)
+    seq2seq = getattr(net, "is_encoder_decoder", False)
+    if seq2seq and (points or shift):
+        raise SettingError(f"hook points are not available for {model.arch} (encoder-decoder) models: their gradient "
+                           "is taken with respect to the input embeddings")
+    if not seq2seq and decoder is not None:
+        raise SettingError(f"decoder tokens are for encoder-decoder models; {model.arch} reads one sequence")
+    dec = decoder_ids(net, decoder) if seq2seq else []
+    x0 = net.embed(np.asarray(ids + dec, np.int64)) if embeddings is None else np.asarray(embeddings)
+    if x0.shape[0] != len(ids) + len(dec):
+        raise SettingError(f"{x0.shape[0]} embedding rows for {len(ids) + len(dec)} tokens")
     tape = Tape(dtype)
     seen: dict[str, tuple[np.ndarray, int]] = {}
 
@@ -257,15 +299,17 @@ def gradient(model: Model, ids: Sequence[int], target: int, contrast: int | None
         if shift and name in shift:
             value[...] = value + shift[name]  # in place: the graph goes on with the shifted activation
 
-    hooks_before = net.hooks
-    net.hooks = {name: keep for name in [*points, *(shift or {})]}
+    hooks_before = getattr(net, "hooks", None)
+    if not seq2seq:
+        net.hooks = {name: keep for name in [*points, *(shift or {})]}
     try:
         with traced(model):
-            cache = TapeCache(net.args.n_layers, max(1, len(ids)))
-            net.begin(cache)
             x = tape.leaf(x0)
-            h = net.run_layers(x, 0, cache, None, range(net.args.n_layers))
-            logits = _head(net, net.norm(h[len(ids) - 1 :], net.out_norm), target, contrast)  # (1, 1 or 2)
+            if seq2seq:
+                last = seq2seq_pass(net, ids, dec, x[: len(ids)], x[len(ids) :])
+            else:
+                last = _decoder_pass(net, ids, x)
+            logits = _head(net, net.norm(last, net.out_norm), target, contrast)  # (1, 1 or 2)
             cap = getattr(net.args, "final_softcap", None)
             if capped and cap is not None:  # gemma2.cpp: scale by 1/cap, tanh, scale by cap
                 logits = np.tanh(logits * (1.0 / cap)) * cap
@@ -273,7 +317,8 @@ def gradient(model: Model, ids: Sequence[int], target: int, contrast: int | None
     except NoVJP as e:
         raise LensError(f"gradients through {model.arch}: {e}") from e
     finally:
-        net.hooks = hooks_before
+        if not seq2seq:
+            net.hooks = hooks_before
     missing = [p for p in [*points, *(shift or {})] if p not in seen]
     if missing:
         raise SettingError(f"hook points not reached by the pass: {', '.join(missing)}")
@@ -282,3 +327,13 @@ def gradient(model: Model, ids: Sequence[int], target: int, contrast: int | None
     return Gradient(float(out.value), x.value.astype(np.float64), grads[x.idx].astype(np.float64),
                     {p: seen[p][0].astype(np.float64) for p in points},
                     {p: grads[seen[p][1]].astype(np.float64) for p in points})
+
+
+def _decoder_pass(net: Any, ids: list[int], x: Var) -> Var:
+    """A decoder-only model's last residual row (1, dim) for the traced input embeddings x (T, dim)."""
+    cache = TapeCache(net.args.n_layers, max(1, len(ids)), _zero_states(net), _shared_kv(net))
+    net.begin(cache)
+    if getattr(net, "per_layer", None) is not None:  # Gemma 4: every block's input from these embeddings
+        net.per_layer.prepare(net, np.asarray(ids, np.int64), x)
+    h = net.run_layers(x, 0, cache, None, range(net.args.n_layers))
+    return h[len(ids) - 1 :]

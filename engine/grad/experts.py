@@ -76,6 +76,48 @@ class TracedMoE:
         return _biased(_rows(f.down, g, ids, None), f.down_bias, ids)
 
 
+class TracedGemma4Experts:
+    """A Gemma 4 experts branch (engine.models.gemma4_ffn.Gemma4Experts) on traced values: its router input (the
+    unweighted RMS norm, scaled), the routing frozen as above (softmax, top k, the chosen weights renormalised), each
+    routed row through its expert's gate and up (fused or not), GeGLU, down and the expert's output scale, the slots
+    summed and post_ffw_norm_2."""
+
+    def __init__(self, moe: Any):
+        self.moe = moe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.moe, name)
+
+    def __call__(self, x: Any, ops: Any, eps: float, recorder: Any = None) -> Any:
+        m = self.moe
+        t, k = x.shape[0], m.n_used
+        h = ops.norm(x, m.pre_norm, eps)
+        unit = np.ones(x.shape[-1], np.float32)
+        logits = m.router(ops.norm(x, unit, eps) * (1.0 / np.sqrt(float(x.shape[-1]))) * m.router_scale)
+        if m.ablated_experts is not None:
+            logits = logits.copy()
+            logits[:, m.ablated_experts] = -np.inf
+        plain = np.asarray(logits.value, np.float32)
+        experts = route(plain, k, _PLAIN, True, "softmax", display=False).experts.astype(np.int64)  # (T, k)
+        weights = ops.softmax(logits)[np.arange(t)[:, None], experts]
+        weights = weights / np.maximum(np.sum(weights, axis=-1, keepdims=True), WEIGHT_SUM_MIN)
+        ids, src = experts.reshape(-1), np.repeat(np.arange(t), k)
+        if m.gate_up is not None:
+            gu = _rows(m.gate_up, h, ids, src)
+            width = gu.shape[-1] // 2
+            gate, up = gu[:, :width], gu[:, width:]
+        else:
+            gate, up = _rows(m.gate, h, ids, src), _rows(m.up, h, ids, src)
+        down = _rows(m.down, ops.glu("geglu", gate, up), ids, None)
+        if m.down_scale is not None:
+            down = down * m.down_scale[ids][:, None]
+        y = down.reshape(t, k, -1) * weights[:, :, None]
+        out = y[:, 0]
+        for s in range(1, k):
+            out = out + y[:, s]
+        return ops.norm(out, m.post_norm, eps)
+
+
 def _rows(w: ExpertLinear, x: Any, ids: np.ndarray, src: np.ndarray | None) -> Any:
     """Row r: x[src[r]] (x[r] without src) times expert ids[r]'s dequantized weight, rows grouped by expert."""
     order = np.argsort(ids, kind="stable")

@@ -224,6 +224,20 @@ def _clip(tape: Tape, args: tuple, kwargs: dict) -> Var:
     return y if hi is None else np.minimum(y, hi)
 
 
+def _repeat(tape: Tape, args: tuple, kwargs: dict) -> Var:
+    """np.repeat of each entry `repeats` times along an axis (an int count: what the graphs use)."""
+    x, repeats = args[0], kwargs.get("repeats", args[1] if len(args) > 1 else None)
+    axis = kwargs.get("axis", args[2] if len(args) > 2 else None)
+    if axis is None or not isinstance(repeats, int | np.integer):
+        raise NoVJP("no gradient for numpy.repeat without an axis or with per-entry counts yet")
+    v = x.value
+    ax, r = axis % v.ndim, int(repeats)
+
+    def back(g: G) -> tuple[G]:
+        return (g.reshape(v.shape[:ax] + (v.shape[ax], r) + v.shape[ax + 1 :]).sum(axis=ax + 1),)
+    return tape.node(np.repeat(v, r, axis=ax), (x,), back)
+
+
 FUNCTIONS: dict[Callable, Callable[[Tape, tuple, dict], Any]] = {
     np.sum: _reduce("sum"), np.mean: _reduce("mean"), np.max: _reduce("max"), np.amax: _reduce("max"),
     np.where: _where, np.concatenate: _join(False), np.stack: _join(True),
@@ -234,6 +248,7 @@ FUNCTIONS: dict[Callable, Callable[[Tape, tuple, dict], Any]] = {
     np.transpose: lambda tape, args, kwargs: args[0].transpose(*args[1:]),
     np.swapaxes: lambda tape, args, kwargs: args[0].transpose(_swapped(args[0].ndim, args[1], args[2])),
     np.clip: _clip,
+    np.repeat: _repeat,
     np.tanh: lambda tape, args, kwargs: apply_ufunc(tape, np.tanh, "__call__", args, kwargs),
 }
 

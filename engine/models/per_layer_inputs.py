@@ -65,7 +65,7 @@ class PerLayerInputs:
         proj = self.model_proj(x) * inv_sqrtf(self.dim)
         proj = ops.norm(proj.reshape(t, n, self.width), self.proj_norm, self.eps)  # (T, n_layer, n_pl)
         out = (proj + rows.reshape(t, n, self.width)) * inv_sqrtf(2.0)
-        return np.ascontiguousarray(out.transpose(1, 0, 2))  # ggml_permute to (n_layer, T, n_pl)
+        return out.transpose(1, 0, 2).copy()  # ggml_permute to (n_layer, T, n_pl), made contiguous
 
     def apply(self, i: int, x: F32, ops: Any, recorder: Recorder | None = None) -> F32:
         """Block i's output x (T, dim) plus its per-layer part, from layer i's inputs of the tokens prepared last."""

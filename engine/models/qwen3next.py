@@ -66,7 +66,7 @@ class Qwen3NextMixer(DeltaNetMixer):
         groups = front[0].reshape(t, d.k_heads, 2 * s + 2 * r * s)  # ssm_in, per key head: q (S) k (S) v (r S) z (r S)
         q, k = groups[:, :, :s].reshape(t, d.key_dim), groups[:, :, s : 2 * s].reshape(t, d.key_dim)
         v = groups[:, :, 2 * s : 2 * s + r * s].reshape(t, d.value_dim)
-        z = np.ascontiguousarray(groups[:, :, 2 * s + r * s :]).reshape(t, d.value_dim)
+        z = groups[:, :, 2 * s + r * s :].copy().reshape(t, d.value_dim)
         return np.concatenate([q, k, v], axis=1), z, b, alpha
 
     def key_heads(self, x: F32) -> F32:

@@ -87,7 +87,7 @@ class EncoderDecoderModel(DecoderModel):
 
     def heads(self, y: F32, n: int) -> F32:
         """(T, n * d) product rows -> (n, T, d)."""
-        return np.ascontiguousarray(y.reshape(y.shape[0], n, self.args.head_dim).transpose(1, 0, 2))
+        return y.reshape(y.shape[0], n, self.args.head_dim).transpose(1, 0, 2).copy()  # made contiguous
 
     def encode(self, tokens: npt.ArrayLike, cache: EncoderDecoderCache | None = None,
                probe: Probe | None = None) -> EncoderOutput:

@@ -348,7 +348,7 @@ class Transformer(DecoderModel):
         gate = None
         if layer.gated:  # qwen35.cpp: views of each head's q and its gate, the gate made contiguous
             qg = q.reshape(t, n_heads, 2, d)
-            q, gate = qg[:, :, 0], np.ascontiguousarray(qg[:, :, 1]).reshape(t, n_heads * d)
+            q, gate = qg[:, :, 0], qg[:, :, 1].copy().reshape(t, n_heads * d)
         q = q.reshape(t, n_heads, d)  # (T, Hq, d)
         if layer.q_norm is not None:  # build_norm on each head before RoPE (qwen3.cpp, gemma3.cpp)
             q = self.norm(q, layer.q_norm)

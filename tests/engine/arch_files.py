@@ -7,10 +7,11 @@ from pathlib import Path
 from engine.quality.requantize import quantize_file
 from tests.tiny_models import make_tiny_gemma3
 from tools.make_arch_models import write_arch
+from tools.make_t5_model import write_t5
 
 
 def arch_file(folder: Path, name: str, preset: str | None = None) -> Path:
-    """The test model `name` (a tools/make_arch_models.py name, or 'gemma3'), F32 or requantized to `preset`."""
+    """The test model `name` (a tools/make_arch_models.py name, 'gemma3', or 't5' / 't5_relu'), F32 or requantized to `preset`."""
     if preset is not None:
         path = folder / f"{name}.{preset}.gguf"
         if not path.exists():
@@ -20,6 +21,8 @@ def arch_file(folder: Path, name: str, preset: str | None = None) -> Path:
     if not path.exists():
         if name == "gemma3":
             make_tiny_gemma3(path)
+        elif name in ("t5", "t5_relu"):  # encoder-decoder: its own writer (F32)
+            write_t5(path, name)
         else:
             write_arch(path, name)
     return path

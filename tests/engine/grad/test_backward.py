@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import LensError
+from engine.errors import LensError, SettingError
 from engine.generate import prefill
-from engine.grad.backward import gradient
+from engine.grad.backward import TapeNumerics, gradient
 from engine.model import load_model
 from tests.engine.arch_files import arch_file
-from tests.engine.grad.conftest import COVERED, REFUSED
+from tests.engine.grad.conftest import COVERED, SEQ2SEQ
 
 IDS = [5, 17, 3, 40, 9, 23, 11]  # in every test vocabulary (the smallest has 269 entries)
 TARGET, CONTRAST = 7, 12
@@ -94,16 +94,50 @@ def test_traced_pass_is_the_models_own_and_leaves_it_as_it_was(grad_dir: Path, a
         ref.close()
 
 
-@pytest.mark.parametrize("arch", sorted(REFUSED))
-def test_architectures_without_a_backward_are_refused(grad_dir: Path, arch: str) -> None:
+@pytest.mark.parametrize("arch", SEQ2SEQ)
+def test_encoder_decoder_gradient_matches_central_differences(grad_dir: Path, arch: str) -> None:
     model = load_model(arch_file(grad_dir, arch), numerics="float32", warm=False)
+    rng = np.random.default_rng(1)
     try:
-        ops = model.net.ops
+        net = model.net
+        enc, dec = IDS[:6], [net.decoder_start_token, 11, 8]
+        cache = model.new_cache(len(dec))
+        net.encode(np.asarray(enc), cache)
+        row = net.forward(np.asarray(dec), cache)[-1].astype(np.float64)  # the model's own encoder and decoder
+        g = gradient(model, enc, TARGET, CONTRAST, decoder=dec, dtype=np.float64)
+        assert abs(g.value - (row[TARGET] - row[CONTRAST])) < 1e-4 * max(1.0, abs(g.value))
+        assert g.d_embeddings.shape == (len(enc) + len(dec), net.args.dim)
+        g32 = gradient(model, enc, TARGET, CONTRAST, decoder=dec)
+        picked = [idx for idx in _entries(g.d_embeddings, 8, rng)]
+        assert {i < len(enc) for i, _ in picked} == {True, False} or len(picked) < 8  # both stacks are checked
+        for idx in picked:
+            values = []
+            for sign in (1.0, -1.0):
+                x = g.embeddings.copy()
+                x[idx] += sign * EPS
+                values.append(gradient(model, enc, TARGET, CONTRAST, decoder=dec, embeddings=x, dtype=np.float64,
+                                       backward=False).value)
+            fd = (values[0] - values[1]) / (2 * EPS)
+            assert _rel(g.d_embeddings[idx], fd) <= TOL, (arch, idx, g.d_embeddings[idx], fd)
+            assert _rel(g32.d_embeddings[idx], fd) <= TOL, (arch, idx, g32.d_embeddings[idx], fd)
+        with pytest.raises(SettingError, match="hook points are not available"):
+            gradient(model, enc, TARGET, decoder=dec, points=["blocks.0.attn.hook_z"])
+    finally:
+        model.close()
+
+
+def test_an_op_without_a_vjp_is_refused_and_the_model_left_as_it_was(grad_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model(arch_file(grad_dir, "llama3"), numerics="float32", warm=False)
+    try:
+        net = model.net
+        ops = net.ops
         before = prefill(model, IDS, model.new_cache(len(IDS)), all_logits=True)[-1]
-        message = f"gradients through .* are not built yet: no backward for .*{REFUSED[arch]}"
-        with pytest.raises(LensError, match=message):
+        monkeypatch.setattr(TapeNumerics, "glu", lambda self, kind, gate, up: np.asarray(gate))  # a plain array
+        with pytest.raises(LensError, match="gradients through llama: a traced value was turned into a plain array"):
             gradient(model, IDS, TARGET, CONTRAST)
-        assert model.net.ops is ops
+        monkeypatch.undo()
+        assert net.ops is ops and net.hooks == {}
         np.testing.assert_array_equal(prefill(model, IDS, model.new_cache(len(IDS)), all_logits=True)[-1], before)
     finally:
         model.close()
