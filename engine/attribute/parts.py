@@ -56,6 +56,13 @@ def _columns(w: F32, n: int) -> F64:
     return np.asarray(w, np.float64).reshape(dim, n, width // n).transpose(1, 0, 2)
 
 
+def head_vectors(w_out: Any, heads: np.ndarray) -> F64:
+    """What each head adds through the output product w_out (a Linear over the concatenated heads), (n, dim): head
+    h's columns of the dequantized matrix times its output (d,), in float64."""
+    cols = _columns(w_out.weight.dequantize(), heads.shape[0])  # (n, dim, d)
+    return np.einsum("ndk,nk->nd", cols, np.asarray(heads, np.float64))
+
+
 def attention_parts(net: Any, i: int, z: F32, resid_pre: F32) -> list[Part]:
     """Layer i's heads (and output bias) at one position, before any post-norm: z is the heads' output (heads, d)
     as hooked, resid_pre the residual row entering the block (the gate's and the mixer's input)."""
@@ -77,8 +84,7 @@ def attention_parts(net: Any, i: int, z: F32, resid_pre: F32) -> list[Part]:
             n, dh = heads.shape
             gate = np.ascontiguousarray(q.reshape(1, n, 2, dh)[:, :, 1]).reshape(1, n * dh)  # as the graph's view
             heads = heads * ops.sigmoid(gate).reshape(n, dh)
-    cols = _columns(w_out.weight.dequantize(), heads.shape[0])  # (n, dim, d)
-    vecs = np.einsum("ndk,nk->nd", cols, np.asarray(heads, np.float64))
+    vecs = head_vectors(w_out, heads)
     parts = [Part("head", i, hh, vecs[hh]) for hh in range(vecs.shape[0])]
     bias = getattr(layer, "wo_bias", None)
     if bias is not None:  # gpt-oss: attn_output.bias, added after the product

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from engine.errors import LensError, SettingError
 from engine.grad.tape import NoVJP, Tape, Var
 from engine.grad import recurrent as recurrent_ops
-from engine.grad.vjps import Dequantized
+from engine.grad.vjps import Dequantized, softmax
 from engine.grad.experts import TracedGemma4Experts, TracedMoE
 from engine.grad.seq2seq import decoder_ids, seq2seq_pass
 from engine.models.experts import MoEFFN
@@ -136,15 +136,13 @@ class TapeNumerics(Float32Numerics):
         scores = scores * scale
         mask = reference.causal_mask(np.asarray(pos), s, window)  # (T, S)
         scores = np.where(mask[None], scores, -np.inf)
-        top = np.max(scores.detach(), axis=-1, keepdims=True)  # a constant shift: the softmax does not see it
-        if sinks is not None:
+        if sinks is None:
+            w = softmax(scores)  # one op: its VJP keeps the weights alone
+        else:  # gpt-oss: each head's sink logit joins the softmax's denominator
             sink = np.asarray(sinks, np.float64)[:, None, None]
-            top = np.maximum(top, sink)
-        e = np.exp(scores - top)
-        total = np.sum(e, axis=-1, keepdims=True)
-        if sinks is not None:
-            total = total + np.exp(sink - top)
-        w = e / total
+            top = np.maximum(np.max(scores.detach(), axis=-1, keepdims=True), sink)  # a constant shift
+            e = np.exp(scores - top)
+            w = e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - top))
         return (w.reshape(hkv, g * t, s) @ v).reshape(hq, t, d)  # (Hq, T, d)
 
     def warm(self, model: Any, progress: Any) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import SettingError
+from engine.grad.vjps import softmax
 
 
 class Seq2SeqTapeCache:
@@ -57,9 +58,7 @@ def traced_attend(q: Any, keys: Any, values: Any, bias: np.ndarray | None, mask:
         scores = scores * float(scale)
     if mask is not None:
         scores = np.where(mask[None], scores, -np.inf)
-    top = np.max(scores.detach(), axis=-1, keepdims=True)  # a constant shift: the softmax does not see it
-    e = np.exp(scores - top)
-    w = e / np.sum(e, axis=-1, keepdims=True)
+    w = softmax(scores)
     return (w.reshape(hkv, g * t, -1) @ values).reshape(hq, t, d), None
 
 

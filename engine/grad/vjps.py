@@ -63,7 +63,7 @@ def _swap(x: G) -> G:
 
 def _matmul(g: G, ins: Sequence[Any], out: G, need: Sequence[bool] = (True, True)) -> tuple[G | None, G | None]:
     a, b = ins
-    if a.ndim == 1 or b.ndim == 1:
+    if (a is not None and a.ndim == 1) or (b is not None and b.ndim == 1):
         raise NoVJP("no gradient for a matrix-vector product yet (both operands must be matrices)")
     # a weight is a constant: its (dim x n_out) cotangent would cost as much as the product and go nowhere
     return g @ _swap(b) if need[0] else None, _swap(a) @ g if need[1] else None
@@ -90,7 +90,7 @@ def _pick(first: bool) -> Callable[[G, Sequence[Any], G], tuple[G, G]]:
 UFUNCS: dict[str, Callable[[G, Sequence[Any], G], Sequence[G | None]]] = {
     "add": lambda g, ins, out: (g, g),
     "subtract": lambda g, ins, out: (g, -g),
-    "multiply": lambda g, ins, out: (g * ins[1], g * ins[0]),
+    "multiply": lambda g, ins, out: (None if ins[1] is None else g * ins[1], None if ins[0] is None else g * ins[0]),
     "divide": _divide,
     "negative": lambda g, ins, out: (-g,),
     "positive": lambda g, ins, out: (g,),
@@ -106,6 +106,8 @@ UFUNCS: dict[str, Callable[[G, Sequence[Any], G], Sequence[G | None]]] = {
     "maximum": _pick(True),
     "minimum": _pick(True),
 }
+KEEPS_INPUTS = {"divide", "log", "square", "absolute", "power", "maximum", "minimum"}
+KEEPS_OUTPUT = {"divide", "exp", "tanh", "sqrt", "reciprocal", "maximum", "minimum"}
 PIECEWISE_CONSTANT = {"greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "isfinite", "isnan",
                       "isinf", "sign", "floor", "ceil", "rint", "logical_and", "logical_or", "logical_not"}
 
@@ -124,21 +126,32 @@ def apply_ufunc(tape: Tape, ufunc: np.ufunc, method: str, inputs: Sequence[Any],
     vjp = UFUNCS.get(ufunc.__name__)
     if method != "__call__" or vjp is None:
         raise NoVJP(f"no gradient for numpy.{ufunc.__name__}{'' if method == '__call__' else '.' + method} yet")
+    name = ufunc.__name__
     vals = [np.asarray(v, tape.dtype) if isinstance(v, float) else v for v in vals]
     out = ufunc(*vals, **kwargs)
     parents = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Var)]
     shapes = [np.shape(v) for v in vals]
 
     need = [isinstance(x, Var) for x in inputs]
-    held = [partial(_again, v.source, v.flip) if isinstance(v, Dequantized) and v.source is not None else v
-            for v in vals]  # a weight: how to dequantize it again, not its copy
+    keep = _kept_inputs(name, need)
+    held = [None if not k else partial(_again, v.source, v.flip) if isinstance(v, Dequantized) and v.source is not None
+            else v for v, k in zip(vals, keep)]  # a weight: how to dequantize it again, not its copy
+    kept_out = out if name in KEEPS_OUTPUT else None
 
     def back(g: G) -> list[G | None]:
         ins = [h() if isinstance(h, partial) else h for h in held]
-        gs = vjp(g, ins, out, need) if vjp is _matmul else vjp(g, ins, out)
+        gs = vjp(g, ins, kept_out, need) if vjp is _matmul else vjp(g, ins, kept_out)
         return [None if gs[i] is None else unbroadcast(np.asarray(gs[i]), shapes[i]) for i, _ in parents]
 
     return tape.node(out, [x for _, x in parents], back)
+
+
+def _kept_inputs(name: str, need: list[bool]) -> list[bool]:
+    """Which inputs a ufunc's VJP reads: a product's other factor only where this one takes a gradient; what the
+    tape holds until the backward is just that (an add keeps nothing)."""
+    if name in ("multiply", "matmul"):
+        return [need[1], need[0]]
+    return [name in KEEPS_INPUTS] * len(need)
 
 
 # ---- array functions
@@ -174,9 +187,10 @@ def _reduce(kind: str) -> Callable[[Tape, tuple, dict], Var]:
             out = np.sum(v, axis=axes, keepdims=keepdims)
             n = int(np.prod([v.shape[a] for a in axes])) if kind == "mean" else 1
             out = out / n if n != 1 else out
+            shape = v.shape  # the input's shape only: a sum's VJP reads no value
 
             def back(g: G) -> tuple[G]:
-                return (_expand(g, v.shape, axes, keepdims) / n,)
+                return (_expand(g, shape, axes, keepdims) / n,)
         return tape.node(out, (x,), back)
     return fn
 
@@ -265,6 +279,19 @@ def apply_function(tape: Tape, func: Callable, args: Any, kwargs: dict) -> Any:
     if fn is None:
         raise NoVJP(f"no gradient for numpy.{func.__name__} yet")
     return fn(tape, tuple(args), dict(kwargs))
+
+
+def softmax(x: Var) -> Var:
+    """A softmax over the last axis as one op (ggml_soft_max), shifted by the row maximum; its VJP reads only the
+    weights it returned: w * (g - sum(g * w)). Masked scores (-inf) get weight 0 and no gradient."""
+    v = x.value
+    with np.errstate(invalid="ignore"):
+        e = np.exp(v - np.max(v, axis=-1, keepdims=True))
+    w = e / np.sum(e, axis=-1, keepdims=True)
+
+    def back(g: G) -> tuple[G]:
+        return (w * (g - np.sum(g * w, axis=-1, keepdims=True)),)
+    return x.tape.node(w, (x,), back)
 
 
 # ---- array methods
