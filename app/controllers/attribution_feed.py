@@ -6,6 +6,10 @@ The lens follows the last reply: when a reply ends, or the tab comes on screen o
 it asks for the last token (WhyLens.follow_last). Stop drops the Why jobs waiting and stops the one running where it
 checks (between its passes); what it would have sent is dropped.
 
+Attribution patching (the lens's Patching tab, app.views.attribution_patching) is a lens job of its own kind,
+`why_patch` (app.jobs.attribution.patching_check): the feed answers the tab's request signal itself, hands its
+progress (one step per pass) to the tab, and the lens's Stop ends it within one pass.
+
 The same attribution in A and B of the Compare tab runs on the compare lane (app.jobs.attribution.attribution_pair_job
 on the Compare tab's workspace, `compare_workspace`, which the window sets): its A and B are loaded again there.
 """
@@ -14,9 +18,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from app.jobs.attribution import NO_REPLY, PAIR_TASK, AttributionMemo, ablation_check, attribution, attribution_pair_job
+from app.jobs.attribution import (NO_REPLY, PAIR_TASK, AttributionMemo, ablation_check, attribution,
+                                  attribution_pair_job, patching_check)
 from app.jobs.lens import LensProgress
-from app.records.attribution import AblationCheck, AttributionPair, AttributionRecord
+from app.records.attribution import AblationCheck, AttributionPair, AttributionRecord, PatchingRecord
 from app.records.compare import TaskProgress
 from app.views.attribution import SEQ2SEQ_TEXT, WhyLens
 
@@ -25,9 +30,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("why", "why_check")  # the lens jobs' kinds (LensResult.kind)
+PATCHING = "why_patch"  # attribution patching's lens job
+KINDS = ("why", "why_check", PATCHING)  # the lens jobs' kinds (LensResult.kind)
 NO_MODEL = "Load a model first."
 GENERATING = "A reply is being written: the Why lens explains it when it ends (or Stop it)."
+NO_CONVERSATION = "Nothing to patch: load a model and send a message (or wait for the reply to end)."
+
+
+def _patching_done(lens: WhyLens, rec: PatchingRecord) -> None:
+    lens.patching.set_patching(rec)
+
+
+def _patching_failed(lens: WhyLens, message: str) -> None:
+    lens.patching.failed(message)
+
+
+def _patching_progress(lens: WhyLens, what: str, fraction: float) -> None:
+    lens.patching.progress(what, fraction)
 
 
 class AttributionFeed:
@@ -38,6 +57,7 @@ class AttributionFeed:
     def __init__(self, bridge: LensBridge):
         self.bridge = bridge
         self.memo = AttributionMemo()  # touched on the worker only
+        self.patch_memo = AttributionMemo()  # attribution patching's records (worker only)
         self._stopped = False
         self._explained: Any = None  # the conversation of the last record shown
         self._following: Any = None  # the conversation whose last token the lens asked for by itself (not back yet)
@@ -49,6 +69,9 @@ class AttributionFeed:
             signal = getattr(engine, name, None)  # (a test's fake engine may have fewer)
             if signal is not None:
                 signal.connect(slot)
+        lens = self.lens()
+        if lens is not None:  # the Patching tab's request: answered here (LensRequests names the lens's own)
+            lens.patching.patching_requested.connect(self.request_patching)
 
     def lens(self) -> WhyLens | None:
         return self.bridge.lens(WhyLens)
@@ -92,6 +115,19 @@ class AttributionFeed:
         self._stopped = False
         self.bridge._request("why_check", ablation_check(context, int(token_index), str(contrast), str(kind),
                                                          int(layer), int(index), float(estimate)))
+
+    def request_patching(self, what: Any) -> None:
+        """Attribution patching of a token: what = (token index, contrast '' or '#id', corrupted text)."""
+        if not isinstance(what, tuple) or len(what) != 3:
+            return
+        token_index, contrast, corrupt = what
+        context = self._context()
+        if context is None:
+            self._say(_patching_failed, NO_CONVERSATION)
+            return
+        self._stopped = False
+        self.bridge._request(PATCHING, patching_check(context, int(token_index), str(contrast), str(corrupt),
+                                                      self.patch_memo, self.bridge._serial))
 
     def request_pair(self, what: Any) -> None:
         """The same attribution in A and B of the last comparison: what = (ids, token index, reply start, contrast
@@ -141,15 +177,23 @@ class AttributionFeed:
             self._say(WhyLens.set_attribution, rec)
         elif kind == "why_check" and isinstance(rec, AblationCheck):
             self._say(WhyLens.set_check, rec)
+        elif kind == PATCHING and isinstance(rec, PatchingRecord):
+            self._say(_patching_done, rec)
 
     def failed(self, kind: str, message: str) -> None:
         log.info("why lens %s: %s", kind, message)
+        if kind == PATCHING:
+            if not self._stopped:
+                self._say(_patching_failed, message)
+            return
         self._following = None
         if not self._stopped:
             self._say(WhyLens.failed, message)
 
     def progress(self, item: object) -> None:
-        if isinstance(item, LensProgress) and item.kind in KINDS:
+        if isinstance(item, LensProgress) and item.kind == PATCHING:
+            self._say(_patching_progress, item.what, item.fraction)
+        elif isinstance(item, LensProgress) and item.kind in KINDS:
             self._say(WhyLens.progress, item.what)
 
     # ---- following the conversation
@@ -184,3 +228,4 @@ class AttributionFeed:
     def model_loaded(self) -> None:
         self._explained = self._following = None
         self.memo = AttributionMemo()
+        self.patch_memo = AttributionMemo()

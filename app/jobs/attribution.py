@@ -6,9 +6,13 @@ it, on a cache of its own, so the chat's cache is left as it is). `ablation_chec
 (engine.intervene.ablation: a head zeroed, a layer's FFN or an expert left out), runs the same tokens with and
 without it, and reports the logit (difference) both ways, beside the part's attribution.
 
+`patching_check` runs attribution patching (engine.attribute.attribution_patching) of the same token for the clean
+prompt (the conversation's tokens before it) and a corrupted prompt of as many tokens, and real activation patching of
+each head to check it: one pass per head, each a point where the lens's Stop ends it, each reported as progress.
+
 Results are kept in an AttributionMemo, per (model, the conversation's tokens as read, with the reply version shown,
-token, contrast, method, interventions on the model): the same question twice costs nothing. Both return
-app.jobs.lens.InContext, so the LensBridge drops a record of a conversation that is no longer on screen.
+token, contrast, method or corrupted prompt, interventions on the model): the same question twice costs nothing. They
+return app.jobs.lens.InContext, so the LensBridge drops a record of a conversation that is no longer on screen.
 
 `attribution_pair_job` runs on the compare lane: the same token in A and B of the Compare tab's last comparison.
 """
@@ -22,15 +26,17 @@ from typing import Any, Callable
 import numpy as np
 
 from app.jobs.chat import fit_context
-from app.jobs.lens import InContext, job_cancel, job_progress
-from app.records.attribution import (REPLY_TOKEN, ABLATABLE, NO_INDEX, AblationCheck, AttributionPair, AttributionRecord,
-                                     component_label, make_attribution_record)
+from app.jobs import lens as lens_jobs
+from app.jobs.lens import InContext, LensProgress, job_cancel, job_progress
+from app.records.attribution import (REPLY_TOKEN, ABLATABLE, NO_INDEX, AblationCheck, AttributionPair,
+                                     component_label, make_attribution_record, make_patching_record)
 from app.records.compare import TaskProgress
 from app.records.reply import GenerationRequest
 from engine.errors import LensError, SettingError
 
 MEMO_SIZE = 32  # attributions kept (each a few kB: one value per part)
 NO_REPLY = "no reply yet: send a message first (the Why lens explains the tokens of a reply)"
+NO_CORRUPT = "give a corrupted prompt: the clean one with a word or two changed, as many tokens"
 
 
 class AttributionMemo:
@@ -38,15 +44,15 @@ class AttributionMemo:
 
     def __init__(self, size: int = MEMO_SIZE):
         self.size = size
-        self._kept: OrderedDict[tuple[Any, ...], AttributionRecord] = OrderedDict()
+        self._kept: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
-    def get(self, key: tuple[Any, ...]) -> AttributionRecord | None:
+    def get(self, key: tuple[Any, ...]) -> Any:
         rec = self._kept.get(key)
         if rec is not None:
             self._kept.move_to_end(key)
         return rec
 
-    def put(self, key: tuple[Any, ...], rec: AttributionRecord) -> None:
+    def put(self, key: tuple[Any, ...], rec: Any) -> None:
         self._kept[key] = rec
         self._kept.move_to_end(key)
         while len(self._kept) > self.size:
@@ -103,6 +109,24 @@ def _check_stopped() -> None:
         raise LensError("attribution was stopped")
 
 
+def _cancel() -> Callable[[], bool] | None:
+    """The running lens job's Stop, as engine.attribute asks it between passes."""
+    event = job_cancel()
+    return event.is_set if event is not None else None
+
+
+def _pass_progress(what: str) -> Callable[[int, int], None]:
+    """LensProgress of the running lens job, '<what>: i of n passes' (job_progress counts a chat's tokens)."""
+
+    def report(done: int, total: int) -> None:
+        job = lens_jobs._JOB  # the running lens job's emit and kind (thread-local)
+        emit = getattr(job, "emit", None)
+        if emit is not None and total:
+            emit(LensProgress(str(getattr(job, "kind", "")), f"{what}: {done} of {total} passes", done / total))
+
+    return report
+
+
 def attribution(context: GenerationRequest, token_index: int, contrast: str, memo: AttributionMemo,
                 serial: int = 0, method: str = "") -> Callable[..., Any]:
     """compute(model, recorder, cache, texts) for app.jobs.lens.lens_job: the AttributionRecord of token
@@ -122,11 +146,57 @@ def attribution(context: GenerationRequest, token_index: int, contrast: str, mem
         job_progress(f"attributing token {idx}")(0, idx)
         t0 = time.perf_counter()
         extra = {"method": method} if method else {}  # the gradient methods: only when asked for
-        result = attribute(model, ids[:idx], int(ids[idx]), contrast if contrast.strip() else None, **extra)
+        result = attribute(model, ids[:idx], int(ids[idx]), contrast if contrast.strip() else None, **extra,
+                           cancel=_cancel(), progress=_pass_progress(f"attributing token {idx}"))
         _check_stopped()
         texts = [model.tokenizer.token_text(int(t)) for t in ids]
         rec = make_attribution_record(result, texts, reply_start, heads_per_layer(model), time.perf_counter() - t0,
                                       tuple(ids))
+        memo.put(key, rec)
+        return InContext(rec, context)
+
+    return compute
+
+
+def corrupt_ids(tokenizer: Any, text: str) -> list[int]:
+    """The corrupted prompt's ids, read as the clean prompt's text is written (the conversation's tokens joined, a
+    chat template's special tokens as text): special tokens parsed, none added."""
+    return [int(t) for t in tokenizer.encode(text, add_special=False, parse_special=True)]
+
+
+def patching_check(context: GenerationRequest, token_index: int, contrast: str, corrupt: str, memo: AttributionMemo,
+                   serial: int = 0) -> Callable[..., Any]:
+    """compute(...) for lens_job: the PatchingRecord of token `token_index` of `context`: attribution patching of its
+    logit minus `contrast`'s ('': the corrupted run's top token) for the clean prompt (the tokens before it) and the
+    text `corrupt`, checked against real patching of each head. Refused (SettingError) when `corrupt` is empty or
+    not as many tokens, or when the model has no backward (engine.grad.backward.check_supported)."""
+
+    def compute(model: Any, _recorder: Any, cache: Any, _texts: list[str]) -> InContext:
+        from engine.attribute.attribution_patching import attribution_patching  # noqa: PLC0415
+        from engine.attribute.tokens import resolve_token  # noqa: PLC0415
+        from engine.grad.backward import check_supported as check_gradients  # noqa: PLC0415
+
+        if not corrupt.strip():
+            raise SettingError(NO_CORRUPT)
+        ids, reply_start = conversation_ids(model, cache, context)
+        idx = _token_index(token_index, len(ids), reply_start)
+        tok = model.tokenizer
+        bad = corrupt_ids(tok, corrupt)
+        if len(bad) != idx:
+            raise SettingError(f"the corrupted prompt is {len(bad)} tokens, the clean one (the conversation before "
+                               f"token {idx}) is {idx}: attribution patching needs as many tokens in both")
+        check_gradients(model)
+        con = resolve_token(tok, contrast, "contrast").id if contrast.strip() else None
+        key = (serial, tuple(ids[: idx + 1]), tuple(bad), con, interventions_key(model))
+        hit = memo.get(key)
+        if hit is not None:
+            return InContext(hit, context)
+        _check_stopped()
+        t0 = time.perf_counter()
+        est = attribution_patching(model, ids[:idx], bad, int(ids[idx]), con, cancel=_cancel(),
+                                   progress=_pass_progress(f"attribution patching of token {idx}"))
+        rec = make_patching_record(est, idx, idx, tok.token_text(int(ids[idx])), tok.token_text(int(est.wrong)),
+                                   corrupt, time.perf_counter() - t0)
         memo.put(key, rec)
         return InContext(rec, context)
 

@@ -5,6 +5,10 @@ parts of the model that wrote it (engine.attribute), and what a real ablation of
 aligned arrays (kind, layer, index, value; they sum to `logit_diff`), every head's share as a layers x heads matrix
 (NaN where a layer has no such head), the conversation's token texts and where the last reply starts (the picker), and
 the per-token input attributions when the engine gave them (`inputs`: input x gradient, integrated gradients).
+
+`make_patching_record` turns engine.attribute.attribution_patching.PatchingEstimate into a PatchingRecord: each head's
+estimated patching effect (every position at once) and real activation patching's, as layers x heads maps, with their
+Spearman rank correlation and top-10 overlap.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ F64 = npt.NDArray[np.float64]
 NO_INDEX = -1  # engine.attribute.api.NO_INDEX: the embedding's layer, a whole block's index
 REMAINDER = "remainder"
 ABLATABLE = ("head", "ffn", "expert")  # what "Confirm by ablation" can switch off (engine.intervene.ablation)
+TOP_HEADS = 10  # the top heads compared by attribution patching's check (engine.attribute.attribution_patching.TOP)
 
 
 def component_label(kind: str, layer: int, index: int) -> str:
@@ -193,3 +198,49 @@ def _inputs(got: Any) -> tuple[F64 | None, str]:
     except (TypeError, ValueError):
         return None, ""
     return (arr if arr.size else None), str(getattr(got, "method", ""))
+
+
+@dataclass(frozen=True)
+class PatchingRecord:
+    """Attribution patching of one token for a clean / corrupted pair, checked against real patching of each head."""
+
+    token_index: int  # the token explained: the clean prompt is the conversation's tokens before it
+    n_tokens: int  # the clean prompt's tokens (the corrupted one has as many)
+    target_text: str  # the answer: the token the reply wrote
+    wrong_text: str  # the contrast token, else the corrupted run's top token
+    corrupt_text: str
+    clean_diff: float  # logit(answer) - logit(wrong) on the clean prompt
+    corrupt_diff: float  # and on the corrupted one
+    estimate: F64  # (n_layers, max heads) each head's estimated share of the difference restored; NaN: no such head
+    real: F64  # (n_layers, max heads) real activation patching's share
+    spearman: float  # rank correlation of estimate and real over every head
+    top_overlap: float  # share of the top-10 heads by |estimate| among the top-10 by |real|
+    elapsed_s: float
+
+    @property
+    def n_heads(self) -> int:
+        """The heads compared (the cells both maps have)."""
+        return int(np.count_nonzero(np.isfinite(self.estimate) & np.isfinite(self.real)))
+
+    def agreement_text(self) -> str:
+        """'estimate vs real patching of 8 heads: Spearman 0.55, top-10 overlap 8/8'."""
+        top = min(TOP_HEADS, self.n_heads)
+        return (f"estimate vs real patching of {self.n_heads} heads: Spearman {self.spearman:.2f}, top-{TOP_HEADS} "
+                f"overlap {round(self.top_overlap * top)}/{top}")
+
+    def diff_text(self) -> str:
+        """The logit difference the maps restore, on both prompts."""
+        return (f"logit({self.target_text!r}) − logit({self.wrong_text!r}) at token {self.token_index}: clean "
+                f"{self.clean_diff:+.4f}, corrupted {self.corrupt_diff:+.4f} ({self.n_tokens} tokens each)")
+
+
+def make_patching_record(est: Any, token_index: int, n_tokens: int, target_text: str, wrong_text: str,
+                         corrupt_text: str, elapsed_s: float) -> PatchingRecord:
+    """The record of engine.attribute.attribution_patching.PatchingEstimate `est` (its 'heads' check)."""
+    check = est.checks["heads"]
+    real = np.asarray(check.real, np.float64)
+    estimate = np.asarray(est.per_head(), np.float64).copy()
+    estimate[~np.isfinite(real)] = np.nan  # past a layer's own heads (a recurrent layer's value heads)
+    return PatchingRecord(int(token_index), int(n_tokens), str(target_text), str(wrong_text), str(corrupt_text),
+                          float(est.clean_diff), float(est.corrupt_diff), estimate, real, float(check.spearman),
+                          float(check.top_overlap), float(elapsed_s))

@@ -6,7 +6,9 @@ parts that push its logit (or the logit difference) hardest, from the embedding 
 it); the input text tinted by each token's input attribution when the engine computed them. A head, an FFN or an
 expert picked in the waterfall or the map can be switched off for real ("Confirm by ablation"): the logit
 (difference) with and without it, beside what the attribution said. The "A and B (Compare)" tab shows the same
-attribution in A and B of the Compare tab's last comparison side by side, and the parts the change moved most.
+attribution in A and B of the Compare tab's last comparison side by side, and the parts the change moved most; the
+"Patching" tab (app.views.attribution_patching.PatchingPanel, asked through its own signals) attribution patching of
+the token for a corrupted prompt, checked against real patching.
 
 It asks through `attribution_requested(token_index, contrast, method)` (-1: the last token; method 'ixg': the input
 tint too), `ablation_requested((token_index, contrast, kind, layer, index, estimate))` and `stop_requested()`, and
@@ -19,7 +21,6 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSizePolicy,
                                QSplitter, QStackedWidget, QTabWidget, QTextBrowser, QVBoxLayout, QWidget)
@@ -27,7 +28,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QLineE
 from app.records.attribution import ABLATABLE, AblationCheck, AttributionPair, AttributionRecord
 from app.records.model import ModelRecord
 from app.views.attention.controls import ElidedLabel, empty_state
-from app.views.attribution_plots import AttributionPlots, diverging, head_limit
+from app.views.attribution_patching import PatchingPanel
+from app.views.attribution_plots import AttributionPlots, head_limit, tint_colours
 from app.views.common.tokens import token_html, token_label
 
 if TYPE_CHECKING:
@@ -136,6 +138,9 @@ class WhyLens(QWidget):
         self.views.setDocumentMode(True)
         self.views.addTab(self.splitter, "This model")
         self.views.addTab(self._build_pair(), "A and B (Compare)")
+        self.patching = PatchingPanel()
+        self.patching.stop_requested.connect(self._stop)
+        self.views.addTab(self.patching, "Patching")
         self.empty = empty_state(NO_MODEL_TEXT)
         self.stack = QStackedWidget()
         self.stack.addWidget(self.empty)
@@ -208,6 +213,7 @@ class WhyLens(QWidget):
         self.token_box.clear()
         self.plots.clear_plots()
         self._clear_pair()
+        self.patching.clear()
         self.check_label.setText("")
         self.pick_label.setText("")
         self.confirm_button.setEnabled(False)
@@ -277,6 +283,7 @@ class WhyLens(QWidget):
     def stopped(self) -> None:
         self._set_busy(False)
         self.status.setText("Stopped.")
+        self.patching.stopped()
 
     def set_attribution(self, rec: AttributionRecord) -> None:
         """Draw a record: the picker (the last reply's tokens), the waterfall, the head map, the tint."""
@@ -290,6 +297,7 @@ class WhyLens(QWidget):
         if pair is not None and (pair.a.token_ids, pair.a.token_index) != (rec.token_ids, rec.token_index):
             self._clear_pair()  # A and B of another token
         self.pair_button.setEnabled(True)
+        self.patching.set_record(rec)
         self.status.setText(self.summary())
         self.status.setStyleSheet("")
         self.plots.draw(rec)
@@ -378,17 +386,7 @@ class WhyLens(QWidget):
     def tint_colours(self) -> list[str]:
         """The background colour of each input token of the tint ('' : no input attributions)."""
         rec = self.record
-        if rec is None or rec.inputs is None:
-            return []
-        vals = rec.inputs
-        scale = float(np.max(np.abs(vals))) if vals.size else 0.0
-        lut = diverging()
-        out = []
-        for v in vals:
-            x = 0.5 if scale == 0 else 0.5 + TINT_REACH * float(v) / scale
-            c = lut.map(np.array([x]), mode="byte")[0]
-            out.append(f"#{int(c[0]):02x}{int(c[1]):02x}{int(c[2]):02x}")
-        return out
+        return tint_colours(rec.inputs, TINT_REACH) if rec is not None and rec.inputs is not None else []
 
     # ---- drawing
 

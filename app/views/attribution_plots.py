@@ -2,7 +2,9 @@
 to the logit) and the layers x heads map of every head's share (diverging colours centred at 0). Picking a bar or a
 cell emits `part_picked(part index)`; `outline(i)` marks a part in both, `show_check(check)` draws what a real
 ablation did beside the part's share. Drawing only: the lens (app.views.attribution) holds what is picked and asks.
-Two of these side by side show the same attribution in two models (A and B of Compare)."""
+Two of these side by side show the same attribution in two models (A and B of Compare). `head_grid` /
+`draw_head_grid` make and draw a layers x heads map in this style (the Patching tab's two maps), `tint_colours` the
+input tint's colours."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +28,17 @@ def diverging() -> pg.ColorMap:
     return pg.ColorMap(1.0 - pos[::-1], colours[::-1])
 
 
+def tint_colours(values: np.ndarray, reach: float) -> list[str]:
+    """A '#rrggbb' per value on the diverging map, the largest |value| `reach` from its white middle (0: white)."""
+    scale = float(np.max(np.abs(values))) if values.size else 0.0
+    lut = diverging()
+    out = []
+    for v in values:
+        c = lut.map(np.array([0.5 if scale == 0 else 0.5 + reach * float(v) / scale]), mode="byte")[0]
+        out.append(f"#{int(c[0]):02x}{int(c[1]):02x}{int(c[2]):02x}")
+    return out
+
+
 def head_limit(rec: AttributionRecord) -> float:
     """The largest |head value| of a record (0 without heads)."""
     finite = rec.heads[np.isfinite(rec.heads)]
@@ -44,6 +57,48 @@ def _still(plot: pg.PlotItem) -> None:
     plot.setMenuEnabled(False)
     plot.hideButtons()
     plot.setMouseEnabled(x=False, y=False)
+
+
+def head_grid(layout: pg.GraphicsLayout, row: int, col: int,
+              label: str) -> tuple[pg.PlotItem, pg.ImageItem, pg.ColorBarItem | None]:
+    """A layers x heads map at (row, col) of `layout` (layer 0 at the top, heads along the top axis) and its colour
+    bar at (row, col + 1), labelled `label` ('': none, for a map drawn on another's scale): the Why lens's head maps
+    all look alike."""
+    plot = layout.addPlot(row=row, col=col)
+    _still(plot)
+    plot.showAxis("top")
+    plot.hideAxis("bottom")
+    plot.setLabel("left", "layer")
+    plot.setLabel("top", "head")
+    image = pg.ImageItem(axisOrder="row-major")
+    plot.addItem(image)
+    if not label:
+        image.setColorMap(diverging())
+        return plot, image, None
+    bar = pg.ColorBarItem(values=(-1, 1), colorMap=diverging(), interactive=False, width=10, label=label)
+    bar.setImageItem(image)
+    layout.addItem(bar, row=row, col=col + 1)
+    return plot, image, bar
+
+
+def draw_head_grid(plot: pg.PlotItem, image: pg.ImageItem, bar: pg.ColorBarItem | None, m: np.ndarray,
+                   lim: float) -> None:
+    """Draw the (n_layers, heads) map `m` (NaN, no such head: white) coloured -lim..lim, a tick per layer and head
+    (fewer when there are many)."""
+    if m.size == 0:
+        image.clear()
+        return
+    lim = lim if lim > 0 else 1.0
+    image.setImage(np.nan_to_num(m, nan=0.0), autoLevels=False, levels=(-lim, lim))
+    if bar is not None:
+        bar.setLevels((-lim, lim))
+    n_layers, n_heads = m.shape
+    every_l = max(1, int(np.ceil(n_layers / 24)))
+    every_h = max(1, int(np.ceil(n_heads / 8)))  # the map is narrow: a label per head up to 8 heads
+    plot.getAxis("left").setTicks([[(i + 0.5, f"L{i}") for i in range(0, n_layers, every_l)]])
+    plot.getAxis("top").setTicks([[(h + 0.5, str(h)) for h in range(0, n_heads, every_h)]])
+    plot.setXRange(0, n_heads, padding=0.02)
+    plot.setYRange(0, n_layers, padding=0.02)
 
 
 class AttributionPlots(pg.GraphicsLayoutWidget):
@@ -72,18 +127,7 @@ class AttributionPlots(pg.GraphicsLayoutWidget):
         self.fall.scene().sigMouseClicked.connect(self._fall_click)
 
         map_at = (1, 0) if stacked else (0, 1)
-        self.map = self.addPlot(row=map_at[0], col=map_at[1])
-        _still(self.map)
-        self.map.showAxis("top")
-        self.map.hideAxis("bottom")
-        self.map.setLabel("left", "layer")
-        self.map.setLabel("top", "head")
-        self.image = pg.ImageItem(axisOrder="row-major")
-        self.map.addItem(self.image)
-        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=diverging(), interactive=False, width=10,
-                                        label="head's share")
-        self.colorbar.setImageItem(self.image)
-        self.addItem(self.colorbar, row=map_at[0], col=map_at[1] + 1)
+        self.map, self.image, self.colorbar = head_grid(self.ci, map_at[0], map_at[1], "head's share")
         self.map_pick = _outline(pg.mkPen(PICK_PEN, width=2, cosmetic=True))
         self.map.addItem(self.map_pick)
         if stacked:
@@ -139,21 +183,7 @@ class AttributionPlots(pg.GraphicsLayoutWidget):
         self.fall.setYRange(-0.6, total_row + 0.6, padding=0)
 
     def _draw_map(self, rec: AttributionRecord, limit: float | None) -> None:
-        m = rec.heads
-        if m.size == 0:
-            self.image.clear()
-            return
-        lim = head_limit(rec) if limit is None else float(limit)
-        lim = lim if lim > 0 else 1.0
-        self.image.setImage(np.nan_to_num(m, nan=0.0), autoLevels=False, levels=(-lim, lim))
-        self.colorbar.setLevels((-lim, lim))
-        n_layers, n_heads = m.shape
-        every_l = max(1, int(np.ceil(n_layers / 24)))
-        every_h = max(1, int(np.ceil(n_heads / 8)))  # the map is narrow: a label per head up to 8 heads
-        self.map.getAxis("left").setTicks([[(i + 0.5, f"L{i}") for i in range(0, n_layers, every_l)]])
-        self.map.getAxis("top").setTicks([[(h + 0.5, str(h)) for h in range(0, n_heads, every_h)]])
-        self.map.setXRange(0, n_heads, padding=0.02)
-        self.map.setYRange(0, n_layers, padding=0.02)
+        draw_head_grid(self.map, self.image, self.colorbar, rec.heads, head_limit(rec) if limit is None else limit)
 
     def row_of(self, i: int | None) -> int | None:
         """The waterfall row of part i (None: it is in the 'other parts' bar)."""

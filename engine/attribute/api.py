@@ -31,7 +31,8 @@ import numpy.typing as npt
 from engine.attribute.attribution_patching import PatchingEstimate, attribution_patching
 from engine.attribute.capture import check_supported, run
 from engine.attribute.direct import decompose
-from engine.attribute.inputs import IG_STEPS, InputAttribution, input_x_gradient, integrated_gradients
+from engine.attribute.inputs import (IG_STEPS, Cancel, InputAttribution, Progress, input_x_gradient,
+                                     integrated_gradients, stop_if)
 from engine.attribute.tokens import Token, prompt_ids, resolve_position, resolve_token
 from engine.errors import SettingError
 from engine.grad.backward import check_supported as check_gradients
@@ -110,11 +111,14 @@ def check_method(method: str | None, corrupt: str | Sequence[int] | None = None)
 
 def attribute(model: Model, prompt: str | Sequence[int], target: str | int, contrast: str | int | None = None,
               position: int | None = None, method: str | None = None, corrupt: str | Sequence[int] | None = None,
-              steps: int = IG_STEPS, rule: str = "uniform") -> Attribution:
+              steps: int = IG_STEPS, rule: str = "uniform", cancel: Cancel | None = None,
+              progress: Progress | None = None) -> Attribution:
     """Direct logit attribution of `target` (minus `contrast`) at `position` (default: the last) of the prompt (a text
     or token ids); target and contrast are token texts or '#id' strings or ids (engine.attribute.tokens). `method`:
     'ixg' / 'ig' (`steps` points, `rule` 'uniform' or 'log') add input attributions, 'patching' attribution patching
-    of the pair prompt / `corrupt` (the wrong token: `contrast`, else the corrupted run's top token)."""
+    of the pair prompt / `corrupt` (the wrong token: `contrast`, else the corrupted run's top token). `cancel()` is
+    asked between the method's passes (True: engine.attribute.inputs.AttributionCancelled), `progress(done, total)`
+    told of them (integrated gradients' steps, attribution patching's gradient and real-patching runs)."""
     check_method(method, corrupt)
     check_supported(model)
     if method is not None:
@@ -133,12 +137,15 @@ def attribute(model: Model, prompt: str | Sequence[int], target: str | int, cont
     d = decompose(model, cap, tgt.id, None if con is None else con.id)
     upto, con_id = ids[: p + 1], None if con is None else con.id
     inputs = patching = None
+    if method is not None:
+        stop_if(cancel)
     if method == "ixg":
         inputs = input_x_gradient(model, upto, tgt.id, con_id)
     elif method == "ig":
-        inputs = integrated_gradients(model, upto, tgt.id, con_id, steps, rule)
+        inputs = integrated_gradients(model, upto, tgt.id, con_id, steps, rule, cancel=cancel, progress=progress)
     elif method == "patching":
-        patching = attribution_patching(model, upto, bad_ids[: p + 1], tgt.id, con_id)
+        patching = attribution_patching(model, upto, bad_ids[: p + 1], tgt.id, con_id, cancel=cancel,
+                                        progress=progress)
     return Attribution(
         tokens=tuple(ids), position=p, target=tgt, contrast=con, logit_diff=d.logit_diff,
         kinds=np.array([part.kind for part in d.parts]),

@@ -11,6 +11,10 @@ the cell's channels, divided by (clean - corrupted) difference as patching's map
 The estimate is checked against real patching on the same pair (`validate`): per head (every position at once, the
 sum of the head's per-position estimates) and per block and position for the residual stream, with the Spearman rank
 correlation and the overlap of the ten largest cells by |effect| reported.
+
+The check is one patched run per head (or per block and position): `cancel()` is asked before the gradient and before
+each of those runs (True: AttributionCancelled, nothing returned), and `progress(done, total)` counts the gradient as
+one pass and each run as one more, so a caller can show how far it is and stop it within one run.
 """
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from engine.attribute.inputs import AttributionCancelled, Cancel, Progress, stop_if
 from engine.errors import SettingError
 from engine.grad.backward import gradient
+from engine.intervene.ablation import heads_in
 from engine.intervene.hooks import run_with_cache
-from engine.intervene.patching import patch
+from engine.intervene.patching import PatchingCancelled, patch
 
 if TYPE_CHECKING:
     from engine.model import Model
@@ -104,9 +110,11 @@ def top_overlap(a: np.ndarray, b: np.ndarray, n: int = TOP) -> float:
 
 
 def attribution_patching(model: Model, clean_ids: Sequence[int], corrupt_ids: Sequence[int], answer: int,
-                         wrong: int | None = None, validate: Sequence[str] = ("heads",)) -> PatchingEstimate:
+                         wrong: int | None = None, validate: Sequence[str] = ("heads",), cancel: Cancel | None = None,
+                         progress: Progress | None = None) -> PatchingEstimate:
     """The estimated patching maps of the module docstring; `wrong`: the corrupted run's top token by default;
-    `validate`: the real patching maps to compare with ('heads', 'resid_pre')."""
+    `validate`: the real patching maps to compare with ('heads', 'resid_pre'); `cancel` / `progress`: per pass, as the
+    module docstring says."""
     clean, corrupt = [int(i) for i in clean_ids], [int(i) for i in corrupt_ids]
     if len(clean) != len(corrupt):
         raise SettingError(f"the clean prompt is {len(clean)} tokens, the corrupted one {len(corrupt)}: attribution "
@@ -128,12 +136,38 @@ def attribution_patching(model: Model, clean_ids: Sequence[int], corrupt_ids: Se
     span = d_clean - d_corrupt
     if abs(span) < 1e-6:
         raise SettingError("the clean and corrupted logit differences are equal: nothing to restore")
+    stop_if(cancel)
     g = gradient(model, corrupt, answer, wrong, points=z_names + r_names, capped=True)
     heads = np.stack([np.sum(g.d_points[z] * (acts_clean[z] - acts_corrupt[z]), axis=-1).T for z in z_names]) / span
     resid = np.stack([np.sum(g.d_points[r] * (acts_clean[r] - acts_corrupt[r]), axis=-1) for r in r_names]) / span
+    runs = {"heads": sum(heads_in(model.net, i) for i in range(n)), "resid_pre": n * len(clean)}  # as patch runs them
+    total, done = 1 + sum(runs[kind] for kind in validate), 1
+    if progress is not None:
+        progress(done, total)
     checks: dict[str, Agreement] = {}
     for kind in validate:
-        real = patch(model, clean, corrupt, kind=kind, answer=answer, wrong=wrong).scores
+        try:
+            real = patch(model, clean, corrupt, kind=kind, answer=answer, wrong=wrong,
+                         cancel=_each_run(cancel, progress, done, total)).scores
+        except PatchingCancelled as stop:  # its partial map is of no use to the estimate
+            raise AttributionCancelled from stop
+        done += runs[kind]
         est = heads.sum(axis=-1) if kind == "heads" else resid
         checks[kind] = Agreement(real, spearman(est, real), top_overlap(est, real))
+    if progress is not None:
+        progress(total, total)
     return PatchingEstimate(answer, wrong, d_clean, d_corrupt, heads, resid, checks)
+
+
+def _each_run(cancel: Cancel | None, progress: Progress | None, done: int, total: int) -> Cancel:
+    """patch's cancel, asked before each of its runs: reports the runs finished so far (`done` before the first),
+    then asks `cancel`."""
+    begun = [done]
+
+    def ask() -> bool:
+        if progress is not None and begun[0] > done:
+            progress(begun[0], total)  # the run before this one is done
+        begun[0] += 1
+        return cancel is not None and bool(cancel())
+
+    return ask

@@ -17,17 +17,20 @@ which is why the error is always reported.
 
 f is the logit of the target (minus the contrast's) at the attributed position, before any final soft-cap (the same
 number engine.attribute.direct splits); the gradient is the float32 reference's, with weights as they dequantize.
+
+Integrated gradients runs `steps` backward passes: `cancel()` is asked before each (True: AttributionCancelled is
+raised, nothing is returned) and `progress(done, steps)` told after each, so a caller can stop it within one pass.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import SettingError
+from engine.errors import LensError, SettingError
 from engine.grad.backward import gradient, traced
 
 if TYPE_CHECKING:
@@ -38,6 +41,21 @@ IG_STEPS = 32  # Inseq's default n_steps
 MAX_STEPS = 1024
 RULES = ("uniform", "log")
 PANELS = 8  # the log rule's panels: [0, 1e-7], then one per power of ten up to 1
+Cancel = Callable[[], bool]  # True: stop before the next pass
+Progress = Callable[[int, int], None]  # (passes done, passes in all)
+
+
+class AttributionCancelled(LensError):
+    """The caller's cancel() said stop between two passes of a gradient attribution."""
+
+    def __init__(self) -> None:
+        super().__init__("attribution was stopped")
+
+
+def stop_if(cancel: Cancel | None) -> None:
+    """Raise AttributionCancelled when `cancel()` says stop."""
+    if cancel is not None and cancel():
+        raise AttributionCancelled
 
 
 @dataclass(frozen=True)
@@ -75,15 +93,21 @@ def input_x_gradient(model: Model, ids: Sequence[int], target: int, contrast: in
 
 
 def integrated_gradients(model: Model, ids: Sequence[int], target: int, contrast: int | None = None,
-                         steps: int = IG_STEPS, rule: str = "uniform", dtype: Any = np.float32) -> InputAttribution:
-    """Per token: sum over the embedding of x * the path average of d f / d x from zero embeddings to x."""
+                         steps: int = IG_STEPS, rule: str = "uniform", dtype: Any = np.float32,
+                         cancel: Cancel | None = None, progress: Progress | None = None) -> InputAttribution:
+    """Per token: sum over the embedding of x * the path average of d f / d x from zero embeddings to x; `cancel` is
+    asked before each of the `steps` backward passes, `progress(done, steps)` told after each."""
     alphas, weights = quadrature(steps, rule)
+    stop_if(cancel)
     with traced(model, copies=True):  # float32 weight copies (within the dense budget) shared by every step
         full = gradient(model, ids, target, contrast, dtype=dtype, backward=False)
         x = full.embeddings
         total = np.zeros_like(x)
-        for a, w in zip(alphas, weights):
+        for done, (a, w) in enumerate(zip(alphas, weights), 1):
+            stop_if(cancel)
             total += w * gradient(model, ids, target, contrast, embeddings=a * x, dtype=dtype).d_embeddings
+            if progress is not None:
+                progress(done, steps)
         base = gradient(model, ids, target, contrast, embeddings=np.zeros_like(x), dtype=dtype, backward=False).value
     values = np.sum(x * total, axis=-1)
     error = abs(float(np.sum(values)) - (full.value - base))
