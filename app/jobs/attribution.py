@@ -26,8 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from app.jobs.chat import fit_context
-from app.jobs import lens as lens_jobs
-from app.jobs.lens import InContext, LensProgress, job_cancel, job_progress
+from app.jobs.lens import InContext, job_cancel, job_progress
 from app.records.attribution import (REPLY_TOKEN, ABLATABLE, NO_INDEX, AblationCheck, AttributionPair,
                                      component_label, make_attribution_record, make_patching_record)
 from app.records.compare import TaskProgress
@@ -115,18 +114,6 @@ def _cancel() -> Callable[[], bool] | None:
     return event.is_set if event is not None else None
 
 
-def _pass_progress(what: str) -> Callable[[int, int], None]:
-    """LensProgress of the running lens job, '<what>: i of n passes' (job_progress counts a chat's tokens)."""
-
-    def report(done: int, total: int) -> None:
-        job = lens_jobs._JOB  # the running lens job's emit and kind (thread-local)
-        emit = getattr(job, "emit", None)
-        if emit is not None and total:
-            emit(LensProgress(str(getattr(job, "kind", "")), f"{what}: {done} of {total} passes", done / total))
-
-    return report
-
-
 def attribution(context: GenerationRequest, token_index: int, contrast: str, memo: AttributionMemo,
                 serial: int = 0, method: str = "") -> Callable[..., Any]:
     """compute(model, recorder, cache, texts) for app.jobs.lens.lens_job: the AttributionRecord of token
@@ -147,7 +134,7 @@ def attribution(context: GenerationRequest, token_index: int, contrast: str, mem
         t0 = time.perf_counter()
         extra = {"method": method} if method else {}  # the gradient methods: only when asked for
         result = attribute(model, ids[:idx], int(ids[idx]), contrast if contrast.strip() else None, **extra,
-                           cancel=_cancel(), progress=_pass_progress(f"attributing token {idx}"))
+                           cancel=_cancel(), progress=job_progress(f"attributing token {idx}", "passes"))
         _check_stopped()
         texts = [model.tokenizer.token_text(int(t)) for t in ids]
         rec = make_attribution_record(result, texts, reply_start, heads_per_layer(model), time.perf_counter() - t0,
@@ -194,7 +181,7 @@ def patching_check(context: GenerationRequest, token_index: int, contrast: str, 
         _check_stopped()
         t0 = time.perf_counter()
         est = attribution_patching(model, ids[:idx], bad, int(ids[idx]), con, cancel=_cancel(),
-                                   progress=_pass_progress(f"attribution patching of token {idx}"))
+                                   progress=job_progress(f"attribution patching of token {idx}", "passes"))
         rec = make_patching_record(est, idx, idx, tok.token_text(int(ids[idx])), tok.token_text(int(est.wrong)),
                                    corrupt, time.perf_counter() - t0)
         memo.put(key, rec)

@@ -57,13 +57,14 @@ def job_cancel() -> threading.Event | None:
     return getattr(_JOB, "cancel", None)
 
 
-def job_progress(what: str) -> Callable[[int, int], None]:
-    """A prefill progress callback that reports LensProgress of the running lens job as '<what>: i of n tokens'."""
+def job_progress(what: str, unit: str = "tokens") -> Callable[[int, int], None]:
+    """A progress callback that reports LensProgress of the running lens job as '<what>: i of n <unit>' (a
+    prefill's tokens, an attribution's passes)."""
 
     def report(done: int, total: int) -> None:
         emit = getattr(_JOB, "emit", None)
         if emit is not None and total:
-            emit(LensProgress(str(getattr(_JOB, "kind", "")), f"{what}: {done} of {total} tokens", done / total))
+            emit(LensProgress(str(getattr(_JOB, "kind", "")), f"{what}: {done} of {total} {unit}", done / total))
 
     return report
 

@@ -126,15 +126,17 @@ def test_patching_tab_reports_the_engines_check_refuses_and_stops(qtbot, llama: 
         passes: list[tuple[int, int]] = []
         waiting = threading.Event()
 
-        def held(what: str):  # noqa: ANN202 - the job's progress reporter, on the worker
+        def held(what: str, unit: str = "tokens"):  # noqa: ANN202 - the job's progress reporter, on the worker
             def report(done: int, total: int) -> None:
+                if unit != "passes":  # a prefill's tokens: not the patching's passes
+                    return
                 passes.append((done, total))
                 waiting.set()
                 stop = jobs.job_cancel()
                 assert stop is not None and stop.wait(60)
             return report
 
-        monkeypatch.setattr(jobs, "_pass_progress", held)
+        monkeypatch.setattr(jobs, "job_progress", held)
         panel.corrupt_edit.setPlainText(other)
         panel.run()
         qtbot.waitUntil(waiting.is_set, timeout=WAIT_MS)
