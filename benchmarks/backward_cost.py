@@ -10,12 +10,15 @@ with `backward_over_traced_forward` and `backward_over_forward` their ratios (th
 unmeasured run). Each product dequantizes its weight and drops it, and its VJP dequantizes it again. Memory, by
 tracemalloc (NumPy reports its buffers to it): `traced_forward_peak_mb` (the tape's activations and the one weight
 being dequantized), `grad_peak_mb` (forward and backward), `weight_copies_mb` (float32 copies kept while the pass runs:
-0 with ggml numerics), and `file_mb` (memory-mapped). One JSON line per model.
+0 with ggml numerics), `file_mb` (memory-mapped), and `max_rss_mb`: the process's peak resident memory so far (the
+file's pages read, Python, NumPy, the pass: what "fits in 2 GB" asks; run one model per process to read it alone).
+One JSON line per model.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -70,7 +73,7 @@ def measure(name: str, n_tokens: int, repeat: int) -> dict:
 
     model = load_model(name)
     try:
-        ids = model.tokenizer.encode(TEXT * 8, add_special=True, parse_special=False)[:n_tokens]
+        ids = model.tokenizer.encode(TEXT * (n_tokens // 30 + 1), add_special=True, parse_special=False)[:n_tokens]
         net = model.net
         target, contrast = int(ids[-1]), int(ids[-2])
 
@@ -97,6 +100,7 @@ def measure(name: str, n_tokens: int, repeat: int) -> dict:
             "backward_over_forward": round(bwd / fwd, 2), "traced_forward_peak_mb": round(fwd_peak, 1),
             "grad_peak_mb": round(grad_peak, 1), "weight_copies_mb": round(copies / 2**20, 1),
             "file_mb": round(net.weight_bytes() / 2**20, 1),
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
     finally:
         model.close()

@@ -22,7 +22,9 @@ import numpy.typing as npt
 from engine.errors import LensError, SettingError
 from engine.grad.tape import NoVJP, Tape, Var
 from engine.grad import recurrent as recurrent_ops
-from engine.grad.vjps import Dequantized, softmax
+from engine.grad import fused
+from engine.grad.fused import softmax
+from engine.grad.vjps import Dequantized
 from engine.grad.experts import TracedGemma4Experts, TracedMoE
 from engine.grad.seq2seq import decoder_ids, seq2seq_pass
 from engine.models.experts import MoEFFN
@@ -121,6 +123,17 @@ class TapeNumerics(Float32Numerics):
 
     def sigmoid(self, x: Var) -> Var:
         return 1.0 / (1.0 + np.exp(-x))
+
+    def norm(self, x: Var, weight: np.ndarray, eps: float) -> Var:
+        return fused.rms_norm(x, weight, eps)
+
+    def silu(self, x: Var) -> Var:
+        return fused.activation("silu", x)
+
+    def glu(self, kind: str, gate: Var, up: Var) -> Var:
+        """One op for SwiGLU / GeGLU (engine.grad.fused); gpt-oss's clamped SwiGLU as the reference's ops."""
+        got = fused.glu(kind, gate, up)
+        return got if got is not None else super().glu(kind, gate, up)
 
     def attend(self, q: Var, cache: TapeCache, layer: int, end: int, pos: np.ndarray, scale: float,
                window: int | None, masks: dict, softcap: float | None, sinks: Any = None) -> Var:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import SettingError
-from engine.grad.vjps import softmax
+from engine.grad.fused import softmax
 
 
 class Seq2SeqTapeCache:

@@ -141,8 +141,9 @@ def apply_ufunc(tape: Tape, ufunc: np.ufunc, method: str, inputs: Sequence[Any],
     def back(g: G) -> list[G | None]:
         ins = [h() if isinstance(h, partial) else h for h in held]
         gs = vjp(g, ins, kept_out, need) if vjp is _matmul else vjp(g, ins, kept_out)
-        return [None if gs[i] is None else unbroadcast(np.asarray(gs[i]), shapes[i]) for i, _ in parents]
+        return [None if gs[i] is None else unbroadcast(np.asarray(gs[i]), shapes[i]) for i in slots]
 
+    slots = [i for i, _ in parents]  # the closure keeps positions, never the input Vars (nor their values)
     return tape.node(out, [x for _, x in parents], back)
 
 
@@ -199,10 +200,10 @@ def _where(tape: Tape, args: tuple, kwargs: dict) -> Var:
     cond, a, b = (value_of(args[0]), *args[1:])
     out = np.where(cond, value_of(a), value_of(b))
     parents = [(k, x) for k, x in ((0, a), (1, b)) if isinstance(x, Var)]
+    slots = [(k, np.shape(x.value)) for k, x in parents]
 
     def back(g: G) -> list[G]:
-        return [unbroadcast(np.where(cond, g, 0.0) if k == 0 else np.where(cond, 0.0, g), np.shape(x.value))
-                for k, x in parents]
+        return [unbroadcast(np.where(cond, g, 0.0) if k == 0 else np.where(cond, 0.0, g), shape) for k, shape in slots]
     return tape.node(out, [x for _, x in parents], back)
 
 
@@ -214,10 +215,11 @@ def _join(stack: bool) -> Callable[[Tape, tuple, dict], Var]:
         ax = axis % out.ndim
         bounds = np.cumsum([0] + [1 if stack else v.shape[ax] for v in vals])
         parents = [(k, x) for k, x in enumerate(seq) if isinstance(x, Var)]
+        slots = [k for k, _ in parents]
 
         def back(g: G) -> list[G]:
             parts = []
-            for k, _ in parents:
+            for k in slots:
                 piece = np.take(g, np.arange(bounds[k], bounds[k + 1]), axis=ax)
                 parts.append(np.squeeze(piece, axis=ax) if stack else piece)
             return parts
@@ -245,10 +247,10 @@ def _repeat(tape: Tape, args: tuple, kwargs: dict) -> Var:
     if axis is None or not isinstance(repeats, int | np.integer):
         raise NoVJP("no gradient for numpy.repeat without an axis or with per-entry counts yet")
     v = x.value
-    ax, r = axis % v.ndim, int(repeats)
+    ax, r, shape = axis % v.ndim, int(repeats), v.shape
 
     def back(g: G) -> tuple[G]:
-        return (g.reshape(v.shape[:ax] + (v.shape[ax], r) + v.shape[ax + 1 :]).sum(axis=ax + 1),)
+        return (g.reshape(shape[:ax] + (shape[ax], r) + shape[ax + 1 :]).sum(axis=ax + 1),)
     return tape.node(np.repeat(v, r, axis=ax), (x,), back)
 
 
@@ -279,19 +281,6 @@ def apply_function(tape: Tape, func: Callable, args: Any, kwargs: dict) -> Any:
     if fn is None:
         raise NoVJP(f"no gradient for numpy.{func.__name__} yet")
     return fn(tape, tuple(args), dict(kwargs))
-
-
-def softmax(x: Var) -> Var:
-    """A softmax over the last axis as one op (ggml_soft_max), shifted by the row maximum; its VJP reads only the
-    weights it returned: w * (g - sum(g * w)). Masked scores (-inf) get weight 0 and no gradient."""
-    v = x.value
-    with np.errstate(invalid="ignore"):
-        e = np.exp(v - np.max(v, axis=-1, keepdims=True))
-    w = e / np.sum(e, axis=-1, keepdims=True)
-
-    def back(g: G) -> tuple[G]:
-        return (w * (g - np.sum(g * w, axis=-1, keepdims=True)),)
-    return x.tape.node(w, (x,), back)
 
 
 # ---- array methods
@@ -332,12 +321,12 @@ def setitem(x: Var, index: Any, item: Any) -> Var:
     out = x.value.copy()
     out[index] = value_of(item)
     parents = [x] + ([item] if isinstance(item, Var) else [])
-    item_shape = np.shape(value_of(item))
+    item_shape, traced_item = np.shape(value_of(item)), len(parents) > 1
 
     def back(g: G) -> list[G]:
         rest = g.copy()
         rest[index] = 0.0
-        return [rest] + ([unbroadcast(np.asarray(g[index]), item_shape)] if len(parents) > 1 else [])
+        return [rest] + ([unbroadcast(np.asarray(g[index]), item_shape)] if traced_item else [])
     return x.tape.node(out, parents, back)
 
 
