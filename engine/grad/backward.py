@@ -24,7 +24,7 @@ from engine.grad.tape import NoVJP, Tape, Var
 from engine.grad import recurrent as recurrent_ops
 from engine.grad import fused
 from engine.grad.fused import softmax
-from engine.grad.vjps import Dequantized
+from engine.grad.vjps import dequantized
 from engine.grad.experts import TracedGemma4Experts, TracedMoE
 from engine.grad.seq2seq import decoder_ids, seq2seq_pass
 from engine.models.experts import MoEFFN
@@ -172,9 +172,7 @@ class _Blocks:
         return getattr(self._q, name)
 
     def dequantize(self) -> np.ndarray:
-        w = self._q.dequantize().view(Dequantized)
-        w.source, w.flip = self._q.dequantize, False
-        return w
+        return dequantized(self._q)
 
 
 class _NoCopies:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.grad.vjps import Dequantized
+from engine.grad.vjps import dequantized
 from engine.models.experts import WEIGHT_SUM_MIN, ExpertLinear, MoEFFN, route
 from engine.runtime.numerics import Float32Numerics
 
@@ -127,8 +127,7 @@ def _rows(w: ExpertLinear, x: Any, ids: np.ndarray, src: np.ndarray | None) -> A
     for sel in groups:
         picked = sel if src is None else src[sel]
         q = w.expert(int(ids[sel[0]]))
-        weight = q.dequantize().view(Dequantized)  # its VJP dequantizes it again rather than keep it
-        weight.source, weight.flip = q.dequantize, False
+        weight = dequantized(q)  # its VJP dequantizes it again rather than keep it
         parts.append(x[picked] @ weight.T)
     stacked = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)  # rows in `order`
     inverse = np.empty_like(order)

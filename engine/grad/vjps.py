@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from engine.grad import tape as _tape
+from engine.kernels.dispatch import dequantize_weight
+from engine.kernels.fallback import scratch
 from engine.grad.tape import NoVJP, Tape, Var, value_of
 
 G = np.ndarray
@@ -38,6 +40,21 @@ class Dequantized(np.ndarray):
         out = np.ndarray.transpose(self)
         out.flip = not self.flip
         return out
+
+
+def dequantized(q: Any) -> Dequantized:
+    """A weight's QTensor as float32, tagged with how to make it again (its blocks, by the compiled dequantizer)."""
+    blocks, qtype = q.blocks, q.qtype
+    w = dequantize_weight(qtype, blocks).view(Dequantized)
+    shape = w.shape
+
+    def again() -> np.ndarray:
+        """Into this thread's scratch buffer (fresh pages would cost more than the dequantization): a VJP reads the
+        weight at once and is done with it before the next one asks."""
+        return dequantize_weight(qtype, blocks, scratch(shape[0] * shape[1]).reshape(shape))
+
+    w.source, w.flip = again, False
+    return w
 
 
 def _again(source: Callable[[], np.ndarray], flip: bool) -> np.ndarray:
