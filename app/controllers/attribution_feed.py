@@ -23,7 +23,7 @@ from app.jobs.attribution import (NO_REPLY, PAIR_TASK, AttributionMemo, ablation
 from app.jobs.lens import LensProgress
 from app.records.attribution import AblationCheck, AttributionPair, AttributionRecord, PatchingRecord
 from app.records.compare import TaskProgress
-from app.views.attribution import SEQ2SEQ_TEXT, WhyLens
+from app.views.attribution import WhyLens
 
 if TYPE_CHECKING:
     from app.controllers.lenses import LensBridge
@@ -85,9 +85,6 @@ class AttributionFeed:
         rec = b.state.model_record
         if rec is None or b.state.model is None:
             self._say(WhyLens.waiting, NO_MODEL)
-            return None
-        if getattr(rec, "encoder_decoder", False):
-            self._say(WhyLens.failed, SEQ2SEQ_TEXT)
             return None
         context = b.shown_context()
         if context is None:

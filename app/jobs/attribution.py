@@ -18,6 +18,7 @@ return app.jobs.lens.InContext, so the LensBridge drops a record of a conversati
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -67,9 +68,35 @@ def conversation_ids(model: Any, cache: Any, context: GenerationRequest) -> tupl
     n_ctx = int(cache.n_ctx) if cache is not None else int(model.args.n_ctx)
     ids, _dropped, _warning = fit_context(model, context, n_ctx)
     reply = list(context.continue_ids or ())
+    if is_seq2seq(model):  # the encoder's input (the last user message), the decoder's start token, the reply
+        return [*ids, int(model.net.decoder_start_token), *reply], len(ids) + 1
     if not reply:
         return ids, len(ids)
     return ids, max(0, len(ids) - len(reply))
+
+
+def is_seq2seq(model: Any) -> bool:
+    return bool(getattr(getattr(model, "net", None), "is_encoder_decoder", False))
+
+
+def _explain(model: Any, ids: list[int], reply_start: int, idx: int, contrast: str, method: str) -> Any:
+    """engine.attribute's Attribution of token idx of the conversation `ids` read after the tokens before it; an
+    encoder-decoder's (T5): the encoder's input, then the decoder's tokens up to it (only a reply's tokens were
+    generated), its position given as the conversation's."""
+    from engine.attribute.api import attribute  # noqa: PLC0415
+
+    extra: dict[str, Any] = {"method": method} if method else {}  # the gradient methods: only when asked for
+    con = contrast if contrast.strip() else None
+    progress = job_progress(f"attributing token {idx}", "passes")
+    if not is_seq2seq(model):
+        return attribute(model, ids[:idx], int(ids[idx]), con, **extra, cancel=_cancel(), progress=progress)
+    if idx < reply_start:
+        raise SettingError(f"token {idx} is the encoder's input, which the model reads and does not write: an "
+                           f"encoder-decoder's Why explains the tokens of its reply (from token {reply_start})")
+    enc = ids[: reply_start - 1]
+    got = attribute(model, enc, int(ids[idx]), con, **extra, decoder=ids[reply_start:idx], cancel=_cancel(),
+                    progress=progress)
+    return dataclasses.replace(got, position=idx - 1)
 
 
 def _token_index(token_index: int, n_tokens: int, reply_start: int) -> int:
@@ -99,6 +126,8 @@ def heads_per_layer(model: Any) -> list[int]:
     from engine.intervene.ablation import heads_in  # noqa: PLC0415
 
     net = model.net
+    if is_seq2seq(model):  # the decoder's blocks (their self-attention heads; the cross heads are parts of their own)
+        return [int(net.args.n_heads)] * len(net.dec_layers)
     return [int(heads_in(net, i)) for i in range(int(net.args.n_layers))]
 
 
@@ -121,8 +150,6 @@ def attribution(context: GenerationRequest, token_index: int, contrast: str, mem
     '#id'); `method` 'ixg' or 'ig' adds the input tokens' attributions (engine.attribute's gradient methods)."""
 
     def compute(model: Any, _recorder: Any, cache: Any, _texts: list[str]) -> InContext:
-        from engine.attribute.api import attribute  # noqa: PLC0415
-
         ids, reply_start = conversation_ids(model, cache, context)
         idx = _token_index(token_index, len(ids), reply_start)
         key = (serial, tuple(ids), reply_start, idx, contrast, method, interventions_key(model))  # the tokens read
@@ -132,9 +159,7 @@ def attribution(context: GenerationRequest, token_index: int, contrast: str, mem
         _check_stopped()
         job_progress(f"attributing token {idx}")(0, idx)
         t0 = time.perf_counter()
-        extra = {"method": method} if method else {}  # the gradient methods: only when asked for
-        result = attribute(model, ids[:idx], int(ids[idx]), contrast if contrast.strip() else None, **extra,
-                           cancel=_cancel(), progress=job_progress(f"attributing token {idx}", "passes"))
+        result = _explain(model, ids, reply_start, idx, contrast, method)
         _check_stopped()
         texts = [model.tokenizer.token_text(int(t)) for t in ids]
         rec = make_attribution_record(result, texts, reply_start, heads_per_layer(model), time.perf_counter() - t0,

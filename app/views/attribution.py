@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 NO_MODEL_TEXT = "Load a model to see why it writes each token."
 NO_REPLY_TEXT = "Send a message: the Why lens explains the tokens of the model's reply."
-SEQ2SEQ_TEXT = ("Attribution is built for decoder-only models: an encoder-decoder model (T5) is not attributed yet.")
 PAUSED_TEXT = "Run explains the last token of the reply (Follow replies is off)."
 NO_INPUTS_TEXT = ("Tick \"Tint inputs\" to colour the text by each input token's attribution (input x gradient: one "
                   "backward pass more). The waterfall and the head map are exact splits of the logit.")
@@ -203,8 +202,6 @@ class WhyLens(QWidget):
         """A new model: nothing of the old one's attributions stays."""
         self.model = model
         self.clear_chat()
-        if model.encoder_decoder:
-            self.empty.setText(SEQ2SEQ_TEXT)
 
     def clear_chat(self) -> None:
         """Another chat or model: the picker, the plots and the check go."""
@@ -233,7 +230,7 @@ class WhyLens(QWidget):
 
     def follow_last(self) -> None:
         """A new reply (or the tab came on screen on another one): explain its last token if following."""
-        if self.model is None or self.model.encoder_decoder:
+        if self.model is None:
             return
         if self.live_box.isChecked():
             self.token_box.clear()

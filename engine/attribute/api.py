@@ -33,7 +33,8 @@ from engine.attribute.capture import check_supported, run
 from engine.attribute.direct import decompose
 from engine.attribute.inputs import (IG_STEPS, Cancel, InputAttribution, Progress, input_x_gradient,
                                      integrated_gradients, stop_if)
-from engine.attribute.tokens import Token, prompt_ids, resolve_position, resolve_token
+from engine.attribute.seq2seq import decompose_seq2seq, run_seq2seq
+from engine.attribute.tokens import Token, decoder_ids, prompt_ids, resolve_position, resolve_token
 from engine.errors import SettingError
 from engine.grad.backward import check_supported as check_gradients
 
@@ -63,6 +64,8 @@ class Attribution:
     token_texts: tuple[str, ...] = ()  # the prompt's tokens as text (for the input attributions)
     inputs: InputAttribution | None = None  # method 'ixg' / 'ig': per prompt token up to `position`
     patching: PatchingEstimate | None = None  # method 'patching': the estimated maps and their check
+    decoder_tokens: tuple[int, ...] = ()  # an encoder-decoder's decoder ids (its start token first); `tokens` are
+    # then the encoder's, `position` a decoder position, and token_texts / inputs the encoder's tokens then these
 
     def top(self, n: int = 10) -> list[tuple[str, int | None, int | None, float]]:
         """The n parts with the largest |value| (remainders left out), largest first."""
@@ -86,6 +89,7 @@ class Attribution:
             "pre_softcap": self.softcap is not None,
             "numerics": self.numerics,
             "n_tokens": len(self.tokens),
+            **({"decoder_tokens": list(self.decoder_tokens)} if self.decoder_tokens else {}),
             "components": comps,
             "layer_updates": [float(v) for v in self.layer_updates],
             "remainder": self.remainder(),
@@ -96,6 +100,50 @@ class Attribution:
 
 def _opt(v: Any) -> int | None:
     return None if int(v) == NO_INDEX else int(v)
+
+
+def _target_and_contrast(model: Model, target: str | int, contrast: str | int | None) -> tuple[Token, Token | None]:
+    tgt = resolve_token(model.tokenizer, target, "target")
+    con = None if contrast is None else resolve_token(model.tokenizer, contrast, "contrast")
+    if con is not None and con.id == tgt.id:
+        raise SettingError(f"the contrast is the target ({tgt.text!r}, #{tgt.id}): their difference is 0 by definition")
+    return tgt, con
+
+
+def _attribute_seq2seq(model: Model, prompt: str | Sequence[int], target: str | int, contrast: str | int | None,
+                       position: int | None, method: str | None, steps: int, rule: str, cancel: Cancel | None,
+                       progress: Progress | None, decoder: str | Sequence[int] | None) -> Attribution:
+    """`attribute` on an encoder-decoder (T5): the prompt is the encoder's input, `decoder` the decoder's tokens
+    after its start token (a text, or ids), `position` a decoder position (default: the last); the parts are
+    engine.attribute.seq2seq's (self- and cross-attention heads, FFNs). Attribution patching needs hook points, which
+    the encoder-decoder graph does not have: refused."""
+    if model.backend.is_device:
+        raise SettingError("attribution runs on the CPU path only: load the model with --backend numpy")
+    if method == "patching":
+        raise SettingError(f"attribution patching is not available for {model.arch} (encoder-decoder) models: it "
+                           "patches hook points, which their graph does not have; --method ixg or ig work")
+    tgt, con = _target_and_contrast(model, target, contrast)
+    enc = prompt_ids(model, prompt)
+    dec = [model.net.decoder_start_token, *decoder_ids(model, decoder)]
+    p = resolve_position(position, len(dec))
+    upto, con_id = dec[: p + 1], None if con is None else con.id
+    d = decompose_seq2seq(model, run_seq2seq(model, enc, upto), tgt.id, con_id)
+    inputs = None
+    if method is not None:
+        stop_if(cancel)
+    if method == "ixg":
+        inputs = input_x_gradient(model, enc, tgt.id, con_id, decoder=upto)
+    elif method == "ig":
+        inputs = integrated_gradients(model, enc, tgt.id, con_id, steps, rule, cancel=cancel, progress=progress,
+                                      decoder=upto)
+    return Attribution(
+        tokens=tuple(enc), position=p, target=tgt, contrast=con, logit_diff=d.logit_diff,
+        kinds=np.array([part.kind for part in d.parts]),
+        layers=np.array([NO_INDEX if part.layer is None else part.layer for part in d.parts], np.int32),
+        indices=np.array([NO_INDEX if part.index is None else part.index for part in d.parts], np.int32),
+        values=d.values, layer_updates=d.layer_updates, numerics=model.numerics, softcap=None,
+        token_texts=tuple(model.tokenizer.token_text(i) for i in [*enc, *upto]), inputs=inputs,
+        decoder_tokens=tuple(dec))
 
 
 def check_method(method: str | None, corrupt: str | Sequence[int] | None = None) -> None:
@@ -112,7 +160,7 @@ def check_method(method: str | None, corrupt: str | Sequence[int] | None = None)
 def attribute(model: Model, prompt: str | Sequence[int], target: str | int, contrast: str | int | None = None,
               position: int | None = None, method: str | None = None, corrupt: str | Sequence[int] | None = None,
               steps: int = IG_STEPS, rule: str = "uniform", cancel: Cancel | None = None,
-              progress: Progress | None = None) -> Attribution:
+              progress: Progress | None = None, decoder: str | Sequence[int] | None = None) -> Attribution:
     """Direct logit attribution of `target` (minus `contrast`) at `position` (default: the last) of the prompt (a text
     or token ids); target and contrast are token texts or '#id' strings or ids (engine.attribute.tokens). `method`:
     'ixg' / 'ig' (`steps` points, `rule` 'uniform' or 'log') add input attributions, 'patching' attribution patching
@@ -120,13 +168,16 @@ def attribute(model: Model, prompt: str | Sequence[int], target: str | int, cont
     asked between the method's passes (True: engine.attribute.inputs.AttributionCancelled), `progress(done, total)`
     told of them (integrated gradients' steps, attribution patching's gradient and real-patching runs)."""
     check_method(method, corrupt)
+    if getattr(model.net, "is_encoder_decoder", False):
+        return _attribute_seq2seq(model, prompt, target, contrast, position, method, steps, rule, cancel, progress,
+                                  decoder)
+    if decoder is not None:
+        raise SettingError(f"--decoder is the decoder's text of an encoder-decoder model; {model.arch} reads one "
+                           "sequence: give it all as the prompt")
     check_supported(model)
     if method is not None:
         check_gradients(model)
-    tgt = resolve_token(model.tokenizer, target, "target")
-    con = None if contrast is None else resolve_token(model.tokenizer, contrast, "contrast")
-    if con is not None and con.id == tgt.id:
-        raise SettingError(f"the contrast is the target ({tgt.text!r}, #{tgt.id}): their difference is 0 by definition")
+    tgt, con = _target_and_contrast(model, target, contrast)
     ids = prompt_ids(model, prompt)
     p = resolve_position(position, len(ids))
     bad_ids = None if corrupt is None else prompt_ids(model, corrupt)

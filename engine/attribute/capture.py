@@ -52,8 +52,8 @@ def check_supported(model: Model) -> None:
     """Refuse, with a message that says why, a model the decomposition does not handle yet."""
     net = model.net
     if getattr(net, "is_encoder_decoder", False):
-        raise SettingError(f"attribution for {model.arch} (encoder-decoder) models is not built yet: only "
-                           "decoder-only architectures are attributed")
+        raise SettingError(f"{model.arch} (encoder-decoder) models have no hook points: their attribution runs "
+                           "without them (engine.attribute.seq2seq), and their parts cannot be switched off to confirm it")
     if model.backend.is_device:
         raise SettingError("attribution runs on the CPU path only: load the model with --backend numpy")
     if not hasattr(net, "hooks") or not hasattr(net, "layers") or not hasattr(net, "out_norm"):

@@ -32,7 +32,8 @@ exact; its split over heads (experts) is the norm linearised with the scale of t
 in the layer's remainder. DeltaNet layers (Qwen3.5, Qwen3-Next) are split per value head, exactly (their `ssm_out`
 splits by head). Kinds: 'embed', 'head' (an attention head, or a DeltaNet layer's value head), 'ffn', 'expert',
 'shared_expert', 'bias' (gpt-oss's attn_output.bias), 'control' (a control vector), 'per_layer_input' (Gemma 4),
-'remainder'. Encoder-decoder models (T5) are refused (engine.attribute.capture.check_supported).
+'remainder'. Encoder-decoder models (T5) have their own split (engine.attribute.seq2seq: self- and cross-attention
+heads, FFNs).
 """
 from __future__ import annotations
 

@@ -85,33 +85,41 @@ class InputAttribution:
 
 
 def input_x_gradient(model: Model, ids: Sequence[int], target: int, contrast: int | None = None,
-                     dtype: Any = np.float32) -> InputAttribution:
-    """Per token: sum over the embedding of x * d f / d x (at the last of `ids`)."""
-    g = gradient(model, ids, target, contrast, dtype=dtype)
+                     dtype: Any = np.float32, decoder: Sequence[int] | None = None) -> InputAttribution:
+    """Per token: sum over the embedding of x * d f / d x (at the last of `ids`; an encoder-decoder: at the last of
+    `decoder`, the tokens being the encoder's then the decoder's)."""
+    g = gradient(model, ids, target, contrast, dtype=dtype, decoder=decoder)
     values = np.sum(g.embeddings * g.d_embeddings, axis=-1)
-    return InputAttribution("ixg", tuple(int(i) for i in ids), values, g.value, None, 0, None)
+    return InputAttribution("ixg", _tokens(ids, decoder), values, g.value, None, 0, None)
+
+
+def _tokens(ids: Sequence[int], decoder: Sequence[int] | None) -> tuple[int, ...]:
+    return tuple(int(i) for i in [*ids, *(decoder or ())])
 
 
 def integrated_gradients(model: Model, ids: Sequence[int], target: int, contrast: int | None = None,
                          steps: int = IG_STEPS, rule: str = "uniform", dtype: Any = np.float32,
-                         cancel: Cancel | None = None, progress: Progress | None = None) -> InputAttribution:
+                         cancel: Cancel | None = None, progress: Progress | None = None,
+                         decoder: Sequence[int] | None = None) -> InputAttribution:
     """Per token: sum over the embedding of x * the path average of d f / d x from zero embeddings to x; `cancel` is
     asked before each of the `steps` backward passes, `progress(done, steps)` told after each."""
     alphas, weights = quadrature(steps, rule)
     stop_if(cancel)
     with traced(model, copies=True):  # float32 weight copies (within the dense budget) shared by every step
-        full = gradient(model, ids, target, contrast, dtype=dtype, backward=False)
+        full = gradient(model, ids, target, contrast, dtype=dtype, backward=False, decoder=decoder)
         x = full.embeddings
         total = np.zeros_like(x)
         for done, (a, w) in enumerate(zip(alphas, weights), 1):
             stop_if(cancel)
-            total += w * gradient(model, ids, target, contrast, embeddings=a * x, dtype=dtype).d_embeddings
+            total += w * gradient(model, ids, target, contrast, embeddings=a * x, dtype=dtype,
+                                  decoder=decoder).d_embeddings
             if progress is not None:
                 progress(done, steps)
-        base = gradient(model, ids, target, contrast, embeddings=np.zeros_like(x), dtype=dtype, backward=False).value
+        base = gradient(model, ids, target, contrast, embeddings=np.zeros_like(x), dtype=dtype, backward=False,
+                        decoder=decoder).value
     values = np.sum(x * total, axis=-1)
     error = abs(float(np.sum(values)) - (full.value - base))
-    return InputAttribution("ig", tuple(int(i) for i in ids), values, full.value, base, steps, error)
+    return InputAttribution("ig", _tokens(ids, decoder), values, full.value, base, steps, error)
 
 
 def quadrature(steps: int, rule: str = "uniform") -> tuple[F64, F64]:

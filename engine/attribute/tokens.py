@@ -80,6 +80,23 @@ def prompt_ids(model: Model, prompt: str | Sequence[int]) -> list[int]:
     return ids
 
 
+def decoder_ids(model: Model, decoder: str | Sequence[int] | None) -> list[int]:
+    """An encoder-decoder's decoder tokens after its start token: a text as its tokenizer makes it without special
+    tokens (what a reply's text reads as), or ids as given (checked); none by default."""
+    if decoder is None:
+        return []
+    if isinstance(decoder, str):
+        ids = model.tokenizer.encode(decoder, add_special=False, parse_special=False)
+    else:
+        ids = [int(i) for i in decoder]
+        bad = [i for i in ids if not 0 <= i < model.args.n_vocab]
+        if bad:
+            raise SettingError(f"decoder token #{bad[0]} is not in the vocabulary (ids 0..{model.args.n_vocab - 1})")
+    if len(ids) + 1 > model.args.n_ctx:
+        raise SettingError(f"the decoder's {len(ids) + 1} tokens are longer than the model's context {model.args.n_ctx}")
+    return ids
+
+
 def resolve_position(position: int | None, n_tokens: int) -> int:
     """The position whose next-token logits are attributed: the last by default; -k counts from the end."""
     if position is None:

@@ -24,7 +24,7 @@ def cmd_attribute(args: argparse.Namespace, load: Callable[[argparse.Namespace],
     model = load(args)  # the CLI's loader (engine.cli.main._load): numerics, progress, notes
     try:
         got = attribute(model, args.prompt, args.target, args.contrast, args.position, args.method, args.corrupt,
-                        IG_STEPS if args.steps is None else args.steps, args.ig_rule)
+                        IG_STEPS if args.steps is None else args.steps, args.ig_rule, decoder=args.decoder)
     finally:
         model.close()
     if args.json:
@@ -32,7 +32,8 @@ def cmd_attribute(args: argparse.Namespace, load: Callable[[argparse.Namespace],
         return 0
     what = f"{got.target.text!r}" + (f" - {got.contrast.text!r}" if got.contrast else "")
     cap = " (before the soft-cap)" if got.softcap is not None else ""
-    print(f"logit {what} at position {got.position}: {got.logit_diff:.4f}{cap}, {got.numerics} numerics")
+    where = "decoder position" if got.decoder_tokens else "position"
+    print(f"logit {what} at {where} {got.position}: {got.logit_diff:.4f}{cap}, {got.numerics} numerics")
     for kind, layer, index, value in got.top(args.top):
         where = "" if layer is None else f" L{layer}" + ("" if index is None else f".{index}")
         print(f"  {value:+9.4f}  {kind}{where}")
@@ -48,7 +49,7 @@ def cmd_attribute(args: argparse.Namespace, load: Callable[[argparse.Namespace],
 
 def _print_inputs(inputs: Any, texts: tuple[str, ...]) -> None:
     name = {"ixg": "input x gradient", "ig": f"integrated gradients ({inputs.steps} points)"}[inputs.method]
-    print(f"{name} per prompt token (float32 reference gradient of {inputs.value:.4f}):")
+    print(f"{name} per input token (float32 reference gradient of {inputs.value:.4f}):")
     for p, (text, value) in enumerate(zip(texts, inputs.values)):
         print(f"  {value:+9.4f}  {p:4d} {text!r}")
     if inputs.completeness_error is not None:
@@ -90,6 +91,9 @@ def add_command(sub: Any, add_model: Callable[[argparse.ArgumentParser], None],
     p.add_argument("--position", type=int, default=None, metavar="N",
                    help="the prompt position whose next-token logits are explained (default: the last; -1 counts from "
                         "the end)")
+    p.add_argument("--decoder", default=None, metavar="TEXT", help="encoder-decoder models (T5): the --prompt is the "
+                   "encoder's input and this the decoder's text after its start token (default: none: the first "
+                   "token of the reply is explained); --position then counts the decoder's tokens")
     p.add_argument("--method", default=None, choices=["ig", "ixg", "patching"],
                    help="add gradient attributions: per prompt token (ixg: input x gradient, ig: integrated gradients "
                         "from zero embeddings, with its completeness error) or attribution patching per head and "

@@ -11,7 +11,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.records.attribution import AblationCheck, AttributionPair, AttributionRecord, make_attribution_record
-from app.views.attribution import NO_INPUTS_TEXT, SEQ2SEQ_TEXT, WhyLens
+from app.views.attribution import NO_INPUTS_TEXT, NO_REPLY_TEXT, WhyLens
 from app.views.attribution_plots import TOP
 from tests.app.test_lenses_common import synthetic_model_record
 
@@ -190,7 +190,7 @@ def test_refusals_are_shown_and_a_new_model_starts_over(lens: WhyLens) -> None:
     assert lens.record is not None and "stopped" in lens.status.text()
     t5 = synthetic_model_record(N_LAYERS, N_HEADS)
     lens.set_model(type(t5)(**{**t5.__dict__, "encoder_decoder": True}))
-    assert lens.record is None and lens.empty.text() == SEQ2SEQ_TEXT and lens.token_box.count() == 0
+    assert lens.record is None and lens.empty.text() == NO_REPLY_TEXT and lens.token_box.count() == 0  # T5 is explained too
 
 
 def test_a_and_b_side_by_side_with_what_moved_most(lens: WhyLens, qtbot) -> None:

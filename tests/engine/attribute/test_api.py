@@ -62,13 +62,25 @@ def test_bad_input_is_refused_and_changes_nothing(tiny_model) -> None:  # noqa: 
     np.testing.assert_array_equal(again.values, before.values)
 
 
-def test_encoder_decoder_is_refused(t5_q8_path: Path) -> None:
+def test_encoder_decoder_is_attributed_with_its_decoders_tokens(t5_q8_path: Path, tiny_model) -> None:  # noqa: ANN001
     model = load_model(t5_q8_path, numerics="float32", warm=False)
     try:
-        with pytest.raises(SettingError, match=r"attribution for t5 \(encoder-decoder\) models is not built yet"):
-            attribute(model, "hello", "#5")
+        net = model.net
+        a = attribute(model, "hello there", "#5", contrast="#9", decoder=[11, 8])
+        out = a.to_json()
+        assert out["decoder_tokens"] == [net.decoder_start_token, 11, 8] and out["position"] == 2
+        assert abs(sum(c["value"] for c in out["components"]) - out["logit_diff"]) < 1e-9
+        assert {c["kind"] for c in out["components"]} >= {"embed", "head", "cross_head", "ffn"}
+        first = attribute(model, "hello there", "#5", decoder=[11, 8], position=0)  # after the start token alone
+        assert first.to_json()["decoder_tokens"] == out["decoder_tokens"] and first.position == 0
+        with pytest.raises(SettingError, match="attribution patching is not available for t5"):
+            attribute(model, "hello there", "#5", method="patching", corrupt="hello where")
+        with pytest.raises(SettingError, match="position 3 is past"):
+            attribute(model, "hello there", "#5", decoder=[11, 8], position=3)
     finally:
         model.close()
+    with pytest.raises(SettingError, match="--decoder is the decoder's text of an encoder-decoder model"):
+        attribute(tiny_model, "the cat sat", "#40", decoder="x")
 
 
 def test_json_object_and_named_arrays(tiny_model) -> None:  # noqa: ANN001
@@ -132,3 +144,18 @@ def test_gemma3_runs_through_the_cli(arch_dir: Path, capsys: pytest.CaptureFixtu
     assert main(["attribute", str(path), "--prompt", "the cat", "--target", "#40", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert abs(sum(c["value"] for c in out["components"]) - out["logit_diff"]) < 1e-9
+
+
+def test_t5_runs_through_the_cli_with_its_decoder_text(t5_q8_path: Path, tiny: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attribute", str(t5_q8_path), "--prompt", "hello there", "--decoder", "hi", "--target", "#5",
+                 "--method", "ixg", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(sum(c["value"] for c in out["components"]) - out["logit_diff"]) < 1e-9
+    n_dec = len(out["decoder_tokens"])
+    assert n_dec >= 2 and out["position"] == n_dec - 1  # the start token, then the text's tokens
+    assert len(out["inputs"]["tokens"]) == out["n_tokens"] + n_dec  # the encoder's tokens, then the decoder's
+    assert main(["attribute", str(t5_q8_path), "--prompt", "hello", "--decoder", "hi", "--target", "#5"]) == 0
+    assert "at decoder position" in capsys.readouterr().out
+    assert main(["attribute", str(tiny), "--prompt", "the cat", "--decoder", "x", "--target", "#40"]) == 2
+    assert "--decoder is the decoder's text" in capsys.readouterr().err
