@@ -1,9 +1,10 @@
 """ExperimentsBridge: the Experiments tab asks through signals; its jobs run on the engine's task lanes.
 
 'interventions' sets or clears ablations, a control vector and a LoRA adapter on the chat's model and measures what
-the change does to the conversation on screen (its next-token distributions before and after); 'patching' makes the
-activation patching map. `interventions_changed` tells the window what is on now (for its banner and the replies'
-signature); the Compare view is told which adapter files are on, to offer them as B.
+the change does to the conversation on screen (its next-token distributions before and after); the activation
+patching map and its cells' effects are app.controllers.patching's. `interventions_changed` tells the window what is
+on now (for its banner and the replies' signature); the Compare view is told which adapter files are on, to offer them
+as B.
 """
 from __future__ import annotations
 
@@ -13,16 +14,15 @@ from typing import Any
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
+from app.controllers.patching import PatchingBridge
 from app.jobs.interventions import interventions_job
-from app.jobs.patching import patching_job
 from app.records.compare import TaskProgress
 from app.records.interventions import InterventionRecord, InterventionSpec
-from app.records.patching import PatchRecord
 from app.state import AppState
 from app.views.experiments import ExperimentsView
 from app.workers.engine import Engine
 
-PATCHING, INTERVENTIONS = "patching", "interventions"
+INTERVENTIONS = "interventions"
 OTHER_CHAT = "the effect was measured on the chat shown at Apply; Apply again to see it on this one"
 
 
@@ -42,8 +42,7 @@ class ExperimentsBridge(QObject):
         self.active = ""
         self._model_serial = 0  # one more per model loaded: a record of an earlier model is dropped
         panel = view.interventions
-        view.patching.run_requested.connect(self.run_patching)
-        view.patching.cancel_requested.connect(lambda: engine.cancel_task(PATCHING, PATCHING))
+        self.patching = PatchingBridge(engine, state, view.patching, self)
         panel.apply_requested.connect(self.apply)
         panel.stop_requested.connect(lambda: engine.cancel_task(INTERVENTIONS, INTERVENTIONS))
         engine.task_event.connect(self._event)
@@ -58,9 +57,8 @@ class ExperimentsBridge(QObject):
             conversation.generating_changed.connect(lambda _on: self._regenerate_state())
 
     def run_patching(self, clean: str, corrupt: str, kind: str) -> None:
-        session = self.engine.session
-        self.engine.run_task(PATCHING, PATCHING,
-                             lambda emit, cancel: patching_job(session, clean, corrupt, kind, cancel, emit))
+        """Make the activation patching map (as the Patching view's Run does)."""
+        self.patching.run_patching(clean, corrupt, kind)
 
     def apply(self, spec: object) -> None:
         """Set `spec` (an empty InterventionSpec: clear all) and measure it on the conversation on screen."""
@@ -95,15 +93,11 @@ class ExperimentsBridge(QObject):
             self.interventions_changed.emit("")
 
     def _event(self, kind: str, item: object) -> None:
-        if kind == PATCHING and isinstance(item, TaskProgress):
-            self.view.patching.set_progress(item.what, item.fraction)
-        elif kind == INTERVENTIONS and isinstance(item, TaskProgress):
+        if kind == INTERVENTIONS and isinstance(item, TaskProgress):
             self.view.interventions.set_progress(item.what, item.fraction)
 
     def _done(self, kind: str, value: object) -> None:
-        if kind == PATCHING and isinstance(value, PatchRecord):
-            self.view.patching.set_record(value)
-        elif kind == INTERVENTIONS and isinstance(value, InterventionRecord):
+        if kind == INTERVENTIONS and isinstance(value, InterventionRecord):
             self._intervened(value)
 
     def _intervened(self, rec: InterventionRecord) -> None:
@@ -121,7 +115,5 @@ class ExperimentsBridge(QObject):
         self.interventions_changed.emit(rec.description)
 
     def _failed(self, kind: str, message: str) -> None:
-        if kind == PATCHING:
-            self.view.patching.failed(message)
-        elif kind == INTERVENTIONS:
+        if kind == INTERVENTIONS:
             self.view.interventions.failed(message)
