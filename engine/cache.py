@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import ContextFullError, SettingError
-from engine.quant import dequantize_rows, quantize
+from engine.kernels.activations import quantize_q8_0
+from engine.quant import dequantize_rows, hadamard, quantize
 from engine.quant.types import TYPES, GGMLType
 
 _MIN_CAPACITY = 256
@@ -58,6 +59,8 @@ class KVCache:
         self._layer_row_bytes = [info.row_bytes(d) for _, d in self.shapes]
         self._quantized = info.block_size > 1
         self.tokens: list[int] = []
+        self.rotated = False  # quantized rows stored Hadamard-rotated (llama.cpp's attn_rot_k / attn_rot_v, with
+        # flash attention): set by the numerics before the first write; keys() / values() rotate them back
         self.capacity = 0
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
@@ -96,6 +99,8 @@ class KVCache:
             return x
         h, t, d = x.shape
         row = TYPES[self.qtype].row_bytes(d)
+        if self.qtype == GGMLType.Q8_0:  # ggml_set_rows' from_float: the CPU's quantize_row_q8_0 (x86: 127/max)
+            return quantize_q8_0(x.reshape(h * t, d)).reshape(h, t, row)
         return quantize(x.reshape(h * t, d), self.qtype).reshape(h, t, row)
 
     def _decode(self, rows: np.ndarray, layer: int | None = None) -> np.ndarray:
@@ -114,6 +119,8 @@ class KVCache:
         """Store k, v (n_kv_heads, T, head_dim) at [start, start+T) in the cache's type; returns start + T."""
         assert layer not in self.shared, "a layer that reads another's rows writes none"
         end = start + k.shape[1]
+        if self.rotated and self._quantized:  # llama_mul_mat_hadamard of k_cur and v_cur before cpy_k / cpy_v
+            k, v = _rotate(k, hadamard.k_size(k.shape[-1])), _rotate(v, hadamard.v_size(v.shape[-1]))
         self.k[layer][:, start:end] = self._encode(k)
         self.v[layer][:, start:end] = self._encode(v)
         return end
@@ -126,6 +133,13 @@ class KVCache:
         k, v = self.k[layer], self.v[layer]
         return (k.view(np.uint16), v.view(np.uint16)) if k.dtype == np.float16 else (k, v)
 
+    def blocks(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """The layer's quantized K and V storage (n_kv_heads, capacity, row bytes) as ggml blocks (a Q8_0 / Q4_0
+        cache), for flash attention to read in place."""
+        if not self._quantized:
+            raise ValueError(f"a {self.cache_type} cache holds no blocks")
+        return self.k[layer], self.v[layer]
+
     def stored(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Keys and values of positions [0, n) in their stored dtype (float16 or float32), None for quantized rows."""
         if self._quantized:
@@ -133,12 +147,15 @@ class KVCache:
         return self.k[layer][:, :n], self.v[layer][:, :n]
 
     def keys(self, layer: int, n: int | None = None) -> np.ndarray:
-        """Keys of positions [0, n) as float32 (n_kv_heads, n, head_dim); default: the committed ones."""
-        return self._decode(self.k[layer][:, : self.length if n is None else n], layer)
+        """Keys of positions [0, n) as float32 (n_kv_heads, n, head_dim); default: the committed ones (rotated rows
+        rotated back, to float32 rounding)."""
+        got = self._decode(self.k[layer][:, : self.length if n is None else n], layer)
+        return _rotate(got, hadamard.k_size(got.shape[-1])) if self.rotated and self._quantized else got
 
     def values(self, layer: int, n: int | None = None) -> np.ndarray:
         """Values of positions [0, n) as float32 (n_kv_heads, n, head_dim)."""
-        return self._decode(self.v[layer][:, : self.length if n is None else n], layer)
+        got = self._decode(self.v[layer][:, : self.length if n is None else n], layer)
+        return _rotate(got, hadamard.v_size(got.shape[-1])) if self.rotated and self._quantized else got
 
     def commit(self, tokens: list[int]) -> None:
         """Accept the positions the last forward wrote for these tokens."""
@@ -176,3 +193,8 @@ def _type_name(cache_type: str | npt.DTypeLike) -> str:
         return cache_type.strip().upper()
     dt = np.dtype(cache_type)
     return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(dt, str(dt))
+
+
+def _rotate(x: np.ndarray, n: int) -> np.ndarray:
+    """x with every n values of a head rotated (engine.quant.hadamard), as it is where n is 0 (no rotation)."""
+    return hadamard.fwht(x, n) if n else x

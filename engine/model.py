@@ -21,7 +21,7 @@ from engine.models.registry import model_class
 from engine.models.args import BaseArgs
 from engine.models.decoder import DecoderModel
 from engine.models.weights import Weights
-from engine.runtime.numerics import flash_setting, numerics_for
+from engine.runtime.numerics import cache_setting, flash_setting, numerics_for
 from engine.observe.recorder import Recorder
 from engine.tensor import DenseBudget
 from engine.tokenizer.vocab import Tokenizer
@@ -129,6 +129,7 @@ def load_model(
     n_ctx: int | None = None,
     numerics: str = "ggml",
     flash_attn: str | bool = "off",
+    cache_type: str | None = None,
 ) -> Model:
     """Open a GGUF file or catalog model and build the model; ModelFormatError if the file can't be run.
 
@@ -138,7 +139,8 @@ def load_model(
     numerics 'ggml' (default) computes on the GGUF blocks as llama.cpp does and keeps no float copy of a weight;
     'float32' dequantizes the weights (within the dense budget) and multiplies float32 activations.
     flash_attn 'on' (ggml numerics) attends as llama.cpp does with flash attention (ggml_flash_attn_ext), 'off'
-    (default) as its mul_mat / soft_max graph.
+    (default) as its mul_mat / soft_max graph. cache_type: the KV cache's rows ('F16', 'F32', 'Q8_0', 'Q4_0'; default
+    F16 with ggml numerics, F32 with float32), as llama.cpp's -ctk / -ctv (flash attention takes F16, Q8_0, Q4_0).
     """
     from engine.catalog import resolve_model  # noqa: PLC0415 - avoids importing pip machinery for plain paths
 
@@ -148,6 +150,7 @@ def load_model(
     if numerics not in NUMERICS:
         raise SettingError(f"numerics {numerics!r} is not one of {', '.join(NUMERICS)}")
     flash = flash_setting(flash_attn, numerics)
+    kv_type = cache_setting(cache_type, flash)
     chosen = get_backend(backend)
     asked = numerics
     if chosen.is_device and numerics == "ggml":
@@ -179,9 +182,12 @@ def load_model(
         budget = DenseBudget(dense_budget if dense_budget is not None else _default_budget())
         # refuse before allocating anything a model whose weights and KV cache cannot fit (RELIABILITY 28)
         copies = budget.limit if warm and numerics == "float32" else 0
-        check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies, cache_type="F16" if numerics == "ggml" else "F32")
+        check_memory(gguf, args, n_ctx=n_ctx, dense_budget=copies,
+                     cache_type=kv_type or ("F16" if numerics == "ggml" else "F32"))
         weights = Weights(gguf, budget, numerics)
         net = cls(args, weights, numerics_for(numerics, flash))
+        if kv_type is not None:
+            net.ops.cache_type = kv_type  # every cache the model makes (new_cache's default)
         warnings = list(gguf.warnings) + scan_small_tensors(gguf) + notes
         extra = weights.unused()
         if extra:

@@ -5,6 +5,7 @@ ggml_flash_attn_ext's CPU kernels round and sum differently from the mul_mat / s
 hold. Run with the development Python that has llama-cpp-python (README.md, "Golden fixtures"):
 
     /tmp/llvenv/bin/python tools/make_flash_fixtures.py [--models-dir ~/.cache/gguf-lens/models] [--work DIR]
+    /tmp/llvenv/bin/python tools/make_flash_fixtures.py --kv q8_0     # and --kv q4_0: a quantized K and V cache
 
 Every model runs its tokens as llama.cpp would see a short prompt, a long one and then a reply, so each of the
 CPU kernel's paths is in the fixture: PHASES[0] tokens as one batch (under 64 queries: the one-row kernel with
@@ -51,6 +52,7 @@ RANDOM = {"llama3": SPECS["llama3"], "gemma2": SPECS["gemma2"],
                                  metadata={"attention.sliding_window": U32(16)})}
 SEED = 1234
 Q8_0_FTYPE = 7
+KV_TYPES = {"q8_0": 8, "q4_0": 2}  # --kv: GGML_TYPE_* of a quantized K and V cache (llama.cpp needs flash for V)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -66,12 +68,14 @@ def write_random(path: Path, name: str) -> Path:
     return path
 
 
-def run(path: Path, ids: list[int], flash: bool, threads: int) -> np.ndarray:
-    """llama.cpp's logits at every position, F16 KV cache, in PHASES' batches then one token per step."""
+def run(path: Path, ids: list[int], flash: bool, threads: int, kv: str = "f16") -> np.ndarray:
+    """llama.cpp's logits at every position, an F16 KV cache (or `kv`'s type for K and V), in PHASES' batches then
+    one token per step."""
     from llama_cpp import Llama  # noqa: PLC0415 - the development venv only
 
+    types = {} if kv == "f16" else {"type_k": KV_TYPES[kv], "type_v": KV_TYPES[kv]}
     llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
-                verbose=False, flash_attn=flash)
+                verbose=False, flash_attn=flash, **types)
     llm.reset()
     first, second = PHASES
     llm.eval(ids[:first])
@@ -119,11 +123,31 @@ def model_files(args: argparse.Namespace) -> list[tuple[str, Path, list[int], di
     return out
 
 
+def write_kv_fixture(name: str, path: Path, ids: list[int], about: dict[str, Any], args: argparse.Namespace) -> None:
+    """FIXTURES/NAME.kv_TYPE.npz: the top-K ids and raw logits of llama.cpp with flash attention over a quantized K
+    and V cache (every batch takes ggml's one-row kernel: Q converted to K's vec_dot type, V rows to float); the
+    JSON: how far that run is from the F16 cache's (`difference`, with 'flash' the quantized cache)."""
+    import llama_cpp  # noqa: PLC0415
+
+    quant, f16 = run(path, ids, True, args.threads, args.kv), run(path, ids, True, args.threads)
+    top = np.argsort(-quant, axis=-1, kind="stable")[:, :TOP_K]
+    np.savez_compressed(FIXTURES / f"{name}.kv_{args.kv}.npz", ids=np.asarray(ids, np.int32),
+                        top_ids=top.astype(np.int32), top_logits=np.take_along_axis(quant, top, axis=-1))
+    summary = {"name": name, **about, "kv": args.kv, "llama_cpp_python": llama_cpp.__version__, "n_ctx": N_CTX,
+               "phases": list(PHASES), "n_tokens": len(ids), "top_k": TOP_K, "threads": args.threads,
+               "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+               "against_f16_cache": difference(ids, quant, f16)}
+    (FIXTURES / f"{name}.kv_{args.kv}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(name, args.kv, json.dumps(summary["against_f16_cache"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "gguf-lens" / "models")
     ap.add_argument("--work", type=Path, default=Path("/tmp/flash_models"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv", default="f16", choices=["f16", *KV_TYPES], help="q8_0 / q4_0: flash attention over a K "
+                    "and V cache of that type (FIXTURES/NAME.kv_TYPE.*), compared with the F16 cache's flash run")
     ap.add_argument("names", nargs="*", help="only these models (default: all)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -132,6 +156,12 @@ def main() -> int:
 
     for name, path, ids, about in model_files(args):
         if args.names and name not in args.names:
+            continue
+        if args.kv != "f16":
+            try:
+                write_kv_fixture(name, path, ids, about, args)
+            except ValueError as e:  # a head size that is not a whole number of the type's blocks (gemma3_swa: 80)
+                print(f"skip {name} --kv {args.kv}: llama.cpp refuses the context ({e})", file=sys.stderr)
             continue
         out: dict[str, np.ndarray] = {"ids": np.asarray(ids, np.int32)}
         logits = {}

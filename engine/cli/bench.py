@@ -108,7 +108,7 @@ def _check_context(model: Any, n_ctx: int) -> None:  # noqa: ANN401
     if n_ctx > trained:
         raise SettingError(f"bench: -p and -n need a context of {n_ctx} tokens; this model's file allows {trained} "
                            "(its context_length)")
-    check_memory(model.gguf, model.args, n_ctx=n_ctx, cache_type="F16" if model.numerics == "ggml" else "F32")
+    check_memory(model.gguf, model.args, n_ctx=n_ctx, cache_type=getattr(model.net.ops, "cache_type", "F16"))
 
 
 def _settle(waited: list[float]) -> None:

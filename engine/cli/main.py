@@ -40,7 +40,8 @@ def _load(args: argparse.Namespace, warm: bool = True):
             if frac >= 1.0:
                 sys.stderr.write("\r\033[K")
     model = load_model(args.model, backend=getattr(args, "backend", "numpy"), progress=progress, warm=warm,
-                       numerics=getattr(args, "numerics", "ggml"), flash_attn=getattr(args, "flash_attn", "off"))
+                       numerics=getattr(args, "numerics", "ggml"), flash_attn=getattr(args, "flash_attn", "off"),
+                       cache_type=getattr(args, "cache_type", None))
     if late_note() is not None:
         print(f"note: {late_note()}", file=sys.stderr)
     try:

@@ -19,6 +19,9 @@ def add_numerics(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-attn", default="off", choices=["on", "off"],
                    help="on: attend as llama.cpp does with flash attention (its -fa on; -fa auto resolves to on for "
                         "the CPU), bit for bit with ggml numerics; off: its mul_mat / soft_max graph (default)")
+    p.add_argument("--cache-type", default=None, type=str.upper, choices=["F16", "F32", "Q8_0", "Q4_0"],
+                   help="the KV cache's rows, as llama.cpp's -ctk and -ctv together (default F16 with ggml numerics, "
+                        "F32 with float32); a quantized V cache is llama.cpp's with --flash-attn on")
 
 
 def add_interventions(p: argparse.ArgumentParser) -> None:

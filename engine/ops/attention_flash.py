@@ -65,6 +65,19 @@ if HAVE_NUMBA:
     _ZERO = np.float32(0.0)
 
     @njit(cache=True, forceinline=True)
+    def join_sink(acc, m, total, sink):
+        """A sink logit joining a row's maximum m and sum `total` after its keys (the accumulator row `acc` times
+        expf(m - sink) when the sink is the new maximum, a multiply per element); the new sum, S*ms + vs fused."""
+        ms, vs = _ONE, _ONE
+        if sink > m:
+            ms = np.float32(np.exp(m - sink))
+            for c in range(acc.shape[0]):
+                acc[c] = acc[c] * ms
+        else:
+            vs = np.float32(np.exp(sink - m))
+        return fma32(total, ms, vs)
+
+    @njit(cache=True, forceinline=True)
     def one_row(q16, kch, vch, lo, n_keys, masked, mask_row, eff, softcap, has_sink, sink, chunk, acc, vkq, total_v,
                 out_row):
         """One query row of the one-row (and split-KV) path: q16 the query in fp16, kch / vch its KV head's fp16
@@ -213,15 +226,7 @@ if HAVE_NUMBA:
             for r in range(rows):
                 m, total_s = top[r], s_sum[r]
                 if sinks.shape[0]:
-                    sink = sinks[h]
-                    ms, vs = _ONE, _ONE
-                    if sink > m:
-                        ms = np.float32(np.exp(m - sink))
-                        for c in range(d):
-                            acc[r, c] = acc[r, c] * ms
-                    else:
-                        vs = np.float32(np.exp(sink - m))
-                    total_s = fma32(total_s, ms, vs)
+                    total_s = join_sink(acc[r], m, total_s, sinks[h])
                 inv = _ZERO if total_s == _ZERO else _ONE / total_s
                 for c in range(d):
                     out[h, r0 + r, c] = acc[r, c] * inv

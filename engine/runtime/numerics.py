@@ -22,9 +22,11 @@ from engine.cache import KVCache
 from engine.kernels import precompile
 from engine.kernels.activations import KERNEL_LOCK
 from engine.kernels.dispatch import NUMERICS, activation_values, compiled, quantize_activation
+from engine.cache import CACHE_TYPES
 from engine.errors import SettingError
 from engine.models.rope import NO_SCALING, apply_rope, rope_angles
-from engine.ops import attention_decode, attention_flash, attention_ggml, attention_prefill, delta_rule, reference
+from engine.ops import (attention_decode, attention_flash, attention_flash_kv, attention_ggml, attention_prefill, delta_rule,
+                        reference)
 from engine.ops import ggml as ggml_ops
 from engine.ops.attention_tiled import attention_tiled
 from engine.quant.types import GGMLType
@@ -183,6 +185,8 @@ class GgmlNumerics(Float32Numerics):
 
     def begin(self, model: DecoderModel, cache: KVCache) -> None:
         self.rounding = attention_rounding(cache.qtype)
+        if self.flash and cache.qtype in attention_flash_kv.TYPES and not cache.length:
+            cache.rotated = True  # llama.cpp rotates q, k and v around a quantized cache (engine.quant.hadamard)
 
     def step(self, model: DecoderModel, x: F32, cache: KVCache, start: int, recorder: Recorder | None) -> F32 | None:
         """The compiled decode step (eight calls per block; a hybrid's recurrent blocks too) where the kernels and the
@@ -296,12 +300,18 @@ class GgmlNumerics(Float32Numerics):
         self, q: F32, cache: KVCache, layer: int, end: int, pos: np.ndarray, scale: float, window: int | None,
         masks: dict, softcap: float | None, sinks: F32 | None,
     ) -> F32:
-        """ggml_flash_attn_ext over the F16 cache (engine.ops.attention_flash), one compiled call."""
-        if cache.qtype != GGMLType.F16:
-            raise SettingError(f"flash attention numerics need an F16 KV cache, not {cache.qtype.name}")
+        """ggml_flash_attn_ext over the F16 cache (engine.ops.attention_flash), or its one-row kernel over a Q8_0 /
+        Q4_0 cache (engine.ops.attention_flash_kv), one compiled call."""
+        quantized = cache.qtype in attention_flash_kv.TYPES
+        if cache.qtype != GGMLType.F16 and not quantized:
+            raise SettingError(f"flash attention numerics need an F16, Q8_0 or Q4_0 KV cache, not {cache.qtype.name}")
         self.attention_path = "flash"
         if window not in masks:
             masks[window] = reference.causal_mask(pos, end, window)
+        if quantized:
+            k_rows, v_rows = cache.blocks(layer)  # the kernels take KERNEL_LOCK themselves
+            return attention_flash_kv.flash_attention_quant(q, k_rows, v_rows, cache.qtype, end, masks[window], scale,
+                                                            softcap, sinks, rotated=cache.rotated)
         k_bits, v_bits = cache.rows(layer)
         n_kv = attention_ggml.kv_length(end, cache.n_ctx)
         with KERNEL_LOCK:
@@ -328,6 +338,19 @@ def flash_setting(value: str | bool, numerics: str) -> bool:
     if on and not attention_flash.available():
         raise SettingError("--flash-attn on needs numba (the flash attention kernels are compiled)")
     return on
+
+
+def cache_setting(value: str | None, flash: bool) -> str | None:
+    """--cache-type's value as a cache type name (None: the numerics' default); SettingError for one the cache does not
+    store, or for F32 with flash attention (the flash kernels read F16, Q8_0 or Q4_0 rows)."""
+    if value is None:
+        return None
+    name = str(value).upper()
+    if name not in CACHE_TYPES:
+        raise SettingError(f"--cache-type {value!r} is not one of {', '.join(CACHE_TYPES)}")
+    if flash and name == "F32":
+        raise SettingError("--flash-attn on reads an F16, Q8_0 or Q4_0 KV cache, not F32 (llama.cpp casts F32 to F16)")
+    return name
 
 
 def numerics_for(name: str, flash: bool = False) -> Float32Numerics:

@@ -37,9 +37,9 @@ def model_path(request: pytest.FixtureRequest, name: str, folder: Path) -> Path:
     return out
 
 
-def run(path: Path, ids: list[int], flash: str, threads: int) -> np.ndarray:
-    """Logits at every position in the fixture's batches, then one token per step."""
-    model = load_model(path, flash_attn=flash)
+def run(path: Path, ids: list[int], flash: str, threads: int, cache_type: str | None = None) -> np.ndarray:
+    """Logits at every position in the fixture's batches, then one token per step (K and V rows of `cache_type`)."""
+    model = load_model(path, flash_attn=flash, cache_type=cache_type)
     try:
         model.net.ops.flash_threads = threads  # llama.cpp's, for the split-KV path's chunks
         cache = model.new_cache(N_CTX)
