@@ -15,7 +15,8 @@ fly by benchmarks/synthetic_1b.py into /tmp (about 2 minutes on 2 cores the firs
 --isa avx2 runs both as on an AVX2-only CPU (benchmarks/isa.py: numba compiles for a Haswell-class target;
 --llama-python must be a build with AVX2 flags only, which is checked); --exact also compares both engines' logits on
 the golden prose's first 128 tokens (max |difference|, rows equal, KLD). --flash-attn on runs both with flash
-attention (llama.cpp's ggml_flash_attn_ext; GGUF Lens's --flash-attn on), off (default) both without.
+attention (llama.cpp's ggml_flash_attn_ext; GGUF Lens's --flash-attn on), off (default) both without; --cache-type
+Q8_0 / Q4_0 both with K and V rows of that type (llama.cpp's -ctk / -ctv; with --flash-attn on).
 --gen-after-prompt times generation after the prompt (at depth -p, as llama-bench -d) instead of from an empty
 context. Prompts run in llama.cpp's batches of 512 in both engines (engine.generate.UBATCH, n_ubatch=512).
 """
@@ -39,9 +40,10 @@ from llama_cpp import Llama
 path, p, n, reps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 flash = sys.argv[6] == "on"
 after = sys.argv[7] == "after"  # generation continues the prompt's context (at depth p), as llama-bench -d p
+kv = {"F16": {}, "Q8_0": {"type_k": 8, "type_v": 8}, "Q4_0": {"type_k": 2, "type_v": 2}}[sys.argv[8]]  # -ctk/-ctv
 t = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=(p + n if after else max(p, n)) + 16, n_batch=512, n_ubatch=512, n_threads=threads,
-            n_threads_batch=threads, verbose=False, flash_attn=flash)
+            n_threads_batch=threads, verbose=False, flash_attn=flash, **kv)
 load_s = time.perf_counter() - t
 rng = np.random.default_rng(1234)
 ids = rng.integers(0, llm.n_vocab(), size=p).tolist()
@@ -107,6 +109,8 @@ def main() -> int:
     ap.add_argument("--exact", action="store_true", help="also compare the logits on the golden prose")
     ap.add_argument("--gen-after-prompt", action="store_true",
                     help="both engines time generation after the prompt (at position -p, llama-bench -d), not at 0")
+    ap.add_argument("--cache-type", choices=["F16", "Q8_0", "Q4_0"], default="F16", type=str.upper,
+                    help="both engines' K and V cache rows (llama.cpp's -ctk/-ctv; a quantized V needs --flash-attn on)")
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
                     help="both engines with flash attention on (llama-cli's -fa auto on a CPU) or off (default)")
     args = ap.parse_args()
@@ -153,9 +157,10 @@ def main() -> int:
     for model, path in paths:
         file_mb = Path(path).stat().st_size / 2**20
         ours_cmd = [*gguf_lens, "bench", path, "-p", str(args.p), "-n", str(args.n), "-r", str(args.reps), "--json",
-                    "--flash-attn", args.flash_attn, *(["--gen-after-prompt"] if args.gen_after_prompt else [])]
+                    "--flash-attn", args.flash_attn, *(["--gen-after-prompt"] if args.gen_after_prompt else []),
+                    *(["--cache-type", args.cache_type] if args.cache_type != "F16" else [])]
         ref_cmd = [args.llama_python, "-c", LLAMA_BENCH, path, str(args.p), str(args.n), str(args.reps), t,
-                   args.flash_attn, "after" if args.gen_after_prompt else "empty"]
+                   args.flash_attn, "after" if args.gen_after_prompt else "empty", args.cache_type]
         ours_runs, ref_runs = [], []
         for _ in range(args.rounds):  # the engines take turns: a slow spell of the machine falls on both
             ours_runs.append(run_json(ours_cmd, env))
@@ -163,7 +168,7 @@ def main() -> int:
                 ref_runs.append(run_json(ref_cmd, env))
         ours = _best(ours_runs)
         row: dict = {"model": model, "file_mb": round(file_mb, 1), "p": args.p, "n": args.n, "threads": args.threads,
-                     "flash_attn": args.flash_attn, "gen_after_prompt": args.gen_after_prompt, "isa": args.isa, "llama_cpp_build": ref_isa, "rounds": args.rounds, "gguf_lens": ours,
+                     "flash_attn": args.flash_attn, "cache_type": args.cache_type, "gen_after_prompt": args.gen_after_prompt, "isa": args.isa, "llama_cpp_build": ref_isa, "rounds": args.rounds, "gguf_lens": ours,
                      "rss_vs_file": round(ours["peak_rss_mb"] / file_mb, 3)}
         if args.llama_python:
             ref = _best(ref_runs)
