@@ -66,7 +66,7 @@ class QuantLens(QWidget):
         self.summary = QLabel("Load a model to see how it is quantized.")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.grid = TypeGrid()  # its columns fit the pane: a role's name is cut with … before a type is
+        self.grid = TypeGrid()  # its columns fit the pane whole, on pages by family where they do not all fit
         self.flat = QTableWidget(0, 7)
         self.flat.setHorizontalHeaderLabels(["tensor", "layer", "role", "type", "shape (ne)", "bytes", "bits/weight"])
         self.flat.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -76,7 +76,13 @@ class QuantLens(QWidget):
         self.flat.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the rest of the width:
         self.flat.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a long name cut in the middle, whole in its tooltip
         tabs = QTabWidget()
-        tabs.addTab(self.grid, "Layers × tensors")
+        grid_page = QWidget()  # the table's family pages (shown when its columns do not fit whole) above it
+        gl = QVBoxLayout(grid_page)
+        gl.setContentsMargins(0, 0, 0, 0)
+        gl.setSpacing(0)
+        gl.addWidget(self.grid.pages)
+        gl.addWidget(self.grid, 1)
+        tabs.addTab(grid_page, "Layers × tensors")
         tabs.addTab(self.flat, "All tensors")
         self.bars = pg.PlotWidget(background="w", title="Bytes per layer by type")
         self.bars.setLabel("bottom", "layer")
@@ -274,7 +280,7 @@ class QuantLens(QWidget):
         columns = roles + [t.role for t in globals_]
         self.grid.clear()
         self.grid.setRowCount(model.n_layers + 1)
-        self.grid.set_roles(columns)  # a word a line keeps columns narrow
+        self.grid.set_roles(columns, model_wide=len(globals_))  # a word a line keeps columns narrow
         self.grid.setVerticalHeaderLabels([GLOBAL_ROW] + [f"blk.{i} R" if model.is_recurrent(i) else f"blk.{i}"
                                                           for i in range(model.n_layers)])
         if model.hybrid:  # a hybrid's recurrent blocks have other tensors (attn_qkv, ssm_*) than its attention blocks
@@ -334,7 +340,8 @@ class QuantLens(QWidget):
             bar = pg.BarGraphItem(x=x, height=h, y0=bottom, width=0.8, brush=pg.mkBrush(*type_colour(name)), pen=pg.mkPen("w", width=0.5))
             self.bars.addItem(bar)
             r, g, b = type_colour(name)
-            keys.append(f"<span style='color:rgb({r},{g},{b})'>■</span>&nbsp;{name} {human_bytes(h.sum())}")
+            size = human_bytes(h.sum()).replace(" ", "&nbsp;")  # a type's key never breaks between its lines
+            keys.append(f"<span style='color:rgb({r},{g},{b})'>■</span>&nbsp;{name}&nbsp;{size}")
             bottom = bottom + h
         outside = sum(t.nbytes for t in model.tensors if t.layer is None)
         keys.append(f"outside the layers (token_embd, output, norms): {human_bytes(outside)}")

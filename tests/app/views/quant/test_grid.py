@@ -1,11 +1,10 @@
-"""The Layers × tensors table fits its pane: every column at least as wide as its types, the room left to the role
-names (the narrowest whole first), a name cut with … line by line and whole in its tooltip; it scrolls sideways
-only when the types alone are wider than the pane."""
+"""The Layers × tensors table fits its pane: every column with its name whole and its types' width; where they do
+not all fit, the columns go on pages by family, never sideways."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import QApplication
 
-from app.views.quant.grid import TypeGrid, fit_widths
+from app.views.quant.grid import TypeGrid, family, fit_widths, pack_pages
 from app.views.quant.lens import QuantLens
 from tests.app.views.quant.test_fit import smollm2_like
 
@@ -37,26 +36,56 @@ def _grid(qtbot, roles: list[str], width: int) -> TypeGrid:  # noqa: ANN001 - py
     return grid
 
 
-def test_a_narrow_pane_cuts_the_role_names_not_the_types(qtbot) -> None:
-    roles = ["attn_norm", "ffn_down_exps", "post_attention_norm", "ffn_gate_inp", "token_embd"] * 3
+def _whole(grid: TypeGrid) -> bool:
+    """Every column on the page shown has its name whole and its types' width, and nothing scrolls sideways."""
+    shown = [j for j in range(grid.columnCount()) if not grid.isColumnHidden(j)]
+    return (not grid.horizontalScrollBar().isVisible()
+            and sum(grid.columnWidth(j) for j in shown) <= grid.viewport().width()
+            and all(grid.horizontalHeaderItem(j).text() == grid.role(j).replace("_", "\n") for j in shown)
+            and all(grid.columnWidth(j) >= max(grid.sizeHintForColumn(j), grid.heads[j]) for j in shown))
+
+
+def test_pack_pages_keeps_families_together_and_splits_only_a_family_wider_than_a_page() -> None:
+    fams = ["attention", "attention", "recurrent", "experts", "experts", "experts", "norms", "model-wide"]
+    whole = [40] * 8
+    assert pack_pages(fams, whole, 400) == [("attention · recurrent · experts · norms · model-wide", list(range(8)))]
+    assert pack_pages(fams, whole, 120) == [("attention · recurrent", [0, 1, 2]), ("experts", [3, 4, 5]),
+                                            ("norms · model-wide", [6, 7])]
+    assert pack_pages(fams, whole, 80) == [("attention", [0, 1]), ("recurrent", [2]), ("experts 1/2", [3, 4]),
+                                           ("experts 2/2 · norms", [5, 6]), ("model-wide", [7])]
+    assert family("attn_norm") == "norms" and family("ffn_gate_inp_shexp") == "experts"
+    assert family("ssm_conv1d") == "recurrent" and family("attn_qkv") == "attention" and family("ffn_up") == "FFN"
+    assert family("token_embd", model_wide=True) == "model-wide" and family("per_layer_proj") == "other"
+
+
+def test_a_narrow_pane_pages_the_columns_by_family_every_name_whole(qtbot) -> None:
+    roles = ["attn_norm", "ffn_down_exps", "post_attention_norm", "ffn_gate_inp", "attn_q"] * 3
     grid = _grid(qtbot, roles, 15 * 38 + 60)
-    assert not grid.horizontalScrollBar().isVisible() and grid.horizontalHeader().length() <= grid.viewport().width()
-    cells = [grid.sizeHintForColumn(j) for j in range(len(roles))]
-    assert all(grid.columnWidth(j) >= cells[j] for j in range(len(roles)))  # every type whole
-    cut = [j for j in range(len(roles)) if "…" in grid.horizontalHeaderItem(j).text()]
-    assert cut, "the names do not fit: some must be cut"
-    for j in range(len(roles)):
-        item = grid.horizontalHeaderItem(j)
-        assert grid.role(j) == roles[j] and item.toolTip() == roles[j]
+    labels = grid.page_labels()
+    assert len(labels) > 1 and len(grid.page_cols) == len(labels)
+    assert sorted(j for cols in grid.page_cols for j in cols) == list(range(len(roles)))  # each column on one page
+    for i in range(len(labels)):
+        grid.pages.setCurrentIndex(i)
+        QApplication.processEvents()
+        assert _whole(grid), labels[i]
+        assert {grid.role(j) for j in grid.page_cols[i]} <= {r for r in roles}
     grid.resize(2000, 200)
     for _ in range(3):
         QApplication.processEvents()
-    assert [grid.horizontalHeaderItem(j).text() for j in range(len(roles))] == [r.replace("_", "\n") for r in roles]
+    assert grid.page_labels() == ["all"] and not any(grid.isColumnHidden(j) for j in range(len(roles)))
+    assert _whole(grid)
 
 
-def test_more_types_than_fit_scroll_sideways(qtbot) -> None:
-    grid = _grid(qtbot, [f"ssm_role_{i}" for i in range(28)], 400)
-    assert grid.horizontalScrollBar().isVisible()  # 28 types need more than 400 px: nothing to cut but the types
+def test_the_page_shown_keeps_its_family_when_the_pane_changes(qtbot) -> None:
+    roles = [f"attn_{i}" for i in range(6)] + [f"ssm_{i}" for i in range(6)] + [f"ffn_{i}_exps" for i in range(6)]
+    grid = _grid(qtbot, roles, 6 * 60 + 40)
+    ssm = next(i for i, label in enumerate(grid.page_labels()) if label.startswith("recurrent"))
+    grid.pages.setCurrentIndex(ssm)
+    grid.resize(12 * 60 + 40, 200)  # two families a page now
+    for _ in range(3):
+        QApplication.processEvents()
+    shown = {grid.role(j) for j in range(len(roles)) if not grid.isColumnHidden(j)}
+    assert {f"ssm_{i}" for i in range(6)} <= shown and _whole(grid)
 
 
 def test_the_lens_at_1280x800_shows_a_dense_models_table_whole(qtbot) -> None:
