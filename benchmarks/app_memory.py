@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/app_memory.py [MODEL] [--rounds 6] [--tokens 512] [--presets Q8_0,Q4_K_M,Q2_K]
                                               [--jobs compare,sweep,apply,clear,patching,probe] [--settle 1]
-    .venv/bin/python benchmarks/app_memory.py [MODEL] --headless-compare [--tokens 1024]
+    .venv/bin/python benchmarks/app_memory.py [MODEL] --headless-compare [--tokens 1024] [--cache F16]
 
 MODEL is a catalog name or a .gguf path (default smollm2-135m-instruct). The real window opens on it
 (QT_QPA_PLATFORM=offscreen, a scratch data folder), a chat message is answered (the Experiments' Apply
@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", default="compare,sweep,apply,clear,patching,probe", help="the jobs of a round, in order")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds the window idles before and after each job")
     ap.add_argument("--headless-compare", action="store_true", help="only Compare's job, no window: its peak")
+    ap.add_argument("--cache", default="F16", help="--headless-compare's KV cache type of both sides (the chat's "
+                    "default F16, as Compare takes it; F32, Q8_0, Q4_0)")
     args = ap.parse_args(argv)
     if args.headless_compare:
-        return headless_compare(args.model, args.tokens)
+        return headless_compare(args.model, args.tokens, args.cache.upper())
 
     from PySide6.QtWidgets import QApplication
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def headless_compare(model: str, tokens: int) -> int:
+def headless_compare(model: str, tokens: int, cache: str = "F16") -> int:
     """Compare's job as QuantBridge.run_compare starts it, on `tokens` tokens of the evaluation text; its peak."""
     import threading  # noqa: PLC0415
 
@@ -120,7 +122,8 @@ def headless_compare(model: str, tokens: int) -> int:
     text = eval_text()
     while len(text) < 8 * tokens:
         text = f"{text}\n\n{eval_text()}"
-    opts = CompareOptions(b_source="mix", b_rules=B_RULES, b_name="FFNs at Q4_0", text=text, max_tokens=tokens)
+    opts = CompareOptions(b_source="mix", b_rules=B_RULES, b_name="FFNs at Q4_0", text=text, max_tokens=tokens,
+                          a_cache=cache, b_cache=cache)
     before, t0 = rss(), time.perf_counter()
     ws = CompareWorkspace()
     rec = None
@@ -132,6 +135,7 @@ def headless_compare(model: str, tokens: int) -> int:
     target = (rec.a_bytes + rec.b_bytes) / MIB + 512
     print(json.dumps({
         "model": Path(path).name, "file_mib": file_mib(path), "cpu": cpu_model(), "tokens": len(rec.token_ids),
+        "cache": cache,
         "a_mib": round(rec.a_bytes / MIB, 1), "b_mib": round(rec.b_bytes / MIB, 1), "kld_mean": rec.stats.kld_mean,
         "rss_before_mib": round(before / MIB, 1), "rss_after_mib": round(rss() / MIB, 1),
         "peak_mib": round(peak / MIB, 1), "target_mib": round(target, 1), "within": peak / MIB <= target,

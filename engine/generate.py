@@ -100,6 +100,46 @@ def run_checked(model: Model, ids: Sequence[int], cache: KVCache, recorder: Reco
     return logits
 
 
+def run_hidden_checked(model: Model, ids: Sequence[int], cache: KVCache,
+                       recorder: Recorder | None) -> npt.NDArray[np.float32] | None:
+    """run_checked without the output head: the residual stream after the last layer (model.logits_of gives its
+    rows' logits), committed to the cache only when finite; None where the model cannot stop before its head."""
+    try:
+        x = model.forward_hidden(ids, cache, recorder)
+    except MemoryError:
+        raise InferenceError(f"ran out of memory at token {cache.length}; reduce the context or close other programs") from None
+    if x is None:
+        return None
+    if not np.all(np.isfinite(x)):
+        bad = "NaN" if np.isnan(x).any() else "Inf"
+        raise InferenceError(f"numerical error in the residual stream ({bad}) at position {cache.length}; the step was not kept")
+    cache.commit(list(ids))
+    if recorder is not None:
+        recorder.commit()
+    return x
+
+
+def head_blocks(rows: int, most: int) -> list[tuple[int, int]]:
+    """The row blocks [r0, r1) in which logits_checked may take a forward chunk's `rows` residual rows, about `most`
+    at a time, with the numbers of the whole chunk's head: every block starts at a multiple of 8 and holds 16 rows
+    or more (a product's kernel depends on its batch: one row, under 8, rows in fours or eights), so a remainder
+    under 16 joins the block before it; a chunk under 16 rows is one block."""
+    step = max(16, most - most % 8)
+    out = [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] < 16:
+        out[-2:] = [(out[-2][0], rows)]
+    return out
+
+
+def logits_checked(model: Model, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """model.logits_of rows of run_hidden_checked's residual stream, refused when not finite."""
+    logits = model.logits_of(hidden)
+    if not np.all(np.isfinite(logits)):
+        bad = "NaN" if np.isnan(logits).any() else "Inf"
+        raise InferenceError(f"numerical error in model output ({bad}); the comparison stops here")
+    return logits
+
+
 UBATCH = 512  # prompt tokens a forward pass takes at once: llama.cpp's default n_ubatch (its batches, its numbers;
 # a 16k prompt's activations and attention tiles stay those of 512 tokens)
 

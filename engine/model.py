@@ -83,6 +83,20 @@ class Model:
         self.gguf.check_unchanged()
         return self.net.forward(tokens, cache, recorder, all_logits)
 
+    def forward_hidden(self, tokens: Any, cache: KVCache, recorder: Recorder | None = None) -> npt.NDArray[np.float32] | None:
+        """The residual stream (T, dim) after the last layer, K/V written, not committed (logits_of turns rows of it
+        into forward's logits, bit for bit); None where the network runs its head with its layers (a GPU runner,
+        an encoder-decoder): call forward then."""
+        hidden = getattr(self.net, "forward_hidden", None)
+        if hidden is None or self.gpu_layers:
+            return None
+        self.gguf.check_unchanged()
+        return hidden(tokens, cache, recorder)
+
+    def logits_of(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The logits of rows of forward_hidden's residual stream: the final norm, output product and soft-cap."""
+        return self.net.head(hidden, True)
+
     def _on_fallback(self, backend: Backend, note: str) -> None:
         """The GPU failed mid-run: the model now runs on NumPy; say so once."""
         self.backend = backend

@@ -5,8 +5,9 @@ a second copy that the overrides are applied to (or A itself with another KV cac
 GGUF), in a CompareWorkspace (app.jobs.workspace) that only these jobs touch, one at a time (app/workers/ runs
 them on one lane). Statistics come from engine.quality.compare; this module only runs the models.
 
-A and B run in step, a chunk of positions at a time (chunk_rows: as many as 48 MiB of logit rows a side hold, 128 at
-most, as the CLI's compare; 128 with a quantized cache, whose numbers depend on the chunk), and each chunk's logits go into the running statistics (TokenStats),
+A and B run in step, CHUNK (128) positions a forward pass (a quantized cache's numbers depend on the chunk), and
+their logits are taken from the last residual stream a block of rows at a time (chunk_rows: as many as 48 MiB of
+logit rows a side hold, as the CLI's compare); each block's logits go into the running statistics (TokenStats),
 the top tokens (TopUnion) and, when A reads with an F32 cache, the file's Reference (app.jobs.reference) that the
 sweep and the mix search reuse; then they are dropped: neither run's (tokens, vocabulary) logits are ever whole in
 memory (1 GiB a side for Gemma 3 on 1,024 tokens). When the job ends its models are closed; what the view asks
@@ -68,12 +69,12 @@ class LastRun:
 
 def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel: threading.Event, say: Say,
              reference: bool = False) -> tuple[Run, Run, dict[str, object], tuple[Any, Any, Any], Reference | None]:
-    """A and B on `ids`, each on a fresh cache of its type, in step: chunk_rows(vocabulary) positions of A (CHUNK with
-    a quantized cache), the same of B (the forward passes, and so the numbers, of two whole runs prefilled that many
-    at a time), recording queries and hidden states.
-    Each chunk's log-probabilities go into the statistics, the top tokens and (reference=True) the file's
+    """A and B on `ids`, each on a fresh cache of its type, in step: CHUNK positions of A, the same of B (the forward
+    passes, and so the numbers, of two whole runs prefilled that many at a time), recording queries and hidden
+    states; then their logits chunk_rows(vocabulary) rows at a time from the last residual stream.
+    Each block's log-probabilities go into the statistics, the top tokens and (reference=True) the file's
     Reference, then are dropped. Returns both runs, token_stats's dictionary, top_union's arrays, the Reference."""
-    from engine.generate import run_checked  # noqa: PLC0415
+    from engine.generate import head_blocks, logits_checked, run_checked, run_hidden_checked  # noqa: PLC0415
     from engine.observe.recorder import Recorder  # noqa: PLC0415
     from engine.quality.compare import TokenStats, log_softmax_rows  # noqa: PLC0415
 
@@ -82,27 +83,41 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
             for m, t in zip((a, b), caches)]
     acc, top = TokenStats(ids, base_logp=True, other_logp=True), TopUnion()
     ref = Reference(reference_key(a, ids), ids, int(a.args.n_vocab)) if reference else None
-    # F32 caches: the numbers do not depend on the chunk, sized by the vocabulary; a quantized cache's do (a chunk's
-    # own keys are read before they are stored quantized), so its comparison keeps the CHUNK its numbers are of
+    # the forward passes run CHUNK positions at a time (a quantized cache's numbers depend on the chunk: its own
+    # keys are read before they are stored quantized) and their logits are taken about chunk_rows(vocabulary) rows
+    # at a time from the residual stream (head_blocks: Gemma 3 48 rows, 48 MiB a side; the whole chunk's numbers); a model that cannot stop before its head (a
+    # GPU runner) runs chunk_rows positions a pass with F32 caches (whose numbers do not depend on it), else CHUNK
     exact = all(str(t).upper() == "F32" for t in caches)
-    chunk = chunk_rows(int(a.args.n_vocab)) if exact else CHUNK
+    rows_at_once = chunk_rows(int(a.args.n_vocab))
+    split = all(getattr(r.model, "forward_hidden", None) is not None for r in runs)
+    chunk = CHUNK if split or not exact else rows_at_once
     what = f"running A and B on {n} tokens"
     say(what, 0.0)
-    for r0 in range(0, n, chunk):
-        r1 = min(r0 + chunk, n)
-        rows = []
-        for side, run in enumerate(runs):
-            if cancel.is_set():
-                raise LensError("comparison cancelled")
-            logits = run_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder, all_logits=True)
-            to_scratch(run.recorder, n)
-            rows.append(log_softmax_rows(logits, out=logits))  # in place: the logits are not needed again
-            say(what, (r0 + (side + 1) * (r1 - r0) / 2) / n)
+
+    def fold(rows: list[np.ndarray]) -> None:
         if ref is not None:
             ref.append(rows[0])
         acc.add(rows[0], rows[1])
         top.add(rows[0], rows[1])
-        del rows, logits
+
+    for r0 in range(0, n, chunk):
+        r1 = min(r0 + chunk, n)
+        outs, hidden = [], []
+        for side, run in enumerate(runs):
+            if cancel.is_set():
+                raise LensError("comparison cancelled")
+            out = run_hidden_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder) if split else None
+            hidden.append(out is not None)
+            if out is None:
+                out = run_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder, all_logits=True)
+            to_scratch(run.recorder, n)
+            outs.append(out)
+            say(what, (r0 + (side + 1) * (r1 - r0) / 2) / n)
+        for s0, s1 in head_blocks(r1 - r0, rows_at_once) if any(hidden) else [(0, r1 - r0)]:
+            rows = [logits_checked(run.model, o[s0:s1]) if h else o[s0:s1] for run, o, h in zip(runs, outs, hidden)]
+            fold([log_softmax_rows(r, out=r) for r in rows])  # in place: the logits are not needed again
+            del rows  # before the next block's are made
+        del outs
     return runs[0], runs[1], acc.result(), top.result(), ref
 
 

@@ -102,6 +102,23 @@ class DecoderModel:
 
         Writes K/V for the new positions into the cache but does not commit them.
         """
+        x, start = self._enter(tokens, cache, recorder)
+        if x.shape[0] == 1:
+            logits = self.ops.step(self, x, cache, start, recorder)  # the compiled decode step, where it runs
+            if logits is not None:
+                return logits
+        x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
+        return self.head(x, all_logits)
+
+    def forward_hidden(self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None = None) -> F32:
+        """forward's pass without the output head: the residual stream (T, dim) after the last layer, K/V written
+        but not committed. head(rows of it, True) gives those rows of forward(..., all_logits=True) bit for bit (each
+        row's norm and product is its own), so a caller can take a long vocabulary's logits a few rows at a time."""
+        x, start = self._enter(tokens, cache, recorder)
+        return self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
+
+    def _enter(self, tokens: npt.ArrayLike, cache: KVCache, recorder: Recorder | None) -> tuple[F32, int]:
+        """Checked ids, the cache grown for them, the recorder and numerics ready: their embeddings and the start."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         self.check_tokens(ids)
         t, start = ids.size, cache.length
@@ -109,13 +126,7 @@ class DecoderModel:
         if recorder is not None:
             recorder.begin(start, t)
         self.begin(cache)
-        x = self.embed(ids)
-        if t == 1:
-            logits = self.ops.step(self, x, cache, start, recorder)  # the compiled decode step, where it runs
-            if logits is not None:
-                return logits
-        x = self.run_layers(x, start, cache, recorder, range(self.args.n_layers))
-        return self.head(x, all_logits)
+        return self.embed(ids), start
 
     def begin(self, cache: KVCache) -> None:
         """Get ready for a pass over this cache: the numerics' rounding for its type, RoPE for its size."""

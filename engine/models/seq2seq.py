@@ -56,6 +56,7 @@ class EncoderDecoderModel(DecoderModel):
     """The graph; an architecture's __init__ fills the weights below (after calling this one's)."""
 
     is_encoder_decoder: ClassVar[bool] = True
+    forward_hidden = None  # its forward runs the encoder and the decoder: no residual stream to stop at (Model says so)
     args: EncoderDecoderArgs
     tok_embd: QTensor
     enc_layers: list[EncoderLayer]

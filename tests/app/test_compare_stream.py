@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import engine.generate as engine_generate
 import engine.quality.compare as quality
 from app.data.overrides import OverrideSpec
 from app.jobs import compare as jobs
@@ -105,21 +106,22 @@ def test_streamed_statistics_equal_a_whole_run_computation(tiny: Path, b_source:
 
 
 def test_no_whole_run_of_logits_is_ever_held(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every batch of rows the statistics get is one chunk of both runs (never all N positions at once), and
-    the runs' logits of a chunk are gone before the next chunk runs."""
-    monkeypatch.setattr(reference, "CHUNK", 32)
+    """Every batch of rows the statistics get is one block of both runs (never all N positions at once), taken from
+    the residual stream of a forward chunk, and a block's logits are gone before the next block's are made."""
+    monkeypatch.setattr(reference, "CHUNK", 32)  # the logit block (chunk_rows); the forward chunk stays 128
     rows = chunk_rows_seen(monkeypatch)
     live: list[Any] = []
+    real = engine_generate.logits_checked
 
-    def checked(model: Any, ids: Any, cache: Any, recorder: Any, all_logits: bool = False) -> np.ndarray:
+    def checked(model: Any, hidden: np.ndarray) -> np.ndarray:
         import weakref
 
-        assert sum(r() is not None for r in live) <= 1, "an earlier chunk's logits are still alive"
-        out = run_checked(model, ids, cache, recorder, all_logits=all_logits)
+        assert sum(r() is not None for r in live) <= 1, "an earlier block's logits are still alive"
+        out = real(model, hidden)
         live.append(weakref.ref(out))
         return out
 
-    monkeypatch.setattr("engine.generate.run_checked", checked)
+    monkeypatch.setattr(engine_generate, "logits_checked", checked)
     ws = CompareWorkspace()
     try:
         compare(ws, tiny, CompareOptions(b_source="preset", b_preset="Q8_0", text=TEXT, max_tokens=N), None)
@@ -141,9 +143,9 @@ def test_the_chunk_follows_the_vocabulary() -> None:
 
 def test_a_big_vocabulary_runs_fewer_rows_at_a_time_with_the_same_numbers(tiny: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a logit budget of 40 rows of the tiny vocabulary (as 48 MiB is for Gemma 3's), both runs, the statistics
-    and the sweep's reference go 40 rows at a time, and every number equals the whole runs prefilled 128 at a time
-    (the job before: F32 caches, whose numbers do not depend on the chunk)."""
+    """With a logit budget of 40 rows of the tiny vocabulary (as 48 MiB is for Gemma 3's), both runs' logits, the
+    statistics and the sweep's reference go 40 rows at a time (within forward chunks of 128), and every number equals
+    the whole runs prefilled 128 at a time."""
     ref_ws = CompareWorkspace()
     ref_ws.use(str(tiny))
     a = ref_ws.model_a(lambda *_: None)
@@ -155,7 +157,7 @@ def test_a_big_vocabulary_runs_fewer_rows_at_a_time_with_the_same_numbers(tiny: 
     try:
         items = compare(ws, tiny, CompareOptions(b_source="preset", b_preset="Q4_0", text=TEXT, max_tokens=N), None)
         rec = next(i for i in items if isinstance(i, CompareRecord))
-        assert rows == [40, 40, 40, 30]
+        assert rows == [40, 40, 48, 22]  # engine.generate.head_blocks: 8 rows join the block before them
         ids = [int(i) for i in rec.token_ids]
         b = ref_ws.model_b(OverrideSpec("Q4_0"), lambda *_: None, threading.Event())[0]
         la, ra = whole_run(a, ids, "F32", step=128)
@@ -175,15 +177,25 @@ def test_a_big_vocabulary_runs_fewer_rows_at_a_time_with_the_same_numbers(tiny: 
 
 def test_a_quantized_cache_keeps_the_chunk_its_numbers_are_of(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A quantized cache's numbers depend on the prefill chunk (a chunk reads its own keys before they are stored
-    quantized): with B on a Q8_0 cache the runs keep CHUNK positions however small the logit budget."""
+    quantized): with B on a Q8_0 cache the forward passes keep CHUNK positions however small the logit budget, and
+    only the logits go a few rows at a time (16 here)."""
     monkeypatch.setattr(quality, "LOGIT_ROWS_BYTES", 4 * 40)  # 16 rows (MIN_CHUNK) for any vocabulary
     rows = chunk_rows_seen(monkeypatch)
+    passes: list[int] = []
+    real = engine_generate.run_hidden_checked
+
+    def spy(model: Any, ids: Any, cache: Any, recorder: Any) -> Any:
+        passes.append(len(ids))
+        return real(model, ids, cache, recorder)
+
+    monkeypatch.setattr(engine_generate, "run_hidden_checked", spy)
     ws = CompareWorkspace()
     try:
         compare(ws, tiny, CompareOptions(b_source="file", b_cache="Q8_0", text=TEXT, max_tokens=N), None)
     finally:
         ws.close()
-    assert rows == [reference.CHUNK, N - reference.CHUNK]
+    assert passes == [reference.CHUNK] * 2 + [N - reference.CHUNK] * 2
+    assert rows == [reference.MIN_CHUNK] * 8 + [N - reference.CHUNK]
 
 
 def test_heads_and_the_logit_lens_answer_after_the_models_are_closed(tiny: Path) -> None:
