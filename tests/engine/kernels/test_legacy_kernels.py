@@ -251,10 +251,11 @@ def test_repack_rejects_wrong_rows():
 
 
 @needs_numba
-@pytest.mark.parametrize("n_rows", [1, 3, 4, 19, 37])
+@pytest.mark.parametrize("n_rows", [1, 3, 4, 19, 37, 100, 259, 1003])
 def test_q8_0_rows_in_fours_and_the_rest_equal_the_reference(n_rows):
-    """gemv_q8_0_rows carries four rows a loop (their own fma chains) and the rest one by one: ggml's numbers for
-    every row count, -128 weights (vpsignb's wrap) and fp16 scales of every size among them."""
+    """gemv_q8_0_rows carries four rows a loop (their own fma chains, a quarter of a task apart) and a task's rest
+    one by one: ggml's numbers for every row count, -128 weights (vpsignb's wrap) and fp16 scales of every size
+    among them."""
     from engine.kernels.legacy.q8_0_rows import gemv_q8_0_rows
 
     rng = np.random.default_rng(n_rows)
