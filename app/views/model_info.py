@@ -9,7 +9,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt, QTimer
 from PySide6.QtGui import QFontDatabase, QShowEvent
 from PySide6.QtWidgets import (
-    QAbstractItemView, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPlainTextEdit,
+    QAbstractItemView, QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPlainTextEdit,
     QScrollArea, QTableView, QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -179,8 +179,13 @@ class ModelLens(QWidget):
         v.addWidget(self.template_origin)
         self.template = QPlainTextEdit()
         self.template.setReadOnly(True)
-        self.template.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.template.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.template_wrap = QCheckBox("Wrap long lines")  # on: nothing runs past the pane; off: the lines as written
+        self.template_wrap.setToolTip("Off: each line of the template as written, scrolled sideways")
+        self.template_wrap.toggled.connect(lambda on: self.template.setLineWrapMode(
+            QPlainTextEdit.LineWrapMode.WidgetWidth if on else QPlainTextEdit.LineWrapMode.NoWrap))
+        self.template_wrap.setChecked(True)
+        v.addWidget(self.template_wrap)
         v.addWidget(self.template, 1)
         return w
 

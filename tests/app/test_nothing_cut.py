@@ -5,9 +5,9 @@ qwen3moe, a hybrid qwen35moe and a Gemma 3 (test_nothing_cut_real.py walks the r
 
 On each page: no one-line label or button on screen is narrower than its text (a label may cut its text with … only
 where its tooltip holds the whole text: app.views.attention.controls.ElidedLabel, app.views.status.ElidedLabel);
-no text view (a chat bubble, the Experts token panel) holds text wider than itself; nothing scrolls sideways but
-the two things that must (see SIDEWAYS_OK). The Experts lens is checked with a token clicked, the Quantization lens
-with a tensor open, the Attention grid's head labels never run together, and the status bar is checked while a
+no text view (a chat bubble, the Experts token panel) holds text wider than itself; nothing scrolls sideways (the
+chat template wraps its long lines, the quantization table pages its columns). The Experts lens is checked with a
+token clicked, the Quantization lens with a tensor open, the Attention grid's head labels never run together, and the status bar is checked while a
 reply streams."""
 from __future__ import annotations
 
@@ -58,12 +58,6 @@ def cut(root: QWidget) -> list[str]:
     return out
 
 
-def sideways_ok(area: QAbstractScrollArea) -> bool:
-    """The one thing that scrolls sideways on purpose: a chat template (code, kept as its lines,
-    app.views.model_info). The Layers × tensors table puts its columns on pages instead (app.views.quant.grid)."""
-    return isinstance(area, QPlainTextEdit) and area.lineWrapMode() == QPlainTextEdit.LineWrapMode.NoWrap
-
-
 def grid_cut(root: QWidget) -> list[str]:
     """A Layers × tensors table on screen whose columns run past its edge, or whose role names are cut."""
     out = []
@@ -79,7 +73,8 @@ def grid_cut(root: QWidget) -> list[str]:
 
 def overflow(root: QWidget) -> list[str]:
     """Text views whose text is wider than they are (it runs past their edge: they never scroll sideways), and
-    anything on screen that scrolls sideways without reason (sideways_ok)."""
+    anything on screen that scrolls sideways: nothing does (a chat template wraps its lines unless told not to, the
+    Layers × tensors table goes on pages)."""
     out = []
     for a in root.findChildren(QAbstractScrollArea):
         if not a.isVisible():
@@ -87,7 +82,7 @@ def overflow(root: QWidget) -> list[str]:
         if isinstance(a, QTextEdit) and a.document().size().width() > a.viewport().width() + 1:
             out.append(f"{type(a).__name__} in {type(a.parentWidget()).__name__}: text "
                        f"{a.document().size().width():.0f} wide in {a.viewport().width()}")
-        elif a.horizontalScrollBar().isVisible() and not sideways_ok(a):
+        elif a.horizontalScrollBar().isVisible():
             out.append(f"{type(a).__name__} in {type(a.parentWidget()).__name__} scrolls sideways at {a.width()} px")
     return out
 

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
+from PySide6.QtWidgets import QPlainTextEdit
 
 from app.data.chats import Chat, Message
 from app.data.store import Settings
@@ -180,6 +181,12 @@ def test_model_lens_plain_and_searchable(qtbot) -> None:
     value = lens.meta_model.index(0, 2).data()
     assert "\u202e" not in value and "\\u202e" in value and "\\n" in value
     assert lens.template.isReadOnly() and "<|im_start|>" in lens.template.toPlainText()
+    wrap = QPlainTextEdit.LineWrapMode
+    assert lens.template_wrap.isChecked() and lens.template.lineWrapMode() == wrap.WidgetWidth  # nothing sideways
+    lens.template_wrap.setChecked(False)  # the lines as written, scrolled sideways
+    assert lens.template.lineWrapMode() == wrap.NoWrap
+    lens.template_wrap.setChecked(True)
+    assert lens.template.lineWrapMode() == wrap.WidgetWidth
     assert lens.warn_layout.count() == 1
     lens.show_info(None)
     assert lens.proxy.rowCount() == 0
