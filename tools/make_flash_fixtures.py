@@ -6,6 +6,7 @@ hold. Run with the development Python that has llama-cpp-python (README.md, "Gol
 
     /tmp/llvenv/bin/python tools/make_flash_fixtures.py [--models-dir ~/.cache/gguf-lens/models] [--work DIR]
     /tmp/llvenv/bin/python tools/make_flash_fixtures.py --kv q8_0     # and --kv q4_0: a quantized K and V cache
+    /tmp/llvenv2/bin/python tools/make_flash_fixtures.py --isa avx2   # an AVX2-only build: NAME_avx2.*
 
 Every model runs its tokens as llama.cpp would see a short prompt, a long one and then a reply, so each of the
 CPU kernel's paths is in the fixture: PHASES[0] tokens as one batch (under 64 queries: the one-row kernel with
@@ -20,7 +21,9 @@ suite requantizes our writer's file byte for byte: the sha256 says so): `llama3`
 window 32) and `gemma3_swa` (RANDOM: window 16, head_dim 80). Per model, tests/fixtures/flash/NAME.npz holds
 for each of flash on and off the top-K ids and their raw float32 logits per position (compact, and compared bit
 for bit), and NAME.json how far apart
-llama.cpp's two runs are over the whole vocabulary (mean KLD, same top token, perplexity of each).
+llama.cpp's two runs are over the whole vocabulary (mean KLD, same top token, perplexity of each). With --isa avx2
+the same from a llama-cpp-python built with the AVX2 flags only (checked from its system info): NAME_avx2.npz and
+.json, the AVX2 build's order (vec_dot_f16's 4 x 8 lanes, the 8-wide softmax chunks).
 """
 from __future__ import annotations
 
@@ -148,8 +151,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv", default="f16", choices=["f16", *KV_TYPES], help="q8_0 / q4_0: flash attention over a K "
                     "and V cache of that type (FIXTURES/NAME.kv_TYPE.*), compared with the F16 cache's flash run")
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"], help="avx2: this Python's llama.cpp must be "
+                    "an AVX2-only build; the fixtures are NAME_avx2.*")
     ap.add_argument("names", nargs="*", help="only these models (default: all)")
     args = ap.parse_args()
+    suffix = "_avx2" if args.isa == "avx2" else ""
+    if args.isa == "avx2":
+        import llama_cpp  # noqa: PLC0415
+
+        info = llama_cpp.llama_print_system_info().decode()
+        if "AVX2 = 1" not in info or "AVX512" in info or args.kv != "f16":
+            raise SystemExit("--isa avx2 needs a llama-cpp-python built with the AVX2 flags only, and no --kv")
     args.work.mkdir(parents=True, exist_ok=True)
     FIXTURES.mkdir(parents=True, exist_ok=True)
     import llama_cpp  # noqa: PLC0415
@@ -174,8 +186,8 @@ def main() -> int:
                    "phases": list(PHASES), "n_tokens": len(ids), "top_k": TOP_K, "threads": args.threads,
                    "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                    **difference(ids, logits["flash"], logits["no_flash"])}
-        np.savez_compressed(FIXTURES / f"{name}.npz", **out)
-        (FIXTURES / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        np.savez_compressed(FIXTURES / f"{name}{suffix}.npz", **out)
+        (FIXTURES / f"{name}{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(name, json.dumps({k: v for k, v in summary.items() if k != "system_info"}))
     return 0
 
