@@ -23,7 +23,7 @@ for each of flash on and off the top-K ids and their raw float32 logits per posi
 for bit), and NAME.json how far apart
 llama.cpp's two runs are over the whole vocabulary (mean KLD, same top token, perplexity of each). With --isa avx2
 the same from a llama-cpp-python built with the AVX2 flags only (checked from its system info): NAME_avx2.npz and
-.json, the AVX2 build's order (vec_dot_f16's 4 x 8 lanes, the 8-wide softmax chunks).
+.json (NAME.kv_TYPE_avx2.* with --kv), the AVX2 build's order (vec_dot_f16's 4 x 8 lanes, the 8-wide softmax chunks).
 """
 from __future__ import annotations
 
@@ -126,7 +126,8 @@ def model_files(args: argparse.Namespace) -> list[tuple[str, Path, list[int], di
     return out
 
 
-def write_kv_fixture(name: str, path: Path, ids: list[int], about: dict[str, Any], args: argparse.Namespace) -> None:
+def write_kv_fixture(name: str, path: Path, ids: list[int], about: dict[str, Any], args: argparse.Namespace,
+                     suffix: str = "") -> None:
     """FIXTURES/NAME.kv_TYPE.npz: the top-K ids and raw logits of llama.cpp with flash attention over a quantized K
     and V cache (every batch takes ggml's one-row kernel: Q converted to K's vec_dot type, V rows to float); the
     JSON: how far that run is from the F16 cache's (`difference`, with 'flash' the quantized cache)."""
@@ -134,13 +135,13 @@ def write_kv_fixture(name: str, path: Path, ids: list[int], about: dict[str, Any
 
     quant, f16 = run(path, ids, True, args.threads, args.kv), run(path, ids, True, args.threads)
     top = np.argsort(-quant, axis=-1, kind="stable")[:, :TOP_K]
-    np.savez_compressed(FIXTURES / f"{name}.kv_{args.kv}.npz", ids=np.asarray(ids, np.int32),
+    np.savez_compressed(FIXTURES / f"{name}.kv_{args.kv}{suffix}.npz", ids=np.asarray(ids, np.int32),
                         top_ids=top.astype(np.int32), top_logits=np.take_along_axis(quant, top, axis=-1))
     summary = {"name": name, **about, "kv": args.kv, "llama_cpp_python": llama_cpp.__version__, "n_ctx": N_CTX,
                "phases": list(PHASES), "n_tokens": len(ids), "top_k": TOP_K, "threads": args.threads,
                "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                "against_f16_cache": difference(ids, quant, f16)}
-    (FIXTURES / f"{name}.kv_{args.kv}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (FIXTURES / f"{name}.kv_{args.kv}{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(name, args.kv, json.dumps(summary["against_f16_cache"]))
 
 
@@ -160,8 +161,8 @@ def main() -> int:
         import llama_cpp  # noqa: PLC0415
 
         info = llama_cpp.llama_print_system_info().decode()
-        if "AVX2 = 1" not in info or "AVX512" in info or args.kv != "f16":
-            raise SystemExit("--isa avx2 needs a llama-cpp-python built with the AVX2 flags only, and no --kv")
+        if "AVX2 = 1" not in info or "AVX512" in info:
+            raise SystemExit("--isa avx2 needs a llama-cpp-python built with the AVX2 flags only")
     args.work.mkdir(parents=True, exist_ok=True)
     FIXTURES.mkdir(parents=True, exist_ok=True)
     import llama_cpp  # noqa: PLC0415
@@ -171,7 +172,7 @@ def main() -> int:
             continue
         if args.kv != "f16":
             try:
-                write_kv_fixture(name, path, ids, about, args)
+                write_kv_fixture(name, path, ids, about, args, suffix)
             except ValueError as e:  # a head size that is not a whole number of the type's blocks (gemma3_swa: 80)
                 print(f"skip {name} --kv {args.kv}: llama.cpp refuses the context ({e})", file=sys.stderr)
             continue

@@ -52,3 +52,18 @@ def test_the_avx512_order_misses_them(request: pytest.FixtureRequest, folder) ->
     got = run(model_path(request, "gemma3_swa", folder), z["ids"].tolist(), "on", meta["threads"])
     top = z["flash_top_ids"].astype(np.int64)
     assert (np.take_along_axis(got, top, axis=1) != z["flash_top_logits"]).any()
+
+
+@pytest.mark.parametrize("name", ["smollm2", "llama3"])  # SmolLM2's differ from the AVX-512 build's (gemma3's do not)
+def test_a_q8_0_cache_gives_the_avx2_builds_bits(request: pytest.FixtureRequest, folder, name: str) -> None:  # noqa: F811
+    """Flash over a Q8_0 K and V cache (llama.cpp's -ctk/-ctv q8_0, its Hadamard rotation), the AVX2 build's order:
+    tools/make_flash_fixtures.py --isa avx2 --kv q8_0."""
+    z = dict(np.load(FIXTURES / f"{name}.kv_q8_0_avx2.npz"))
+    meta = json.loads((FIXTURES / f"{name}.kv_q8_0_avx2.json").read_text())
+    assert "AVX512" not in meta["system_info"]
+    path = model_path(request, name, folder)
+    with isa.forced_bits("avx2"):
+        got = run(path, z["ids"].tolist(), "on", meta["threads"], "q8_0")
+    top = z["top_ids"].astype(np.int64)
+    wrong = np.nonzero((np.take_along_axis(got, top, axis=1) != z["top_logits"]).any(1))[0]
+    assert wrong.size == 0, f"{name}: {wrong.size} positions differ, first {wrong[:8]}"
