@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import LensError, SettingError
-from engine.generate import log_softmax, prefill
+from engine.generate import head_blocks, log_softmax, logits_checked, prefill, run_hidden_checked
 from engine.observe.recorder import Recorder
 from engine.observe.routing import RoutingChange, routing_changes, routing_layers
 
@@ -187,6 +187,7 @@ def run_recorded(model: Model, ids: Sequence[int], cancel: threading.Event | Non
 
 
 LOGIT_ROWS_BYTES = 48 << 20  # the float32 logit rows each side holds at once while both runs go in step
+HEAD_ROWS = 16  # compare_models takes a chunk's logits from its residual stream this many rows at a time (head_blocks)
 
 
 def lockstep_chunk(n_vocab: int) -> int:
@@ -199,9 +200,10 @@ def compare_models(base: Model, other: Model, ids: Sequence[int], *, cancel: thr
     """Run both models on the same tokens and compare them position by position and layer by layer.
 
     The two runs go in step, a prompt chunk of positions at a time (`lockstep_chunk`: as many rows as
-    LOGIT_ROWS_BYTES of logits hold, at most 256), and each chunk's rows go into the statistics (TokenStats) and are
-    dropped: neither run's logits are held whole (at 1,024 positions of a 262,144-token vocabulary that was 1 GiB a
-    side). The numbers are those of two whole runs prefilled in chunks of that size (run_recorded with that chunk),
+    LOGIT_ROWS_BYTES of logits hold, at most 256), each pass stopping before the output head; the logits are then
+    taken about HEAD_ROWS rows at a time (engine.generate.head_blocks: the whole chunk's bits) into the statistics
+    (TokenStats) and dropped: neither run's logits are held whole (at 1,024 positions of a 262,144-token vocabulary
+    that was 1 GiB a side). The numbers are those of two whole runs prefilled in chunks of that size (run_recorded with that chunk),
     each statistic reduced row by row."""
     if len(ids) < 2:
         raise SettingError("a comparison needs at least 2 tokens")
@@ -215,14 +217,22 @@ def compare_models(base: Model, other: Model, ids: Sequence[int], *, cancel: thr
     acc = TokenStats(ids)
     for i0 in range(0, n, chunk):
         i1 = min(n, i0 + chunk)
-        rows = []
+        outs, hidden = [], []
         for side, (model, cache, rec) in enumerate(zip((base, other), caches, recs)):
             say(f"running {'AB'[side]} on tokens {i0}-{i1}", (i0 + side * (i1 - i0) / 2) / n)
-            got = prefill(model, ids[:i1], cache, all_logits=True, chunk_size=chunk, recorder=rec, cancel=cancel)
+            if cancel is not None and cancel.is_set():
+                raise LensError("comparison cancelled")
+            x = run_hidden_checked(model, list(ids[i0:i1]), cache, rec)  # the pass stops before the head
+            got = x if x is not None else prefill(model, ids[:i1], cache, all_logits=True, chunk_size=chunk,
+                                                  recorder=rec, cancel=cancel)
             if got is None:
                 raise LensError("comparison cancelled")
-            rows.append(got)
-        acc.add(rows[0], rows[1])  # the rows' numbers kept, the rows dropped
+            outs.append(got)
+            hidden.append(x is not None)
+        for s0, s1 in head_blocks(i1 - i0, HEAD_ROWS) if any(hidden) else [(0, i1 - i0)]:
+            rows = [logits_checked(m, o[s0:s1]) if h else o[s0:s1] for m, o, h in zip((base, other), outs, hidden)]
+            acc.add(rows[0], rows[1])  # the rows' numbers kept, the rows dropped
+            del rows
     return Comparison(per_layer=layer_divergence(recs[0].hidden, recs[1].hidden, n),
                       routing=compare_routing(recs[0], recs[1], base.args.n_layers, n), **acc.result())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import signal
 import socket
 import threading
 import time
@@ -58,8 +59,11 @@ class _Uvicorn(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, runner: Runner):
         super().__init__(config)
         self.runner = runner
+        self.interrupted = False  # a Ctrl+C stopped it (Server.run then ends as KeyboardInterrupt, always)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGINT:
+            self.interrupted = True
         try:  # run it on the loop, not inside the handler: it sets the running job's Event, which takes a lock
             asyncio.get_running_loop().call_soon_threadsafe(self.runner.close)
         except RuntimeError:
@@ -96,6 +100,8 @@ class Server:
         finally:
             self.runner.close()
             self.sock.close()
+        if self._server.interrupted:  # uvicorn re-raises the signal inside asyncio.run, whose own handler cancels a
+            raise KeyboardInterrupt  # task that may be finishing anyway: it ended as 0 or 130 by chance; now always 130
 
     def start(self, timeout: float = 60.0) -> Server:
         """Serve in a background thread; returns once uvicorn accepts connections."""

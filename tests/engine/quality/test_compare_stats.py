@@ -111,9 +111,9 @@ def test_replace_first_gives_the_same_model_and_the_file_on_cancel(tiny: Path) -
 
 
 def test_compare_models_in_step_holds_no_whole_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """compare_models runs A and B a chunk at a time and keeps only each chunk's numbers: the statistics and the
-    per-layer divergence of the two whole runs (prefilled in chunks of the same size), with no logit array of more
-    than a chunk's rows made by the runs."""
+    """compare_models runs A and B a chunk at a time, each pass stopping before the head, and keeps only each block's
+    numbers: the statistics and the per-layer divergence of the two whole runs (prefilled in chunks of the same size),
+    with no logit array of more than HEAD_ROWS rows made."""
     from engine.quality.compare import compare_models, layer_divergence, run_recorded
 
     a = load_model(make_tiny_llama(tmp_path / "a.gguf", n_ctx=256))
@@ -123,17 +123,17 @@ def test_compare_models_in_step_holds_no_whole_logits(tmp_path: Path, monkeypatc
         monkeypatch.setattr(compare, "LOGIT_ROWS_BYTES", 16 * 4 * a.args.n_vocab)  # chunks of 16 rows
         assert compare.lockstep_chunk(a.args.n_vocab) == 16
         seen: list[int] = []
-        real = compare.prefill
+        real = compare.logits_checked
 
-        def spy(*args, **kwargs):  # noqa: ANN002, ANN003
-            got = real(*args, **kwargs)
+        def spy(model, hidden):  # noqa: ANN001
+            got = real(model, hidden)
             seen.append(got.shape[0])
             return got
 
-        monkeypatch.setattr(compare, "prefill", spy)
+        monkeypatch.setattr(compare, "logits_checked", spy)
         got = compare_models(a, b, ids)
-        assert max(seen) == 16 and sum(seen) == 2 * len(ids)  # both runs, never more than a chunk of rows
-        monkeypatch.setattr(compare, "prefill", real)
+        assert max(seen) == compare.HEAD_ROWS and sum(seen) == 2 * len(ids)  # both runs, a block of rows at a time
+        monkeypatch.setattr(compare, "logits_checked", real)
         la, ra = run_recorded(a, ids, chunk=16)
         lb, rb = run_recorded(b, ids, chunk=16)
         want = token_stats(la, lb, ids)
