@@ -43,11 +43,17 @@ class IsaInfo:
         return self.target in BUILDS and self.bits_of == BUILDS[self.target]
 
 
-def _target_features() -> set[str]:
+def _target_features() -> frozenset[str]:
     """numba's target features: NUMBA_CPU_FEATURES when NUMBA_CPU_NAME overrides the host, else the host's."""
     if os.environ.get("NUMBA_CPU_NAME"):
-        return {f[1:] for f in os.environ.get("NUMBA_CPU_FEATURES", "").split(",") if f.startswith("+")}
+        return _listed_features(os.environ.get("NUMBA_CPU_FEATURES", ""))
     return _host_features()
+
+
+@functools.cache
+def _listed_features(listed: str) -> frozenset[str]:
+    """The features a NUMBA_CPU_FEATURES string turns on (parsed once: the decode step asks on every token)."""
+    return frozenset(f[1:] for f in listed.split(",") if f.startswith("+"))
 
 
 @functools.cache
