@@ -85,19 +85,37 @@ def _top(logp: npt.NDArray[np.float32], k: int) -> tuple[tuple[int, float], ...]
     return tuple((int(i), float(logp[i])) for i in idx)
 
 
+def _non_finite(values: npt.NDArray[np.float32]) -> str | None:
+    """'NaN' or 'Inf' where `values` holds one, else None."""
+    if np.all(np.isfinite(values)):
+        return None
+    return "NaN" if np.isnan(values).any() else "Inf"
+
+
+def _keep(values: npt.NDArray[np.float32], what: str, ids: Sequence[int], cache: KVCache,
+          recorder: Recorder | None) -> npt.NDArray[np.float32]:
+    """A forward pass's output `values` (what: what they are, for the message) committed to the cache and the
+    recorder, or refused when not finite (nothing committed)."""
+    bad = _non_finite(values)
+    if bad is not None:
+        raise InferenceError(f"numerical error in {what} ({bad}) at position {cache.length}; the step was not kept")
+    cache.commit(list(ids))
+    if recorder is not None:
+        recorder.commit()
+    return values
+
+
+def _out_of_memory(cache: KVCache) -> InferenceError:
+    return InferenceError(f"ran out of memory at token {cache.length}; reduce the context or close other programs")
+
+
 def run_checked(model: Model, ids: Sequence[int], cache: KVCache, recorder: Recorder | None, all_logits: bool = False) -> npt.NDArray[np.float32]:
     """One forward pass; commits to the cache only when the logits are finite."""
     try:
         logits = model.forward(ids, cache, recorder, all_logits=all_logits)
     except MemoryError:
-        raise InferenceError(f"ran out of memory at token {cache.length}; reduce the context or close other programs") from None
-    if not np.all(np.isfinite(logits)):
-        bad = "NaN" if np.isnan(logits).any() else "Inf"
-        raise InferenceError(f"numerical error in model output ({bad}) at position {cache.length}; the step was not kept")
-    cache.commit(list(ids))
-    if recorder is not None:
-        recorder.commit()
-    return logits
+        raise _out_of_memory(cache) from None
+    return _keep(logits, "model output", ids, cache, recorder)
 
 
 def run_hidden_checked(model: Model, ids: Sequence[int], cache: KVCache,
@@ -107,16 +125,8 @@ def run_hidden_checked(model: Model, ids: Sequence[int], cache: KVCache,
     try:
         x = model.forward_hidden(ids, cache, recorder)
     except MemoryError:
-        raise InferenceError(f"ran out of memory at token {cache.length}; reduce the context or close other programs") from None
-    if x is None:
-        return None
-    if not np.all(np.isfinite(x)):
-        bad = "NaN" if np.isnan(x).any() else "Inf"
-        raise InferenceError(f"numerical error in the residual stream ({bad}) at position {cache.length}; the step was not kept")
-    cache.commit(list(ids))
-    if recorder is not None:
-        recorder.commit()
-    return x
+        raise _out_of_memory(cache) from None
+    return None if x is None else _keep(x, "the residual stream", ids, cache, recorder)
 
 
 def head_blocks(rows: int, most: int) -> list[tuple[int, int]]:
@@ -134,10 +144,30 @@ def head_blocks(rows: int, most: int) -> list[tuple[int, int]]:
 def logits_checked(model: Model, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """model.logits_of rows of run_hidden_checked's residual stream, refused when not finite."""
     logits = model.logits_of(hidden)
-    if not np.all(np.isfinite(logits)):
-        bad = "NaN" if np.isnan(logits).any() else "Inf"
+    bad = _non_finite(logits)
+    if bad is not None:
         raise InferenceError(f"numerical error in model output ({bad}); the comparison stops here")
     return logits
+
+
+def run_for_logits(model: Model, ids: Sequence[int], cache: KVCache,
+                   recorder: Recorder | None) -> tuple[npt.NDArray[np.float32], bool]:
+    """One checked pass of `ids` for a caller that wants their logits a few rows at a time: (the residual stream,
+    True) where the model stops before its head (run_hidden_checked), else (all the logits, False)."""
+    x = run_hidden_checked(model, ids, cache, recorder)
+    if x is not None:
+        return x, True
+    return run_checked(model, ids, cache, recorder, all_logits=True), False
+
+
+def logit_blocks(models: Sequence[Model], outs: Sequence[npt.NDArray[np.float32]], hidden: Sequence[bool],
+                 most: int) -> Iterator[list[npt.NDArray[np.float32]]]:
+    """The logits of one chunk of several runs in step (run_for_logits' outputs and flags, one per model), a
+    head_blocks block of rows at a time: the same rows of every run together. A caller drops each block's list
+    before taking the next, so that one block is alive at a time."""
+    n = outs[0].shape[0]
+    for r0, r1 in head_blocks(n, most) if any(hidden) else [(0, n)]:
+        yield [logits_checked(m, o[r0:r1]) if h else o[r0:r1] for m, o, h in zip(models, outs, hidden)]
 
 
 UBATCH = 512  # prompt tokens a forward pass takes at once: llama.cpp's default n_ubatch (its batches, its numbers;
