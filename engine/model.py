@@ -87,11 +87,15 @@ class Model:
         """The residual stream (T, dim) after the last layer, K/V written, not committed (logits_of turns rows of it
         into forward's logits, bit for bit); None where the network runs its head with its layers (a GPU runner,
         an encoder-decoder): call forward then."""
-        hidden = getattr(self.net, "forward_hidden", None)
-        if hidden is None or self.gpu_layers:
+        if not self.stops_before_head:
             return None
         self.gguf.check_unchanged()
-        return hidden(tokens, cache, recorder)
+        return self.net.forward_hidden(tokens, cache, recorder)
+
+    @property
+    def stops_before_head(self) -> bool:
+        """Whether forward_hidden runs (a NumPy decoder), not None (a GPU runner, an encoder-decoder)."""
+        return getattr(self.net, "forward_hidden", None) is not None and not self.gpu_layers
 
     def logits_of(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """The logits of rows of forward_hidden's residual stream: the final norm, output product and soft-cap."""

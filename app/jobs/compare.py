@@ -74,7 +74,7 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
     states; then their logits chunk_rows(vocabulary) rows at a time from the last residual stream.
     Each block's log-probabilities go into the statistics, the top tokens and (reference=True) the file's
     Reference, then are dropped. Returns both runs, token_stats's dictionary, top_union's arrays, the Reference."""
-    from engine.generate import head_blocks, logits_checked, run_checked, run_hidden_checked  # noqa: PLC0415
+    from engine.generate import logit_blocks, run_for_logits  # noqa: PLC0415
     from engine.observe.recorder import Recorder  # noqa: PLC0415
     from engine.quality.compare import TokenStats, log_softmax_rows  # noqa: PLC0415
 
@@ -89,7 +89,7 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
     # GPU runner) runs chunk_rows positions a pass with F32 caches (whose numbers do not depend on it), else CHUNK
     exact = all(str(t).upper() == "F32" for t in caches)
     rows_at_once = chunk_rows(int(a.args.n_vocab))
-    split = all(getattr(r.model, "forward_hidden", None) is not None for r in runs)
+    split = all(getattr(r.model, "stops_before_head", False) for r in runs)
     chunk = CHUNK if split or not exact else rows_at_once
     what = f"running A and B on {n} tokens"
     say(what, 0.0)
@@ -106,15 +106,12 @@ def run_pair(a: Any, b: Any, ids: Sequence[int], caches: tuple[str, str], cancel
         for side, run in enumerate(runs):
             if cancel.is_set():
                 raise LensError("comparison cancelled")
-            out = run_hidden_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder) if split else None
-            hidden.append(out is not None)
-            if out is None:
-                out = run_checked(run.model, list(ids[r0:r1]), run.cache, run.recorder, all_logits=True)
-            to_scratch(run.recorder, n)
+            out, h = run_for_logits(run.model, list(ids[r0:r1]), run.cache, run.recorder)
             outs.append(out)
+            hidden.append(h)
+            to_scratch(run.recorder, n)
             say(what, (r0 + (side + 1) * (r1 - r0) / 2) / n)
-        for s0, s1 in head_blocks(r1 - r0, rows_at_once) if any(hidden) else [(0, r1 - r0)]:
-            rows = [logits_checked(run.model, o[s0:s1]) if h else o[s0:s1] for run, o, h in zip(runs, outs, hidden)]
+        for rows in logit_blocks([run.model for run in runs], outs, hidden, rows_at_once):
             fold([log_softmax_rows(r, out=r) for r in rows])  # in place: the logits are not needed again
             del rows  # before the next block's are made
         del outs

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import LensError, SettingError
-from engine.generate import head_blocks, log_softmax, logits_checked, prefill, run_hidden_checked
+from engine.generate import log_softmax, logit_blocks, prefill, run_for_logits
 from engine.observe.recorder import Recorder
 from engine.observe.routing import RoutingChange, routing_changes, routing_layers
 
@@ -222,15 +222,10 @@ def compare_models(base: Model, other: Model, ids: Sequence[int], *, cancel: thr
             say(f"running {'AB'[side]} on tokens {i0}-{i1}", (i0 + side * (i1 - i0) / 2) / n)
             if cancel is not None and cancel.is_set():
                 raise LensError("comparison cancelled")
-            x = run_hidden_checked(model, list(ids[i0:i1]), cache, rec)  # the pass stops before the head
-            got = x if x is not None else prefill(model, ids[:i1], cache, all_logits=True, chunk_size=chunk,
-                                                  recorder=rec, cancel=cancel)
-            if got is None:
-                raise LensError("comparison cancelled")
-            outs.append(got)
-            hidden.append(x is not None)
-        for s0, s1 in head_blocks(i1 - i0, HEAD_ROWS) if any(hidden) else [(0, i1 - i0)]:
-            rows = [logits_checked(m, o[s0:s1]) if h else o[s0:s1] for m, o, h in zip((base, other), outs, hidden)]
+            out, h = run_for_logits(model, list(ids[i0:i1]), cache, rec)  # the pass stops before the head
+            outs.append(out)
+            hidden.append(h)
+        for rows in logit_blocks((base, other), outs, hidden, HEAD_ROWS):
             acc.add(rows[0], rows[1])  # the rows' numbers kept, the rows dropped
             del rows
     return Comparison(per_layer=layer_divergence(recs[0].hidden, recs[1].hidden, n),

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine.generate as engine_generate
 import engine.quality.compare as compare
 from engine.generate import log_softmax
 from engine.model import load_model
@@ -123,17 +124,17 @@ def test_compare_models_in_step_holds_no_whole_logits(tmp_path: Path, monkeypatc
         monkeypatch.setattr(compare, "LOGIT_ROWS_BYTES", 16 * 4 * a.args.n_vocab)  # chunks of 16 rows
         assert compare.lockstep_chunk(a.args.n_vocab) == 16
         seen: list[int] = []
-        real = compare.logits_checked
+        real = engine_generate.logits_checked
 
         def spy(model, hidden):  # noqa: ANN001
             got = real(model, hidden)
             seen.append(got.shape[0])
             return got
 
-        monkeypatch.setattr(compare, "logits_checked", spy)
+        monkeypatch.setattr(engine_generate, "logits_checked", spy)
         got = compare_models(a, b, ids)
         assert max(seen) == compare.HEAD_ROWS and sum(seen) == 2 * len(ids)  # both runs, a block of rows at a time
-        monkeypatch.setattr(compare, "logits_checked", real)
+        monkeypatch.setattr(engine_generate, "logits_checked", real)
         la, ra = run_recorded(a, ids, chunk=16)
         lb, rb = run_recorded(b, ids, chunk=16)
         want = token_stats(la, lb, ids)
