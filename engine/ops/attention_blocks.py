@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.kernels.floats.tinyblas import _lanes, _reduce8, _reduce16
-from engine.kernels.simd import F32, I8, I64, byte_ptr, call_intrinsic, load, shuffle, vec
+from engine.kernels.simd import F32, I8, I32, I64, byte_ptr, call_intrinsic, const_vec, load, shuffle, vec
 
 QB = 4  # queries a block
 
@@ -40,11 +40,7 @@ def _segments(b, u, v, width: int, take: list[int]):
     """One vector of u's and then v's segments of `width` lanes, each cut to the lanes `take` of it."""
     n = u.type.count
     idx = [seg * width + t for seg in range(n // width) for t in take]
-    return shuffle2(b, u, v, idx + [n + k for k in idx])
-
-
-def shuffle2(b, u, v, mask: list[int]):
-    return b.shuffle_vector(u, v, ir.Constant(vec(ir.IntType(32), len(mask)), [ir.Constant(ir.IntType(32), k) for k in mask]))
+    return b.shuffle_vector(u, v, const_vec(I32, idx + [n + k for k in idx]))
 
 
 def transposed_reduce(b, vs):
@@ -149,7 +145,7 @@ def _kqv(n_lanes: int):
                     active.append(b.and_(live, b.icmp_unsigned("!=", seen, ir.Constant(I8, 0))))
                     w = load(b, b.gep(pe, [b.add(b.mul(ir.Constant(I64, r), _i64(b, es_)),
                                                  b.mul(k, ir.Constant(I64, 4)))]), F32)
-                    weights.append(shuffle(b, b.insert_element(ir.Constant(vt, None), w, ir.Constant(ir.IntType(32), 0)),
+                    weights.append(shuffle(b, b.insert_element(ir.Constant(vt, None), w, ir.Constant(I32, 0)),
                                            [0] * n_lanes))
                     at = b.add(b.mul(ir.Constant(I64, r), _i64(b, as_)), b.mul(lane, b.mul(d64, ir.Constant(I64, 4))))
                     bases.append(b.gep(pa, [at]))  # acc[r, lane, 0]
