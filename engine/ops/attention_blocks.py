@@ -8,14 +8,16 @@ own order, so the bits are the one-query kernel's:
   kq<lanes>(kc, ko, ks, n_keys, q, qo, qs, d, e, eo, es)
       e[r, k] = tinyBLAS's K*q of key row k (fp16 bits at byte ko + k * ks of kc) with query row r (float32 at
       byte qo + r * qs of q: already rounded to fp16): one <lanes x float> accumulator walked d / lanes times
-      (fma(key, query, acc)), then reduce16 / the AVX2 build's hsum; r = 0..QB-1, stored at byte eo + r * es + 4k
+      (fma(key, query, acc)), then reduce16 / the AVX2 build's hsum; r = 0..QB-1, stored at byte eo + r * es + 4k.
+      lanes / QB keys are walked together and their QB x lanes / QB sums reduced at once (transposed_reduce: the
+      same additions in the same order, a round of shuffles a level); the keys left over one at a time
   kqv<lanes>(vc, vo, vs, j0, n_keys, e, eo, es, mask, mo, ms, nq, acc, ao, as, d)
       for k in 0..n_keys-1, key j = j0 + k (value row at byte vo + k * vs of vc), query r < nq where
       mask[mo + r * ms + k] is set: acc[r, j % lanes, :] = fma(value, weight e[eo + r * es + 4k], acc[...]) (query
       r's (lanes, d) float32 block at byte ao + r * as), the V*w lanes of each output (a masked key adds nothing,
       not even a zero's sign)
 
-The caller reserves QB rows in e and acc whatever nq is: rows past nq are computed from query 0 and never read.
+The caller reserves QB rows in e and acc whatever nq is: rows past nq are computed from the block's first query and never read.
 Rows of e and acc a multiple of 4 KiB apart would make the four queries' loads and stores alias in the store
 buffer (4K aliasing): the caller pads them.
 """
