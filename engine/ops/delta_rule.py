@@ -170,6 +170,7 @@ def _delta_rule_numpy(q: F32, k: F32, v: F32, decay: F32, beta: F32, s: F32, out
 
 
 if HAVE_NUMBA:
+    from engine.kernels.floats.delta_row import delta_row8, delta_row16
     from engine.kernels.floats.vec_dot import _dot_f32_row
 
     @njit(cache=True, forceinline=True)
@@ -226,18 +227,36 @@ if HAVE_NUMBA:
                 row[i] = fma32(kt[i], dj, row[i])
             out[j] = _dot_f32_row(row, qt, acc) * scale
 
+    @njit(cache=True, forceinline=True)
+    def _row(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b, step):  # pragma: no cover - compiled
+        """One row's four steps (engine.kernels.floats.delta_row) in the build's step: 64 or 32."""
+        if step == 64:
+            return delta_row16(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b)
+        return delta_row8(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b)
+
     @njit(cache=True, parallel=True)
     def _delta_rule_ggml(q, k, v, decay, beta, state, out, snap, snap_at, step):  # pragma: no cover - compiled
-        """ggml_compute_forward_gated_delta_net_one_chunk (K = 1) for every value head, one head per task."""
+        """ggml_compute_forward_gated_delta_net_one_chunk (K = 1) for every value head, one head per task. Rows as
+        long as a whole number of steps go through the vector rows (`_row`, no view per row), others through
+        `_token`."""
         n_tokens, n_heads, size = v.shape
         n_k = q.shape[1]
         scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(size)))
+        vector = size % step == 0
+        n_steps, row_bytes = np.int64(size // step), np.int64(4 * size)
         for h in prange(n_heads):
             acc = np.empty(step, np.float32)
             m = state[h]
             hk = h % n_k
             for t in range(n_tokens):
-                _token(m, k[t, hk], q[t, hk], v[t, h], decay[t, h], beta[t, h], scale, acc, out[t, h])
+                if vector:
+                    ko, dec, b = np.int64(t * n_k + hk) * row_bytes, decay[t, h], beta[t, h]
+                    for j in range(size):
+                        mo = np.int64(h * size + j) * row_bytes
+                        out[t, h, j] = _row(state, mo, state, mo, k, ko, q, ko, n_steps, dec, v[t, h, j], b,
+                                            step) * scale
+                else:
+                    _token(m, k[t, hk], q[t, hk], v[t, h], decay[t, h], beta[t, h], scale, acc, out[t, h])
                 if t == snap_at:
                     snap[h, :, :] = m
 
@@ -331,12 +350,20 @@ if HAVE_NUMBA:
         scale = one / np.float32(np.sqrt(np.float32(size)))
         group = n_heads // k_heads
         zbody = size - size % lanes
+        step = np.int64(4 * lanes)
+        n_steps, row_bytes = np.int64(size // step), np.int64(4 * size)
         for h in prange(n_heads):  # per head: the delta rule (_token), SiLU of its z row, the gated norm
             acc = np.empty(32 if w8 else 64, np.float32)
             hk = h % k_heads if key_map == 0 else h // group
             vo, o = 2 * kd + h * size, h * size
-            _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
-                   x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])
+            if size % step == 0:  # the vector rows (see _delta_rule_ggml), from old_state into state
+                for j in range(size):
+                    mo = np.int64(h * size + j) * row_bytes
+                    y[o + j] = _row(state, mo, old_state, mo, x, np.int64(kd + hk * size) * 4, x, np.int64(hk * size) * 4,
+                                    n_steps, gdb[1, h], x[vo + j], gdb[2, h], step) * scale
+            else:
+                _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
+                       x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])
             s = rms_scale(y, o, size, eps)
             for j in range(size):
                 y[o + j] = ((y[o + j] * s) * norm[j]) * _silu(z[o + j], j < zbody, w8)
