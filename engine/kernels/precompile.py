@@ -13,8 +13,9 @@ the helper fails or hangs, this process compiles what is missing itself (only sl
 
 The *late* kernels are those a model can run without, since another path gives the same bits: the compiled
 decode step (the op-by-op step), the compiled prompt attention (its NumPy path), the legacy quants' one-row
-products (their batch kernel on one row) and the AVX512-VNNI batch kernels (the plainer ones of engine.kernels.paths,
-which compile in a fraction of the time). On a cold cache they compile in one more background process started
+products (their batch kernel on one row), the AVX512-VNNI batch kernels (the plainer ones of engine.kernels.paths,
+which compile in a fraction of the time) and the MoE layers' few-rows products of all experts in one call
+(engine.kernels.kquant.groups; a call per expert without them). On a cold cache they compile in one more background process started
 after the dry pass (`start_late`), while the first token is computed without them; `late_ready()` tells the
 engine when they may run, and `late_status()` what a front end shows meanwhile. A late helper still running
 when this process exits is stopped (what it finished stays cached). GGUF_LENS_LATE_KERNELS=now compiles them

@@ -54,7 +54,16 @@ def _expert_gemvs() -> dict:
             idot.gemv_mxfp4_x8: idot.gemv_experts_mxfp4_x8}
 
 
+def _expert_groups() -> dict:
+    """One-row kernels whose few-rows product has a twin running every expert's rows in one parallel region
+    (engine.kernels.kquant.groups, the same bits)."""
+    from engine.kernels.kquant import dot, groups, repack  # noqa: PLC0415 - compiled kernels only
+
+    return {repack.gemv_q4_k_8x8: groups.gemv_groups_q4_k_8x8, dot.gemv_q6_k: groups.gemv_groups_q6_k}
+
+
 EXPERT_GEMVS: dict = _expert_gemvs() if HAVE_NUMBA else {}
+EXPERT_GROUPS: dict = _expert_groups() if HAVE_NUMBA else {}
 
 
 class RoutingOps(GatedActivation, Protocol):
@@ -134,15 +143,21 @@ class ExpertLinear:
         xq = act.bytes_for(self.weight.qtype)
         xs = np.take(xq, rows_of(order), axis=0)  # the activation rows grouped by expert: each group a slice
         grouped = np.empty((len(ids), self.n_out), np.float32)
+        few: list[tuple[int, int, BlockProduct]] = []  # groups for one call of EXPERT_GROUPS' kernel
+        fewest = _fewest_other(products[0])
         with KERNEL_LOCK:
             for a, sel, p in zip(starts.tolist(), groups, products):
                 z = a + len(sel)
                 if p.tiled is not None and z - a >= TILED_MIN_ROWS:  # mul_mat_id's tiled path, per expert
                     p.tiled(p.weight, xs[a:z], grouped[a:z])
+                elif z - a < fewest and p.gemv is products[0].gemv and p.weight.flags.c_contiguous:
+                    few.append((a, z, p))
                 elif z - a == 1:  # mul_mat_id_one_chunk (vec_dot per row) or forward_mul_mat_id (gemv per row)
                     p.gemv(p.weight, xs[a], grouped[a])
                 else:
                     p.gemv_rows(xs[a:z], grouped[a:z])
+            if few:
+                _few_rows_each(few, xs, grouped)
         out[order] = grouped
 
     def _one_row_each(self, act: Activation, ids: npt.NDArray[np.int64], src: npt.NDArray[np.int64] | None,
@@ -172,6 +187,40 @@ class ExpertLinear:
     def resident_experts(self) -> list[int]:
         """The experts whose products were built (those some token was routed to)."""
         return sorted(self._products)
+
+
+def _fewest_other(p: BlockProduct) -> int | float:
+    """The fewest rows of one expert that its product runs through another kernel than EXPERT_GROUPS' (the band
+    kernel of repacked Q4_K; the tiled path of the others); 0 where the product has no such twin, or before the
+    late kernels may run (EXPERT_GROUPS' are late kernels: the late helper compiles them through warm_rows)."""
+    from engine.kernels import paths, precompile  # noqa: PLC0415 - compiled kernels only
+
+    if EXPERT_GROUPS.get(p.gemv) is None or p.weight.dtype != np.uint8 or p.weight.ndim != 2 or not precompile.late_ready():
+        return 0
+    if p.path == "repack_8x8":
+        least = getattr(paths.q4_k_rows(), "least", None)
+        return least if least is not None else float("inf")
+    return TILED_MIN_ROWS if p.tiled is not None else float("inf")
+
+
+def _few_rows_each(few: list[tuple[int, int, BlockProduct]], xs: npt.NDArray[np.uint8], grouped: F32) -> None:
+    """Groups of rows (a, z, expert's product), each through its expert's few-rows product, in one call of the
+    EXPERT_GROUPS kernel (its rows gathered into one run first); the caller holds KERNEL_LOCK."""
+    from engine.kernels.kquant.groups import addresses  # noqa: PLC0415 - compiled kernels only
+
+    sizes = np.array([z - a for a, z, _ in few], np.int64)
+    starts = np.zeros(len(few) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    rows = np.concatenate([np.arange(a, z) for a, z, _ in few])
+    contiguous = rows[0] == 0 and len(rows) == xs.shape[0]  # every group is here: the rows as they are
+    x = xs if contiguous else np.ascontiguousarray(xs[rows])
+    out = grouped if contiguous else np.empty((len(rows), grouped.shape[1]), np.float32)
+    first = few[0][2]
+    kernel = EXPERT_GROUPS[first.gemv]
+    kernel(addresses([p.weight for _, _, p in few]), np.int64(first.weight.shape[0]), np.int64(first.weight.shape[1]),
+           x, starts, out)
+    if not contiguous:
+        grouped[rows] = out
 
 
 @dataclass
