@@ -46,6 +46,27 @@ def test_the_compiled_recurrence_has_the_numpy_emulations_bits(build: str, size:
     np.testing.assert_array_equal(cut[1], got[2])
 
 
+@pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled step needs numba")
+@pytest.mark.parametrize("build", ["avx512", "avx2"])
+@pytest.mark.parametrize("size", [64, 128, 48])
+def test_the_compiled_decode_step_updates_the_state_as_the_prompts_recurrence(build: str, size: int) -> None:
+    """dr.step (a decode token's whole layer) leaves the state that dr.delta_rule leaves for the same q, k, v, gates:
+    vector rows (sizes in whole steps of both builds) and the row-by-row path (48)."""
+    rng = np.random.default_rng(size)
+    n_heads, k_heads = 4, 2
+    channels = (2 * k_heads + n_heads) * size
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    state = (0.1 * rng.standard_normal((n_heads, size, size))).astype(np.float32)
+    with isa.forced_bits(build):
+        _, _, new_state, seen = dr.step(f32(channels), f32(n_heads * size), f32(n_heads), f32(n_heads), f32(n_heads),
+                                        -np.exp(f32(n_heads)), f32(channels, 4), f32(size), 1e-6, f32(3, channels),
+                                        state, k_heads, 0)
+        seen = {key: value.copy() for key, value in seen.items()}
+        _, ref, _ = dr.delta_rule(seen["q"], seen["k"], seen["v"], ggml_math.expf(seen["g"]), seen["beta"], state,
+                                  exact=True)
+    np.testing.assert_array_equal(new_state, ref)
+
+
 def test_the_builds_orders_differ_and_the_recurrence_is_the_delta_rule() -> None:
     q, k, v, decay, beta, state, g = inputs(12, 2, 4, 64, seed=3)
     with isa.forced_bits("avx512"):
