@@ -31,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Open the app (called by `gguf-lens gui`); returns the exit status."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from engine.kernels.pages import limit_arenas  # noqa: PLC0415
+
+    limit_arenas()  # before any thread starts: what jobs free comes back to fewer arenas (issue 43's memory)
     from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
     from app.main_window import MainWindow  # noqa: PLC0415

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.headless_compare:
         return headless_compare(args.model, args.tokens, args.cache.upper())
 
+    from engine.kernels.pages import limit_arenas
+
+    limit_arenas()  # as app.__main__ does before the window's threads start
     from PySide6.QtWidgets import QApplication
 
     from app.data.overrides import eval_text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -68,12 +69,26 @@ class JobMemory:
     peak: int
     seconds: float
     error: str = ""  # the job's failure message ('' when it ran)
+    parts: dict[str, float] = dataclasses.field(default_factory=dict)  # what `after` is made of (resident_parts)
 
     def as_dict(self) -> dict[str, Any]:
         return {"round": self.round, "job": self.job, "rss_before_mib": round(self.before / MIB, 1),
                 "rss_after_mib": round(self.after / MIB, 1), "peak_mib": round(self.peak / MIB, 1),
                 "grew_mib": round((self.after - self.before) / MIB, 1), "seconds": round(self.seconds, 1),
-                **({"error": self.error} if self.error else {})}
+                **({"error": self.error} if self.error else {}), **self.parts}
+
+
+def resident_parts() -> dict[str, float]:
+    """What the resident memory is made of now: anonymous pages (the heaps, arrays), file pages (the memory-mapped
+    GGUF files, libraries), both in MiB (/proc/self/smaps_rollup), and the blocks Python's own allocator holds."""
+    parts: dict[str, float] = {"py_blocks": float(sys.getallocatedblocks())}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            kb = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split(":")[0] in ("Rss", "Anonymous")}
+        parts.update(anon_mib=round(kb["Anonymous"] / 1024, 1), file_mib=round((kb["Rss"] - kb["Anonymous"]) / 1024, 1))
+    except (OSError, KeyError, ValueError):
+        pass
+    return parts
 
 
 class SessionDriver:
@@ -134,7 +149,7 @@ class SessionDriver:
             seconds = time.perf_counter() - t0
             idle(self.settle_s)
         error = next((m for k, m in self._ended[mark:] if k == kind and m), "")
-        return JobMemory(job, round_, before, rss(), sampler.peak, seconds, error)
+        return JobMemory(job, round_, before, rss(), sampler.peak, seconds, error, resident_parts())
 
 
 def file_mib(path: str) -> float:

@@ -126,3 +126,40 @@ def test_a_fused_legacy_product_is_its_parts_side_by_side() -> None:
         for rows in (x, x[:1]):  # the batch kernel on each part, then the stacked repack's one-row product
             np.testing.assert_array_equal(fused(rows), np.concatenate([p(rows) for p in alone], axis=1))
         assert fused.blocks is None and fused.repack_made
+
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from engine.kernels import pages
+if sys.argv[1] == "limit":
+    assert pages.limit_arenas(2)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+start = threading.Barrier(8)
+def work():
+    start.wait()  # all eight alive at once: each first malloc asks for an arena
+    libc.malloc(4096)
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_limit_arenas_keeps_threads_to_two_arenas() -> None:
+    import platform  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("needs glibc")
+    root = Path(__file__).resolve().parents[3]
+
+    def arenas(mode: str) -> int:
+        run = subprocess.run([sys.executable, "-c", _ARENAS, mode], cwd=root, capture_output=True, text=True,
+                             timeout=300, check=True)  # a hang guard only
+        return run.stderr.count("Arena ")
+
+    assert arenas("limit") == 2
+    assert arenas("default") > 2  # eight threads get arenas of their own without the limit
