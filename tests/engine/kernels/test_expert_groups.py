@@ -33,35 +33,36 @@ def _xq(rng: np.random.Generator, nb: int) -> np.ndarray:
     return _q8k(rng.standard_normal((sum(SIZES), nb * 256)).astype(np.float32))
 
 
-def test_q4_k_groups_are_each_experts_rows() -> None:
+def _q4_k_case(rng: np.random.Generator, nb: int):
+    """Repacked Q4_K experts of 24 rows: (weights, the grouped kernel and its shape arguments, the one-expert one)."""
     from engine.kernels.kquant import groups, repack  # noqa: PLC0415
+
+    experts = [repack.repack_q4_k_8x8(_random_bytes(rng, 24, nb)) for _ in SIZES]
+    shape = (np.int64(experts[0].shape[0]), np.int64(experts[0].shape[1]))
+    return experts, 24, groups.gemv_groups_q4_k_8x8, shape, repack.gemv_rows_q4_k_8x8
+
+
+def _q6_k_case(rng: np.random.Generator, nb: int):
+    """Plain Q6_K experts of 20 rows, as _q4_k_case."""
+    from engine.kernels.kquant import dot, groups  # noqa: PLC0415
+
+    experts = [_random_q6_k(rng, 20, nb) for _ in SIZES]
+    return experts, 20, groups.gemv_groups_q6_k, (np.int64(20), np.int64(nb * 210)), dot.gemv_rows_q6_k
+
+
+@pytest.mark.parametrize("case", [_q4_k_case, _q6_k_case], ids=["Q4_K", "Q6_K"])
+def test_the_groups_are_each_experts_rows(case) -> None:
+    from engine.kernels.kquant import groups  # noqa: PLC0415
 
     rng = np.random.default_rng(5)
     nb = 3
-    experts = [repack.repack_q4_k_8x8(_random_bytes(rng, 24, nb)) for _ in SIZES]
+    experts, width, grouped, shape, one = case(rng, nb)
     xq, starts = _xq(rng, nb), _starts(SIZES)
-    got = np.full((len(xq), 24), np.nan, np.float32)
-    w0 = experts[0]
-    groups.gemv_groups_q4_k_8x8(groups.addresses(experts), np.int64(w0.shape[0]), np.int64(w0.shape[1]), xq, starts,
-                                got)
+    got = np.full((len(xq), width), np.nan, np.float32)
+    grouped(groups.addresses(experts), *shape, xq, starts, got)
     for e, w in enumerate(experts):
         a, z = starts[e], starts[e + 1]
-        want = repack.gemv_rows_q4_k_8x8(w, np.ascontiguousarray(xq[a:z]), np.empty((z - a, 24), np.float32))
-        assert np.array_equal(got[a:z].view(np.uint32), want.view(np.uint32)), e
-
-
-def test_q6_k_groups_are_each_experts_rows() -> None:
-    from engine.kernels.kquant import dot, groups  # noqa: PLC0415
-
-    rng = np.random.default_rng(6)
-    nb = 2
-    experts = [_random_q6_k(rng, 20, nb) for _ in SIZES]
-    xq, starts = _xq(rng, nb), _starts(SIZES)
-    got = np.full((len(xq), 20), np.nan, np.float32)
-    groups.gemv_groups_q6_k(groups.addresses(experts), np.int64(20), np.int64(nb * 210), xq, starts, got)
-    for e, w in enumerate(experts):
-        a, z = starts[e], starts[e + 1]
-        want = dot.gemv_rows_q6_k(w, np.ascontiguousarray(xq[a:z]), np.empty((z - a, 20), np.float32))
+        want = one(w, np.ascontiguousarray(xq[a:z]), np.empty((z - a, width), np.float32))
         assert np.array_equal(got[a:z].view(np.uint32), want.view(np.uint32)), e
 
 
