@@ -195,7 +195,9 @@ def _fewest_other(p: BlockProduct) -> int | float:
     late kernels may run (EXPERT_GROUPS' are late kernels: the late helper compiles them through warm_rows)."""
     from engine.kernels import paths, precompile  # noqa: PLC0415 - compiled kernels only
 
-    if EXPERT_GROUPS.get(p.gemv) is None or p.weight.dtype != np.uint8 or p.weight.ndim != 2 or not precompile.late_ready():
+    if EXPERT_GROUPS.get(p.gemv) is None or p.weight.dtype != np.uint8 or p.weight.ndim != 2:
+        return 0
+    if not precompile.late_ready():
         return 0
     if p.path == "repack_8x8":
         least = getattr(paths.q4_k_rows(), "least", None)

@@ -359,8 +359,9 @@ if HAVE_NUMBA:
             if size % step == 0:  # the vector rows (see _delta_rule_ggml), from old_state into state
                 for j in range(size):
                     mo = np.int64(h * size + j) * row_bytes
-                    y[o + j] = _row(state, mo, old_state, mo, x, np.int64(kd + hk * size) * 4, x, np.int64(hk * size) * 4,
-                                    n_steps, gdb[1, h], x[vo + j], gdb[2, h], step) * scale
+                    ko, qo = np.int64(kd + hk * size) * 4, np.int64(hk * size) * 4
+                    y[o + j] = _row(state, mo, old_state, mo, x, ko, x, qo, n_steps, gdb[1, h], x[vo + j], gdb[2, h],
+                                    step) * scale
             else:
                 _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
                        x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])

@@ -3,11 +3,11 @@
 A prompt through a Mixture-of-Experts layer routes a few rows to each of many experts (Qwen3.6-35B-A3B: 128
 tokens x 8 of 256 experts, about four rows each). One compiled call per expert costs about 13 us of dispatch
 and thread wake-up, beside some 45 us of work for four rows: a tenth of the products' time in a quiet run, and
-far more whenever a thread wakes late (a 2-core VM: 11 against 12.5 ms best, 16 against 41-78 ms in noisy runs,
-for 128 experts of four rows). The kernels here take every such expert at once: the experts' weights as addresses (each a C-contiguous array that
-the caller keeps alive), the rows grouped by expert (group e is rows starts[e]:starts[e + 1] of xq and out), and
-split (expert, weight group) tasks over the threads. Each row's value is computed by the same inlined code as
-the one-expert kernels, so the bits are theirs:
+far more whenever a thread wakes late (a 2-core VM, 128 experts of four rows: 11 against 12.5 ms at best, 16
+against 41-78 ms in noisy runs). The kernels here take every such expert at once: the experts' weights as
+addresses (each a C-contiguous array that the caller keeps alive), the rows grouped by expert (group e is rows
+starts[e]:starts[e + 1] of xq and out), and split (expert, weight group) tasks over the threads. Each row's value
+is computed by the same inlined code as the one-expert kernels, so the bits are theirs:
 
   gemv_groups_q4_k_8x8(addrs, ng, row_bytes, xq, starts, out)   repacked Q4_K experts (ng groups of eight rows,
                                                                  row_bytes each): kquant_repack.gemv_rows_q4_k_8x8
