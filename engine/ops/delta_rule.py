@@ -228,33 +228,38 @@ if HAVE_NUMBA:
             out[j] = _dot_f32_row(row, qt, acc) * scale
 
     @njit(cache=True, forceinline=True)
-    def _row(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b, step):  # pragma: no cover - compiled
-        """One row's four steps (engine.kernels.floats.delta_row) in the build's step: 64 or 32."""
-        if step == 64:
-            return delta_row16(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b)
-        return delta_row8(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, b)
+    def _vector_head(dst, src, h, k, ko, q, qo, v, vo, dec, b, scale, out, oo, step):  # pragma: no cover - compiled
+        """One token of value head h whose rows are a whole number of steps (64 or 32): each row's four steps as
+        engine.kernels.floats.delta_row's two vector passes, from src's rows (src is dst for an update in place)
+        into dst's (both (H, S, S)); k's and q's rows at byte offsets ko and qo, v[vo + j] the value of row j,
+        out[oo + j] its output. No view per row: those cost a shared reference count each."""
+        size = dst.shape[1]
+        n_steps, row_bytes = np.int64(size // step), np.int64(4 * size)
+        for j in range(size):
+            mo = np.int64(h * size + j) * row_bytes
+            if step == 64:
+                o = delta_row16(dst, mo, src, mo, k, ko, q, qo, n_steps, dec, v[vo + j], b)
+            else:
+                o = delta_row8(dst, mo, src, mo, k, ko, q, qo, n_steps, dec, v[vo + j], b)
+            out[oo + j] = o * scale
 
     @njit(cache=True, parallel=True)
     def _delta_rule_ggml(q, k, v, decay, beta, state, out, snap, snap_at, step):  # pragma: no cover - compiled
         """ggml_compute_forward_gated_delta_net_one_chunk (K = 1) for every value head, one head per task. Rows as
-        long as a whole number of steps go through the vector rows (`_row`, no view per row), others through
-        `_token`."""
+        long as a whole number of steps go through `_vector_head`, others through `_token`."""
         n_tokens, n_heads, size = v.shape
         n_k = q.shape[1]
         scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(size)))
         vector = size % step == 0
-        n_steps, row_bytes = np.int64(size // step), np.int64(4 * size)
+        vf, of = v.reshape(-1), out.reshape(-1)  # contiguous: delta_rule made them so
         for h in prange(n_heads):
             acc = np.empty(step, np.float32)
             m = state[h]
             hk = h % n_k
             for t in range(n_tokens):
                 if vector:
-                    ko, dec, b = np.int64(t * n_k + hk) * row_bytes, decay[t, h], beta[t, h]
-                    for j in range(size):
-                        mo = np.int64(h * size + j) * row_bytes
-                        out[t, h, j] = _row(state, mo, state, mo, k, ko, q, ko, n_steps, dec, v[t, h, j], b,
-                                            step) * scale
+                    ko, vo = np.int64(t * n_k + hk) * np.int64(4 * size), np.int64(t * n_heads + h) * size
+                    _vector_head(state, state, h, k, ko, q, ko, vf, vo, decay[t, h], beta[t, h], scale, of, vo, step)
                 else:
                     _token(m, k[t, hk], q[t, hk], v[t, h], decay[t, h], beta[t, h], scale, acc, out[t, h])
                 if t == snap_at:
@@ -351,17 +356,13 @@ if HAVE_NUMBA:
         group = n_heads // k_heads
         zbody = size - size % lanes
         step = np.int64(4 * lanes)
-        n_steps, row_bytes = np.int64(size // step), np.int64(4 * size)
         for h in prange(n_heads):  # per head: the delta rule (_token), SiLU of its z row, the gated norm
             acc = np.empty(32 if w8 else 64, np.float32)
             hk = h % k_heads if key_map == 0 else h // group
             vo, o = 2 * kd + h * size, h * size
-            if size % step == 0:  # the vector rows (see _delta_rule_ggml), from old_state into state
-                for j in range(size):
-                    mo = np.int64(h * size + j) * row_bytes
-                    ko, qo = np.int64(kd + hk * size) * 4, np.int64(hk * size) * 4
-                    y[o + j] = _row(state, mo, old_state, mo, x, ko, x, qo, n_steps, gdb[1, h], x[vo + j], gdb[2, h],
-                                    step) * scale
+            if size % step == 0:  # the vector rows, from old_state into state
+                _vector_head(state, old_state, h, x, np.int64(kd + hk * size) * 4, x, np.int64(hk * size) * 4, x, vo,
+                             gdb[1, h], gdb[2, h], scale, y, o, step)
             else:
                 _token(state[h], x[kd + hk * size : kd + (hk + 1) * size], x[hk * size : (hk + 1) * size],
                        x[vo : vo + size], gdb[1, h], gdb[2, h], scale, acc, y[o : o + size], old_state[h])

@@ -8,8 +8,8 @@ ggml_compute_forward_gated_delta_net (engine.ops.delta_rule) walks a value head'
   row = fma(k, d_j, row)                         ggml_vec_mad_f32
   o_j = row . q                                  ggml_vec_dot_f32 again (the caller scales it)
 
-numba code of those four steps made a view per row and called a dot function per step; two parallel threads
-then spent most of their time on the views' reference counts. Here the four steps are two passes over the row,
+numba code of those four steps made a view per row (a reference count that both parallel threads update) and
+called a dot function per step; as this code a 128-token layer of 32 heads of 128 took 5 ms instead of 15-19. Here the four steps are two passes over the row,
 each a step of four vectors at a time: the decay stored and dotted with k, then the update stored and dotted with
 q. Every element sees the same roundings in the same order, so the bits are those of the four separate steps.
 
