@@ -9,9 +9,10 @@ ggml_compute_forward_gated_delta_net (engine.ops.delta_rule) walks a value head'
   o_j = row . q                                  ggml_vec_dot_f32 again (the caller scales it)
 
 numba code of those four steps made a view per row (a reference count that both parallel threads update) and
-called a dot function per step; as this code a 128-token layer of 32 heads of 128 took 5 ms instead of 15-19. Here the four steps are two passes over the row,
-each a step of four vectors at a time: the decay stored and dotted with k, then the update stored and dotted with
-q. Every element sees the same roundings in the same order, so the bits are those of the four separate steps.
+called a dot function per step; as this code a 128-token layer of 32 heads of 128 takes 5 ms instead of 15-19.
+Here the four steps are two passes over the row, each a step of four vectors at a time: the decay stored and
+dotted with k, then the update stored and dotted with q. Every element sees the same roundings in the same order,
+so the bits are those of the four separate steps.
 
   delta_row16(dst, do, src, so, k, ko, q, qo, n_steps, dec, vj, beta)   AVX-512's step of 64 (16-lane vectors)
   delta_row8(...)                                                        the AVX2 build's step of 32
