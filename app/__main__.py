@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -34,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.kernels.pages import limit_arenas  # noqa: PLC0415
 
     limit_arenas()  # before any thread starts: what jobs free comes back to fewer arenas (issue 43's memory)
+    from engine.runtime.warmup import APART_ENV  # noqa: PLC0415
+
+    os.environ.setdefault(APART_ENV, "1")  # a new weight type's kernels compile in a helper, not in the window's process
     from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
     from app.main_window import MainWindow  # noqa: PLC0415

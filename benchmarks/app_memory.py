@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.kernels.pages import limit_arenas
 
     limit_arenas()  # as app.__main__ does before the window's threads start
+    from engine.runtime.warmup import APART_ENV
+
+    os.environ.setdefault(APART_ENV, "1")  # as app.__main__: new types' kernels compile in a helper process
     from PySide6.QtWidgets import QApplication
 
     from app.data.overrides import eval_text

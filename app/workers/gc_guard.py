@@ -16,7 +16,9 @@ everything, frozen objects included, and what survives is frozen again; and when
 
 When a job ends (a comparison, a sweep, an Apply, a patching map, a reply: its Runner calls job_ended), the first tick
 with no job thread left collects
-everything not frozen and hands the C heap's free pages back (engine.kernels.pages.trim_heap, glibc's malloc_trim):
+everything not frozen and hands the C heap's free pages back (engine.kernels.pages.trim_heap, glibc's malloc_trim),
+and the libraries' clean code pages that the job touched (release_libraries: a first Compare loading or compiling
+kernels touches ~50 MiB of LLVM's, which stay resident until the system needs them):
 a job's temporaries (chunks of logits, its models' arrays) are freed by then, but glibc keeps their pages in its
 arenas and a cycle among them waits for the next full collection; so the app's memory comes back when each job ends.
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer
 
-from engine.kernels.pages import trim_heap
+from engine.kernels.pages import release_libraries, trim_heap
 
 TICK_MS = 500
 FULL_EVERY = 20  # a full collection (of what is not frozen) every 10 s
@@ -91,6 +93,7 @@ class GuiThreadCollector(QObject):
         else:
             freed = gc.collect(2)
         trim_heap()
+        release_libraries()  # LLVM's code pages that a job's kernel loads touched (~50 MiB a load; clean, on disk)
         return freed
 
     def freeze(self) -> int:

@@ -4,7 +4,7 @@ one table of each weight type's vec_dot type and the activation block layouts), 
 quantization as ggml-cpu does it: Q8_0, Q8_1, Q8_K), `simd` (LLVM vector helpers), `dispatch` (`BlockProduct`: the
 kernel llama.cpp's CPU backend would run for a weight and batch, from the families' tables), `paths` (repacked and
 tiled variants), `fallback` (the NumPy path), `precompile`, `compile_jobs` and `pages` (first-start compile and
-its helper's program, memory).
+its helper's program, memory), `warmed` (which types' kernels numba's cache holds: new ones compile in a helper).
 
 Imports only `engine.quant` (the type table and the NumPy reference) and numpy/numba; the NumPy path never
 needs this package.

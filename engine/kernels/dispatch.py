@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels import fallback, pages, paths, precompile
+from engine.kernels import fallback, pages, paths, precompile, warmed
 from engine.kernels.activations import KERNEL_LOCK
 from engine.quant import dequantize_rows
 from engine.kernels.types import I_QUANTS, K_QUANTS, VEC_DOT_TYPE
@@ -530,5 +530,7 @@ def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callab
         product = BlockProduct(qtype, blocks, n)
         for m in legacy_rows if int(qtype) in paths.LEGACY_INT else (1, 2, GEMV_MAX_ROWS + 1):
             product(np.zeros((m, n), np.float32))
+    if not precompile.is_dry():
+        warmed.mark(todo)  # in numba's cache now: the next process loads them (engine.kernels.warmed)
     if progress is not None:
         progress(1.0)

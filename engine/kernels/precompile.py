@@ -199,10 +199,16 @@ def families(names: list[str]) -> list[list[str]]:
 def start(weights: Iterable[tuple[GGMLType, int]], probe: Any) -> Helper | None:
     """Start the helpers compiling the batch products of these (weight type, rows) when `probe` (a compiled function
     every forward pass runs) is not in numba's cache and there are two cores or more; None otherwise."""
-    if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2 or is_cached(probe):
+    return None if is_cached(probe) else start_products(weights)
+
+
+def start_products(weights: Iterable[tuple[GGMLType, int]]) -> Helper | None:
+    """Start the helpers compiling (or loading) the batch products of these (weight type, rows) when there are two
+    cores or more and GGUF_LENS_PRECOMPILE is not 0; None otherwise."""
+    if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2:
         return None
     names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in set(weights))
-    return _spawn(_HELPER, families(names), "")
+    return _spawn(_HELPER, families(names), "") if names else None
 
 
 def _spawn(program: str, groups: list[list[str]], what: str) -> Helper | None:

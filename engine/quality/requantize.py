@@ -35,6 +35,7 @@ from engine.quant import dequantize_rows, quantize
 from engine.quant.presets import Preset
 from engine.quant.rules import Rule
 from engine.quant.types import TYPES, GGMLType
+from engine.runtime.warmup import products_apart, weight_kinds
 from engine.tensor import QTensor
 
 if TYPE_CHECKING:
@@ -333,6 +334,9 @@ class Requantizer:
             self._swap(setters[tp.name], QTensor(tp.name, tp.new, setters[tp.name][0][0], made.pop(tp.name)), tp.name)
         self.applied = plan if plan.changed else None
         self._held_imatrix = self.imatrix
+        net = getattr(self.model, "net", None)
+        if jobs and hasattr(net, "linears"):  # types the kernel cache never held compile in a helper, not here
+            products_apart(weight_kinds(net), lambda frac: say("compiling the new types' kernels", frac))
         say("done", 1.0)
         log.info("applied %s", plan.summary())
         return True

@@ -11,12 +11,13 @@ the same bits), and the first token does not wait for them.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from engine.kernels import isa, pages, precompile
+from engine.kernels import isa, pages, precompile, warmed
 from engine.kernels.dispatch import GEMV_MAX_ROWS, KERNEL_LOCK, compiled, warm_up
 from engine.quant.types import GGMLType
 
@@ -31,8 +32,10 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
     def part(lo: float, hi: float) -> Progress | None:
         return None if progress is None else (lambda f: progress(lo + (hi - lo) * f))
 
-    weights = {(lin.weight.qtype, lin.weight.n_rows) for lin in model.linears().values()}
+    weights = weight_kinds(model)
     split = compiled() and _compile_split(model, weights, part(0.0, 0.6))
+    if compiled() and not split:  # a warm cache, but maybe types it never held: compiled apart first
+        products_apart(weights, part(0.0, 0.6))
     late = split and precompile.late_status() is not None  # the late kernels compile in the background
     warm_up(weights, part(0.6 if split else 0.0, 0.7), **({"legacy_rows": BATCH_ROWS} if late else {}))
     if compiled():
@@ -74,6 +77,29 @@ def warm_pass(model: DecoderModel) -> None:
     cache.commit(prompt.tolist())
     if cache.length < cache.n_ctx:
         model.forward(np.zeros(1, np.int64), cache)
+
+
+APART_ENV = "GGUF_LENS_COMPILE_APART"  # "1": products_apart runs (app.__main__ sets it)
+
+
+def weight_kinds(model: DecoderModel) -> set[tuple[GGMLType, int]]:
+    """(type, rows) of every weight the model's products read."""
+    return {(lin.weight.qtype, lin.weight.n_rows) for lin in model.linears().values()}
+
+
+def products_apart(weights: Iterable[tuple[GGMLType, int]], progress: Progress | None = None) -> bool:
+    """Before this process runs products of types new to the kernel cache (engine.kernels.warmed: a Compare's B
+    requantized to another type), helper processes compile them, so that this process only loads them: the
+    compile's memory (50-100 MiB of LLVM's work, kept) and its time are the helper's. True when a helper ran and
+    succeeded; False when nothing was new, or there is no helper (one core, GGUF_LENS_PRECOMPILE=0): then the
+    kernels compile here at their first call, as before. Only in a process that asked for it (GGUF_LENS_COMPILE_APART=1:
+    the app, whose memory must come back after each job); a short-lived CLI run or a test loses nothing by compiling
+    in place, and would pay a helper's start for each new type."""
+    if not compiled() or os.environ.get(APART_ENV, "0") != "1":
+        return False
+    new = warmed.missing(weights)
+    helper = precompile.start_products(new) if new else None
+    return helper is not None and helper.wait(progress)
 
 
 def _compile_split(model: DecoderModel, weights: set[tuple[GGMLType, int]], progress: Progress | None) -> bool:

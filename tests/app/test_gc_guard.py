@@ -75,3 +75,18 @@ def test_freeze_keeps_long_lived_objects_out_and_the_idle_thaw_frees_frozen_garb
     finally:
         assert engine.shutdown()
     assert gc.get_freeze_count() == 0  # the last collector unfreezes everything
+
+
+def test_a_job_ending_gives_the_heap_and_the_libraries_code_pages_back(qtbot, monkeypatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(gc_guard, "trim_heap", lambda: calls.append("heap"))
+    monkeypatch.setattr(gc_guard, "release_libraries", lambda: calls.append("libraries") or 0)
+    engine = Engine()
+    try:
+        qtbot.wait(2 * gc_guard.TICK_MS)
+        calls.clear()
+        gc_guard.job_ended()
+        qtbot.waitUntil(lambda: "libraries" in calls, timeout=10 * gc_guard.TICK_MS)
+        assert calls[:2] == ["heap", "libraries"]
+    finally:
+        assert engine.shutdown()
