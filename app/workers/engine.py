@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 from app.jobs.chat import generate_job
 from app.jobs.lens import LensProgress, lens_job
@@ -18,6 +18,9 @@ from app.jobs.session import Emit, Session
 from app.workers.blas import limit_blas_threads, restore_blas_threads
 from app.workers.gc_guard import GuiThreadCollector
 from app.workers.runner import Runner, TaskJob
+
+
+LATE_CHECK_MS = 1000  # how often the Engine looks whether the late kernels are ready for the loaded model
 
 
 class Engine(QObject):
@@ -53,6 +56,10 @@ class Engine(QObject):
         self._blas_before = limit_blas_threads()
         # cyclic collections on the GUI thread only (see gc_guard); the thaw of frozen objects waits for no jobs
         self._gc = GuiThreadCollector(self, idle=lambda: not self.threads())
+        # a first start's late kernels: the loaded model takes them up at an idle moment (_finish_late)
+        self._late_timer = QTimer(self, interval=LATE_CHECK_MS)
+        self._late_timer.timeout.connect(self._finish_late)
+        self._late_timer.start()
 
     # -- threads
     def _start(self, runner: Runner) -> Runner:
@@ -68,6 +75,24 @@ class Engine(QObject):
                 setattr(self, name, None)
         runner.deleteLater()
 
+    def _finish_late(self) -> None:
+        """Once a first start's late kernels are compiled, the loaded model takes them up (engine.runtime.warmup.
+        finish_late: the decode step's plan, the repacked copies that replace the file's pages) on a thread of its
+        own while no other job runs, so that no comparison, sweep or patching run grows by them."""
+        from engine.runtime.warmup import finish_late, late_pending  # noqa: PLC0415
+
+        net = getattr(self.session.model, "net", None)
+        if net is None or self._closing or self.threads() or not late_pending(net):
+            return
+
+        def job(emit: Emit, runner: Runner) -> Iterator[object]:
+            with self.session.lock:
+                if getattr(self.session.model, "net", None) is net:
+                    finish_late(net)
+            yield from ()
+
+        self._start(self._runner("finish-late", "finish-late", job))
+
     def threads(self) -> list[QThread]:
         """Job threads still running."""
         return [r for r in self._runners if r.isRunning()]
@@ -75,6 +100,7 @@ class Engine(QObject):
     def shutdown(self, timeout_s: float = 15.0) -> bool:
         """Cancel everything and wait for every job thread; False if one is still running at the timeout."""
         self._closing = True
+        self._late_timer.stop()
         self.stop()
         self.cancel_load()
         self._lens_pending.clear()

@@ -57,8 +57,39 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
             progress(0.85)
         pages.release_libraries()
         pages.trim_heap()  # the passes' temporaries (~10 MiB for SmolLM2)
+        # a first start's late kernels are still compiling: their paths (the decode step, the repacked copies they
+        # read, which replace the file's pages) come in at finish_late, not inside whatever job first runs them
+        model._late_pending = not precompile.late_ready()
     if progress is not None:
         progress(1.0)
+
+
+def late_pending(model: DecoderModel) -> bool:
+    """Whether the model was warmed before a first start's late kernels were compiled, and they are ready now:
+    finish_late has work to do."""
+    return bool(getattr(model, "_late_pending", False)) and precompile.late_ready()
+
+
+def finish_late(model: DecoderModel) -> bool:
+    """Once a first start's late kernels are compiled (engine.kernels.precompile.late_ready), what a warm start's
+    warm-up does with them: load the prompt's parallel kernels and run the warm pass again, which builds the
+    compiled decode step's plan and the repacked copies the late paths read (the file pages they were read from are
+    released as each copy is made), then release LLVM's code pages and the heap's free ones. A front end calls it when
+    idle (the app's Engine): otherwise the first job to run a late path would make these copies, and its memory
+    would grow by them (Gemma 3: +170 MiB of copies in a patching run, the file's pages released in another job).
+    The caller holds the model's lock. True when it ran."""
+    if not late_pending(model):
+        return False
+    model._late_pending = False
+    from engine.ops import ggml_kernels  # noqa: PLC0415 - with compiled kernels only
+
+    with KERNEL_LOCK:
+        ggml_kernels.load_parallel(isa.lanes() == 8)
+    pages.release_libraries()
+    warm_pass(model)
+    pages.release_libraries()
+    pages.trim_heap()
+    return True
 
 
 WARM_PROMPT = 4  # tokens: the batch kernels that take four rows or more (RMSNorm's) are among those it compiles

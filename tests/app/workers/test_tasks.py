@@ -30,3 +30,40 @@ def test_a_waiting_job_cancelled_reports_that_it_stopped(qtbot) -> None:
         qtbot.waitUntil(lambda: engine.task_running("sweep") is None, timeout=10_000)
     assert not ran  # the cancelled job never runs
     engine.shutdown()
+
+
+def test_the_late_kernels_are_taken_up_when_no_job_runs(qtbot, monkeypatch) -> None:
+    """A first start: once the late kernels are ready, the Engine runs warmup.finish_late on the loaded model, on a
+    thread of its own, only while no other job runs, and once."""
+    from engine.runtime import warmup  # noqa: PLC0415
+
+    class Net:
+        _late_pending = True
+
+    class Model:
+        net = Net()
+
+    finished: list[str] = []
+
+    def finish(net) -> bool:
+        finished.append(threading.current_thread().name)
+        net._late_pending = False
+        return True
+
+    monkeypatch.setattr(warmup, "late_pending", lambda net: net._late_pending)
+    monkeypatch.setattr(warmup, "finish_late", finish)
+    engine = Engine()
+    release = threading.Event()
+    try:
+        engine.session.model = Model()
+        engine.run_task("compare", "compare", lambda emit, cancel: release.wait(10))
+        qtbot.wait(3 * 1000)
+        assert finished == []  # a comparison runs: the model's late paths wait for it
+        release.set()
+        qtbot.waitUntil(lambda: finished != [], timeout=10_000)
+        qtbot.wait(2 * 1000)
+        assert len(finished) == 1 and finished[0] != threading.current_thread().name
+    finally:
+        release.set()
+        engine.session.model = None
+        assert engine.shutdown()

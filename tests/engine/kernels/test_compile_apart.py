@@ -87,3 +87,22 @@ def test_requantized_types_are_prepared_by_a_helper_once(marks, tmp_path, monkey
         assert started == [["Q4_0_16"]]  # marked: no second helper
     finally:
         model.close()
+
+
+@needs_kernels
+def test_a_model_warmed_before_the_late_kernels_takes_them_up_once(tmp_path):
+    """A first start warms the model while the late kernels compile (here: without_late); finish_late then runs the
+    late paths' warm pass (decode plan, repacked copies) once, and the numbers stay the same."""
+    path = make_tiny_llama(tmp_path / "q4_0.gguf", qtype=GGMLType.Q4_0, dim=64, hidden=128)
+    with precompile.without_late():
+        model = load_model(path)
+        assert not warmup.late_pending(model.net)  # still compiling, as far as this thread knows
+    try:
+        assert warmup.late_pending(model.net)
+        ids = np.array([1, 5, 9, 3], np.int64)
+        before = np.asarray(model.forward(ids, model.new_cache(32)))
+        assert warmup.finish_late(model.net) is True
+        assert not warmup.late_pending(model.net) and warmup.finish_late(model.net) is False
+        assert np.array_equal(np.asarray(model.forward(ids, model.new_cache(32))), before)
+    finally:
+        model.close()
