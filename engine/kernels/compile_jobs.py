@@ -3,6 +3,8 @@ from numba's cache, the product kernels of the weights named TYPE:ROWS. A module
 it imports the kernel families, and they import precompile."""
 from __future__ import annotations
 
+import os
+
 from engine.kernels import precompile
 from engine.kernels.dispatch import GEMV_MAX_ROWS, warm_up
 from engine.quant.types import GGMLType
@@ -19,9 +21,14 @@ def parse_weights(names: list[str]) -> set[tuple[GGMLType, int]]:
 
 def products(names: list[str]) -> None:
     """The products of the weights named TYPE:ROWS: those a first token needs when the late kernels compile in the
-    background (not the legacy quants' one-row products, not the VNNI batches), else all of them."""
+    background (not the legacy quants' one-row products, not the VNNI batches), else all of them; with BOTH_ENV=1
+    both sets (every path a loaded model may take for them, late kernels ready or not)."""
     weights = parse_weights(names)
-    if precompile.late_in_background():
+    if os.environ.get(precompile.BOTH_ENV) == "1":  # start_products(late=True): the paths before and after the late
+        with precompile.without_late():  # kernels are ready, for a process whose late helper may still run
+            warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
+        warm_up(weights)
+    elif precompile.late_in_background():
         with precompile.without_late():
             warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
     else:

@@ -530,7 +530,7 @@ def warm_up(weights: Iterable[GGMLType | tuple[GGMLType, int]], progress: Callab
         product = BlockProduct(qtype, blocks, n)
         for m in legacy_rows if int(qtype) in paths.LEGACY_INT else (1, 2, GEMV_MAX_ROWS + 1):
             product(np.zeros((m, n), np.float32))
-    if not precompile.is_dry():
-        warmed.mark(todo)  # in numba's cache now: the next process loads them (engine.kernels.warmed)
+    if not precompile.is_dry() and precompile.late_ready():  # all of their kernels, the late ones too, are in
+        warmed.mark(todo)  # numba's cache now: the next process loads them (engine.kernels.warmed)
     if progress is not None:
         progress(1.0)

@@ -49,6 +49,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the en
 # (engine.kernels.compile_jobs.products: a module of its own, since it imports the kernels that import this one)
 _HELPER = "import sys; from engine.kernels.compile_jobs import products; products(sys.argv[1:])"
 
+BOTH_ENV = "GGUF_LENS_PRODUCTS_BOTH"  # "1": the product helper compiles the early paths and the late ones
 _state = threading.local()
 _late: list[Helper] = []  # the background compile of the late kernels, while it runs
 
@@ -202,19 +203,23 @@ def start(weights: Iterable[tuple[GGMLType, int]], probe: Any) -> Helper | None:
     return None if is_cached(probe) else start_products(weights)
 
 
-def start_products(weights: Iterable[tuple[GGMLType, int]]) -> Helper | None:
+def start_products(weights: Iterable[tuple[GGMLType, int]], late: bool = False) -> Helper | None:
     """Start the helpers compiling (or loading) the batch products of these (weight type, rows) when there are two
-    cores or more and GGUF_LENS_PRECOMPILE is not 0; None otherwise."""
+    cores or more and GGUF_LENS_PRECOMPILE is not 0; None otherwise. late=True: their late kernels too (the one-row
+    products and VNNI batches) beside the paths taken before those are ready: for a model loaded already, whose
+    own late helper may still run and compiled only its own types' kernels."""
     if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2:
         return None
     names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in set(weights))
-    return _spawn(_HELPER, families(names), "") if names else None
+    env = {BOTH_ENV: "1"} if late else {}
+    return _spawn(_HELPER, families(names), "", env) if names else None
 
 
-def _spawn(program: str, groups: list[list[str]], what: str) -> Helper | None:
+def _spawn(program: str, groups: list[list[str]], what: str, extra: dict[str, str] | None = None) -> Helper | None:
     """One `python -c program *group` process per group, its errors kept in a temporary file; `what` names the
-    kernels in the log (empty: the product kernels of the groups' weights)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    kernels in the log (empty: the product kernels of the groups' weights); `extra`: environment variables set."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
+           **(extra or {})}
     procs: list[tuple[subprocess.Popen[bytes], list[str], Any]] = []
     for group in groups:
         errors = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the helper's lifetime, closed by wait()

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from engine.kernels import isa
+from engine.kernels import isa, precompile
 from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
 from engine.ops.ggml_math import cosf, fma32, sinf, v_expf
 from engine.ops.ggml_math import expf as libm_expf
@@ -44,6 +44,15 @@ def _compiled() -> bool:
     from engine.kernels.dispatch import compiled  # noqa: PLC0415 - loads the kernel modules once
 
     return compiled()
+
+
+def _parallel(n: int) -> bool:
+    """Whether an elementwise op of n elements runs its parallel chunk kernel: a large one, once a first start's late
+    kernels are compiled (engine.kernels.precompile; until then the serial copy, the same bits, which the warm-up
+    compiled: the parallel one is the late helper's to compile, not this process's, whose memory would keep it)."""
+    from engine.ops import ggml_kernels as gk  # noqa: PLC0415 - with compiled kernels only
+
+    return n >= gk.SERIAL_ELEMENTS and precompile.late_ready()
 
 
 def _expf(x: npt.ArrayLike) -> F32:
@@ -131,7 +140,7 @@ def silu_rows(x: npt.ArrayLike) -> F32:
         from engine.ops import ggml_kernels as gk  # noqa: PLC0415
 
         x2 = _rows(x)
-        kernel = (gk.silu_chunks_serial if x2.size < gk.SERIAL_ELEMENTS else gk.silu_chunks)[lanes == 8]
+        kernel = (gk.silu_chunks if _parallel(x2.size) else gk.silu_chunks_serial)[lanes == 8]
         with KERNEL_LOCK:
             kernel(x2, out.reshape(x2.shape), body)
     else:
@@ -157,7 +166,7 @@ def swiglu(gate: npt.ArrayLike, up: npt.ArrayLike) -> F32:
         from engine.ops import ggml_kernels as gk  # noqa: PLC0415
 
         g2, u2 = _rows(np.broadcast_to(g, shape)), _rows(np.broadcast_to(u, shape))
-        kernel = (gk.swiglu_chunks_serial if g2.size < gk.SERIAL_ELEMENTS else gk.swiglu_chunks)[lanes == 8]
+        kernel = (gk.swiglu_chunks if _parallel(g2.size) else gk.swiglu_chunks_serial)[lanes == 8]
         with KERNEL_LOCK:
             kernel(g2, u2, out.reshape(g2.shape), body)  # a view: `out` is new and contiguous
     else:
@@ -283,7 +292,7 @@ def soft_max(scores: npt.ArrayLike, scale: float = 1.0, mask: npt.ArrayLike | No
             d2 = _rows(d)
             e2 = np.empty(d2.shape, np.float32)
             sums = np.empty(d2.shape[0], np.float64)
-            kernel = (gk.soft_max_chunks_serial if d2.size < gk.SERIAL_ELEMENTS else gk.soft_max_chunks)[lanes == 8]
+            kernel = (gk.soft_max_chunks if _parallel(d2.size) else gk.soft_max_chunks_serial)[lanes == 8]
             with KERNEL_LOCK:
                 kernel(d2, e2, sums, body)
             e = e2.reshape(w.shape)

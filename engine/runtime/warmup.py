@@ -129,7 +129,7 @@ def products_apart(weights: Iterable[tuple[GGMLType, int]], progress: Progress |
     if not compiled() or os.environ.get(APART_ENV, "0") != "1":
         return False
     new = warmed.missing(weights)
-    helper = precompile.start_products(new) if new else None
+    helper = precompile.start_products(new, late=True) if new else None
     return helper is not None and helper.wait(progress)
 
 

@@ -52,7 +52,7 @@ def test_warm_up_marks_what_it_compiled_and_a_dry_pass_marks_nothing(marks):
 
 def test_nothing_runs_unless_the_process_asked(marks, monkeypatch):
     monkeypatch.delenv(warmup.APART_ENV, raising=False)
-    monkeypatch.setattr(precompile, "start_products", lambda weights: pytest.fail("a helper was started"))
+    monkeypatch.setattr(precompile, "start_products", lambda weights, late=False: pytest.fail("a helper was started"))
     assert warmup.products_apart({(GGMLType.Q4_0, 64)}) is False
 
 
@@ -63,9 +63,10 @@ def test_requantized_types_are_prepared_by_a_helper_once(marks, tmp_path, monkey
     monkeypatch.setenv("GGUF_LENS_PRECOMPILE", "1")
     real, started = precompile.start_products, []
 
-    def spy(weights):
+    def spy(weights, late=False):
+        assert late  # the new types' late kernels too: the model's own late helper compiled only its types'
         started.append(sorted({warmed.name(t, r) for t, r in weights}))
-        return real(weights)
+        return real(weights, late=late)
 
     monkeypatch.setattr(precompile, "start_products", spy)
     path = make_tiny_llama(tmp_path / "q8_0.gguf", qtype=GGMLType.Q8_0, dim=64, hidden=128)
