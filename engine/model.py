@@ -21,6 +21,7 @@ from engine.models.registry import model_class
 from engine.models.args import BaseArgs
 from engine.models.decoder import DecoderModel
 from engine.models.weights import Weights
+from engine.runtime import warmup
 from engine.runtime.numerics import cache_setting, flash_setting, numerics_for
 from engine.observe.recorder import Recorder
 from engine.tensor import DenseBudget
@@ -81,7 +82,15 @@ class Model:
         self, tokens: Any, cache: KVCache, recorder: Recorder | None = None, all_logits: bool = False
     ) -> npt.NDArray[np.float32]:
         self.gguf.check_unchanged()
+        self._late_paths()
         return self.net.forward(tokens, cache, recorder, all_logits)
+
+    def _late_paths(self) -> None:
+        """A first start's late kernels ready since the warm-up: the network takes them up whole before this pass
+        (engine.runtime.warmup.finish_late: its decode plan and repacked copies built, the file pages they replace
+        released, together), not one product at a time inside whatever runs next."""
+        if warmup.late_pending(self.net):
+            warmup.finish_late(self.net)
 
     def forward_hidden(self, tokens: Any, cache: KVCache, recorder: Recorder | None = None) -> npt.NDArray[np.float32] | None:
         """The residual stream (T, dim) after the last layer, K/V written, not committed (logits_of turns rows of it
@@ -90,6 +99,7 @@ class Model:
         if not self.stops_before_head:
             return None
         self.gguf.check_unchanged()
+        self._late_paths()
         return self.net.forward_hidden(tokens, cache, recorder)
 
     @property

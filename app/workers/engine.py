@@ -21,6 +21,7 @@ from app.workers.runner import Runner, TaskJob
 
 
 LATE_CHECK_MS = 1000  # how often the Engine looks whether the late kernels are ready for the loaded model
+LATE_IDLE_S = 5.0  # ... and takes them up after this long with no job running (a pause in the chat)
 
 
 class Engine(QObject):
@@ -59,6 +60,7 @@ class Engine(QObject):
         # a first start's late kernels: the loaded model takes them up at an idle moment (_finish_late)
         self._late_timer = QTimer(self, interval=LATE_CHECK_MS)
         self._late_timer.timeout.connect(self._finish_late)
+        self._busy_at = time.monotonic()  # when a job thread was last seen running
         self._late_timer.start()
 
     # -- threads
@@ -78,12 +80,16 @@ class Engine(QObject):
     def _finish_late(self) -> None:
         """Once a first start's late kernels are compiled, the loaded model takes them up (engine.runtime.warmup.
         finish_late: the decode step's plan, the repacked copies that replace the file's pages) on a thread of its
-        own while no other job runs, so that no comparison, sweep or patching run grows by them."""
+        own after LATE_IDLE_S with no job running: a pause, not the moment a job ends (a comparison's memory
+        measured after it would include them)."""
         from engine.runtime.warmup import finish_late, late_pending  # noqa: PLC0415
 
         net = getattr(self.session.model, "net", None)
-        if net is None or self._closing or self.threads() or not late_pending(net):
-            return
+        now = time.monotonic()
+        if self.threads():
+            self._busy_at = now
+        if net is None or self._closing or now - self._busy_at < LATE_IDLE_S or not late_pending(net):
+            return  # (a job that uses the model first takes the late paths up itself: Model.forward)
 
         def job(emit: Emit, runner: Runner) -> Iterator[object]:
             with self.session.lock:

@@ -101,9 +101,28 @@ def test_a_model_warmed_before_the_late_kernels_takes_them_up_once(tmp_path):
     try:
         assert warmup.late_pending(model.net)
         ids = np.array([1, 5, 9, 3], np.int64)
-        before = np.asarray(model.forward(ids, model.new_cache(32)))
+        before = np.asarray(model.net.forward(ids, model.new_cache(32), None, False))  # the early paths' numbers
         assert warmup.finish_late(model.net) is True
         assert not warmup.late_pending(model.net) and warmup.finish_late(model.net) is False
         assert np.array_equal(np.asarray(model.forward(ids, model.new_cache(32))), before)
+    finally:
+        model.close()
+
+
+@needs_kernels
+def test_the_first_pass_after_the_late_kernels_takes_them_up(tmp_path, monkeypatch):
+    """Without a front end calling finish_late, the model's next forward pass does, before its own work."""
+    path = make_tiny_llama(tmp_path / "q8_0.gguf", qtype=GGMLType.Q8_0, dim=64, hidden=128)
+    with precompile.without_late():
+        model = load_model(path)
+    calls: list[object] = []
+    real = warmup.finish_late
+    monkeypatch.setattr(warmup, "finish_late", lambda net: calls.append(net) or real(net))
+    try:
+        ids = np.array([1, 5, 9, 3], np.int64)
+        first = np.asarray(model.forward(ids, model.new_cache(32)))
+        assert calls == [model.net] and not warmup.late_pending(model.net)
+        assert np.array_equal(np.asarray(model.forward(ids, model.new_cache(32))), first)
+        assert calls == [model.net]
     finally:
         model.close()
