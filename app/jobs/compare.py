@@ -28,7 +28,7 @@ from app.data.overrides import OverrideSpec
 from app.jobs.adapter_files import adapter_label
 from app.jobs.reference import CHUNK, Reference, chunk_rows, keep_reference, reference_key, spill_dir
 from app.jobs.session import Emit
-from app.jobs.workspace import CompareWorkspace, Say, encode
+from app.jobs.workspace import CompareWorkspace, Say, early_paths, encode
 from app.records.compare import CompareOptions, HeadPair, TaskProgress, TopUnion, make_compare_record, plan_label
 from engine.errors import LensError, SettingError
 from engine.kernels import pages
@@ -236,9 +236,10 @@ def compare_job(ws: CompareWorkspace, path: str, opts: CompareOptions, spec: Ove
     ws.use(path)
     ws.last = None
     try:
-        yield TaskProgress("compare", "preparing A", 0.0)
-        record = yield from _compare(ws, path, opts, spec, cancel, say, phase, t0)
-        yield head_pair(ws, opts.layer, opts.head)
+        with early_paths():
+            yield TaskProgress("compare", "preparing A", 0.0)
+            record = yield from _compare(ws, path, opts, spec, cancel, say, phase, t0)
+            yield head_pair(ws, opts.layer, opts.head)
     finally:
         ws.release()
     return record

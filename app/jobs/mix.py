@@ -17,7 +17,7 @@ from typing import Any
 from app.data.overrides import OverrideSpec
 from app.jobs.reference import measure_against
 from app.jobs.sweep import file_reference
-from app.jobs.workspace import CompareWorkspace, encode
+from app.jobs.workspace import CompareWorkspace, early_paths, encode
 from app.jobs.session import Emit
 from app.records.compare import SweepDone, SweepPoint, TaskProgress
 from engine.errors import InferenceError, LensError
@@ -68,7 +68,8 @@ def mix_job(ws: CompareWorkspace, path: str, budget_bpw: float, eval_text: str, 
     `imatrix` (an engine ImportanceMatrix and its label) weights the search's errors and quantizers and B's
     requantization; None: without one. B is closed when the search ends, however it ends."""
     try:
-        return (yield from _search(ws, path, budget_bpw, eval_text, cancel, emit, calib_text, max_tokens, imatrix))
+        with early_paths():
+            return (yield from _search(ws, path, budget_bpw, eval_text, cancel, emit, calib_text, max_tokens, imatrix))
     finally:
         ws.release()
 

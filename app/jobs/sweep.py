@@ -13,7 +13,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from app.data.overrides import OverrideSpec
-from app.jobs.workspace import CompareWorkspace, Say, encode
+from app.jobs.workspace import CompareWorkspace, Say, early_paths, encode
 from app.jobs.reference import Reference, find_reference, keep_reference, make_reference, measure_against
 from app.jobs.session import Emit
 from app.records.compare import SweepDone, SweepPoint, TaskProgress
@@ -82,7 +82,8 @@ def sweep_job(ws: CompareWorkspace, path: str, text: str, spec: OverrideSpec | N
 
     ws.use(path)
     try:
-        return (yield from _sweep(ws, text, variants, steps, say, cancel, max_tokens))
+        with early_paths():
+            return (yield from _sweep(ws, text, variants, steps, say, cancel, max_tokens))
     finally:  # B and its variant's blocks go (the next sweep loads the file again: seconds, against minutes)
         ws.release()
 

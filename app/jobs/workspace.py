@@ -8,6 +8,8 @@ by app.jobs.compare, in scratch files.
 """
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -129,6 +131,16 @@ class CompareWorkspace:
         if self.path is not None:
             forget_references(self.path)
         self.release()
+
+
+def early_paths() -> contextlib.AbstractContextManager[None]:
+    """For a whole job on the workspace's models: when a first start's late kernels are still compiling as it
+    starts, its models keep the paths without them to its end (engine.kernels.precompile.without_late, this thread):
+    the late kernels' code then comes into the process when the chat's model takes them up (a pause, or its next
+    pass), not half way through a comparison whose memory is measured around it."""
+    from engine.kernels import precompile  # noqa: PLC0415
+
+    return contextlib.nullcontext() if precompile.late_ready() else precompile.without_late()
 
 
 def encode(model: Any, text: str, max_tokens: int) -> list[int]:

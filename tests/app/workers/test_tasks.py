@@ -67,3 +67,26 @@ def test_the_late_kernels_are_taken_up_when_no_job_runs(qtbot, monkeypatch) -> N
         release.set()
         engine.session.model = None
         assert engine.shutdown()
+
+
+def test_a_workspace_job_started_before_the_late_kernels_keeps_the_early_paths(monkeypatch) -> None:
+    """Compare, the sweep and the mix search run under early_paths: late kernels that become ready half way through
+    are not taken up by the job's models (their code would stay in the process, counted in the job's memory)."""
+    from app.jobs.workspace import early_paths  # noqa: PLC0415
+    from engine.kernels import precompile  # noqa: PLC0415
+
+    class Running:
+        started = 0.0
+        finished = False
+
+        def done(self) -> bool:
+            return self.finished
+
+    helper = Running()
+    monkeypatch.setattr(precompile, "_late", [helper])
+    with early_paths():
+        helper.finished = True  # the late compile ends half way through the job
+        assert precompile.late_ready() is False  # the job's thread keeps the paths it started with
+    assert precompile.late_ready() is True
+    with early_paths():  # a job started afterwards takes the late paths
+        assert precompile.late_ready() is True
