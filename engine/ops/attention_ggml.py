@@ -127,6 +127,21 @@ def lanes_dot(w: F32, y: F32, lanes: int = LANES) -> F32:
 SERIAL_MACS = 1 << 20  # below this many multiply-adds a product runs on the calling thread (no thread start-up)
 
 
+def load_kernels() -> None:
+    """Load (or compile) what a long prompt's attention runs and a four-token warm pass does not reach: the
+    parallel F32 and F16 row products (an F32 or F16 cache) and tinyBLAS's dot, parallel once the late kernels
+    are ready, else its serial copy; on a few floats, at the warm-up, so that no later job (a comparison's
+    128-position chunks) brings their code into the process. The caller holds no KERNEL_LOCK."""
+    if not HAVE_NUMBA:
+        return
+    w = np.zeros((1, 64), np.float32)
+    out = np.empty((1, 1), np.float32)
+    with KERNEL_LOCK:
+        gemm_f32(w.view(np.uint8), w.view(np.uint8), out)
+        gemm_f16(w.astype(np.float16).view(np.uint8), quantize_f16(w).reshape(1, -1), out)
+    lanes_dot(w, w, isa.lanes())
+
+
 def _vec_dot(w: np.ndarray, y: F32) -> F32:
     """(m, r): ggml_vec_dot_f32 (w float32) or ggml_vec_dot_f16 (w float16, y rounded to fp16) of rows."""
     out = np.empty((y.shape[0], w.shape[0]), np.float32)

@@ -11,6 +11,7 @@ from engine.kernels.compile_jobs import parse_weights
 from engine.kernels.dispatch import warm_up
 from engine.models.registry import model_class
 from engine.models.weights import Weights
+from engine.ops import attention_ggml
 from engine.ops.ggml_kernels import load_parallel
 from engine.runtime import decode_lora
 from engine.runtime.numerics import numerics_for
@@ -28,8 +29,11 @@ def compile_late(path: str, names: list[str]) -> None:
     net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
     with precompile.dry_products():
         warm_pass(net)
+        if not getattr(getattr(net, "ops", None), "flash", False):
+            warm_pass(net, "F32")  # the attention over an F32 cache (Compare's reference run, the sweep)
     decode_lora.warm()  # an adapter's halves in the decode step (engine.intervene.lora)
     load_parallel(isa.lanes() == 8)  # a long prompt's chunk kernels (every later start loads them at once)
+    attention_ggml.load_kernels()  # and its attention's products (tinyBLAS's dot on numba's threads)
     # then the products, the late ones allowed (by now the first helper has compiled, or nearly, the others)
     warm_up(parse_weights(names))
     seen = set()  # and an expert's rows of a prompt (MUL_MAT_ID's band kernels), once per weight type and shape

@@ -46,9 +46,12 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
         # only then are the copies made: the peak is not libraries + copies
         with precompile.dry_products():
             warm_pass(model)
-        if precompile.late_ready():  # in numba's cache (else the late helper compiles them for the next start)
-            from engine.ops import ggml_kernels  # noqa: PLC0415 - with compiled kernels only
+            if not getattr(getattr(model, "ops", None), "flash", False):  # Compare's reference run and the sweep
+                warm_pass(model, "F32")  # read an F32 cache: its attention kernels (flash attention reads none)
+        from engine.ops import attention_ggml, ggml_kernels  # noqa: PLC0415 - with compiled kernels only
 
+        attention_ggml.load_kernels()  # a long prompt's attention products (the late ones once they are ready)
+        if precompile.late_ready():  # in numba's cache (else the late helper compiles them for the next start)
             with KERNEL_LOCK:
                 ggml_kernels.load_parallel(isa.lanes() == 8)
         pages.release_libraries()
@@ -81,10 +84,11 @@ def finish_late(model: DecoderModel) -> bool:
     if not late_pending(model):
         return False
     model._late_pending = False
-    from engine.ops import ggml_kernels  # noqa: PLC0415 - with compiled kernels only
+    from engine.ops import attention_ggml, ggml_kernels  # noqa: PLC0415 - with compiled kernels only
 
     with KERNEL_LOCK:
         ggml_kernels.load_parallel(isa.lanes() == 8)
+    attention_ggml.load_kernels()
     pages.release_libraries()
     warm_pass(model)
     pages.release_libraries()
@@ -95,14 +99,15 @@ def finish_late(model: DecoderModel) -> bool:
 WARM_PROMPT = 4  # tokens: the batch kernels that take four rows or more (RMSNorm's) are among those it compiles
 
 
-def warm_pass(model: DecoderModel) -> None:
-    """A four-token prompt, then one decode step, on a KV cache of its own (a model with its own pass, such as an
-    encoder-decoder's that encodes first, runs that)."""
+def warm_pass(model: DecoderModel, cache_type: str | None = None) -> None:
+    """A four-token prompt, then one decode step, on a KV cache of its own (of cache_type; default the model's) (a
+    model with its own pass, such as an encoder-decoder's that encodes first, runs that, on its own cache only)."""
     own = getattr(model, "warm_pass", None)
     if own is not None:
-        own()
+        if cache_type is None:
+            own()
         return
-    cache = model.new_cache(min(256, model.args.n_ctx))
+    cache = model.new_cache(min(256, model.args.n_ctx), cache_type)
     prompt = np.zeros(min(WARM_PROMPT, cache.n_ctx), np.int64)
     model.forward(prompt, cache)
     cache.commit(prompt.tolist())
