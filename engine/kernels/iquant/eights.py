@@ -9,8 +9,12 @@ activation, then acc = fma(float(sumi), d_w * d_x, acc). Any way to the integer 
   tile8_*(..., sx, dx, so, ss)                     a batch on AVX512-VNNI: eight activations a step, unconditionally
 
 On AVX512-VNNI the block's values are looked up offset to unsigned bytes (12 for MXFP4, 127 for IQ4_NL) and meet the
-activation in one vpdpbusd; the offset times the activation block's sum (exact in int32) is taken off after the
-reduction. Elsewhere each block is split into its positive and negative parts for two vpmaddubsw.
+activation in vpdpbusd; the offset times the activation block's sum (exact in int32) is taken off after the
+reduction. A decode step's eight rows go two to a 256-bit vector, their low nibbles against the activation's first 16
+bytes and their high nibbles against its last 16 (no reordering of the weights), and three vphaddd gather the eight
+sums (`_rows8_sums_vnni`). Elsewhere each block meets the activation by vpmaddubsw of |w| and x with w's signs.
+Q4_0 rows in eights (llama.cpp's q4_0_8x8 gemv: the same per-block integer and fma) are the same kernel with the
+table nibble - 8 (`rows8_q4_0_x8`, which engine.kernels.legacy.gemv_int runs on AVX512-VNNI).
 """
 from __future__ import annotations
 
@@ -102,14 +106,33 @@ def _dpbusd8(b, acc, u, x):
     return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i8x, [acc, b.bitcast(u, i8x), b.bitcast(x, i8x)])
 
 
-def _block_lanes_vnni(ops: Ops, b, pw, x, fmt: _Nibbles):
-    """<8 x i32> lanes of one 4-bit block against the activation bytes x (<32 x i8>) with its values offset to
-    unsigned bytes (one vpdpbusd): each lane's exact sum plus the offset times its four activations' sum, which the
-    caller takes off once per block (AVX512-VNNI)."""
+def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
+    """<8 x i32>: lane r = the sum over one block of row r (pws[r]) of (value + offset) * x, exact (AVX512-VNNI).
+
+    Rows r and r + 4 share a 256-bit vector of their 16 code bytes each, looked up by one vpshufb per nibble half
+    (the table in both 128-bit lanes); the low nibbles (values 0-15) meet x's first 16 bytes and the high ones x's
+    last 16, each half of x broadcast to both lanes, in two vpdpbusd: no byte reordering of the weights. Three
+    vphaddd then leave the eight rows' sums in order: ([r0 | r4], [r1 | r5]) -> ..., -> [r0 r1 r2 r3 | r4 r5 r6 r7]."""
     off = _offset(fmt)
-    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]  # the same bytes, as i8
-    w = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), table)
-    return _dpbusd8(b, ir.Constant(vec(I32, 8), None), w, x)
+    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]
+    lut = ir.Constant(V32, [ir.Constant(I8, v) for v in table + table])
+    i8x = vec(I32, 8)
+    halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + (k % 16)) for k in range(32)]))
+              for h in range(2)]
+    low = ir.Constant(V32, [ir.Constant(I8, 15)] * 32)
+    four = ir.Constant(V32, [ir.Constant(I8, 4)] * 32)
+    sums = []
+    for k in range(4):
+        pair = [load(b, b.gep(pws[r], [ir.Constant(I64, fmt.qs)]), vec(I8, 16)) for r in (k, k + 4)]
+        q = b.shuffle_vector(pair[0], pair[1], ir.Constant(vec(I32, 32), [ir.Constant(I32, j) for j in range(32)]))
+        acc = ir.Constant(i8x, None)
+        for h, idx in enumerate((b.and_(q, low), b.lshr(q, four))):
+            # a table that is the nibble itself (Q4_0: value + 8) needs no look-up
+            w = idx if table == list(range(16)) else call_intrinsic(b, "llvm.x86.avx2.pshuf.b", V32, [lut, idx])
+            acc = _dpbusd8(b, acc, w, halves[h])
+        sums.append(acc)
+    hadd = lambda u, v: call_intrinsic(b, "llvm.x86.avx2.phadd.d", i8x, [u, v])  # noqa: E731
+    return hadd(hadd(sums[0], sums[1]), hadd(sums[2], sums[3]))
 
 
 def _scales8(context, b, pws, fmt: _Nibbles):
@@ -156,9 +179,11 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
         pws = [b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)]) for r in range(8)]
         for pw in pws:
             prefetch(b, b.gep(pw, [b.mul(rs, ir.Constant(I64, 8))]))
-        lanes = [_block_lanes_vnni(ops, b, pw, x, fmt) if vnni else _block_lanes_nl(ops, b, pw, px, fmt) for pw in pws]
+        if vnni:
+            sumi = _rows8_sums_vnni(b, pws, x, fmt)
+        else:
+            sumi = _row_sums(b, [_block_lanes_nl(ops, b, pw, px, fmt) for pw in pws])
         dw = _scales8(context, b, pws, fmt)
-        sumi = _row_sums(b, lanes)
         if vnni:  # each row's sum carried offset * sum(x): taken off once for the eight rows, exact in int32
             off = ir.Constant(vec(I8, 32), [ir.Constant(I8, _offset(fmt))] * 32)
             sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_dpbusd8(b, ir.Constant(vec(I32, 8), None),
@@ -192,7 +217,9 @@ def _rows8_intrinsic(name: str, fmt: _Nibbles):
     return intrinsic(typer)
 
 
+Q4_0_VALUES = _Nibbles(18, 2, list(range(-8, 8)), False)  # block_q4_0 (d, 16 bytes of nibbles) as a table of nibble - 8
 rows8_iq4_nl_x8 = _rows8_intrinsic("rows8_iq4_nl_x8", IQ4_NL)
+rows8_q4_0_x8 = _rows8_intrinsic("rows8_q4_0_x8", Q4_0_VALUES)  # llama.cpp's q4_0_8x8 gemv sums a block the same way
 rows8_mxfp4_x8 = _rows8_intrinsic("rows8_mxfp4_x8", MXFP4)
 
 

@@ -84,16 +84,45 @@ def _split(b, w):
     return plus, minus
 
 
+def _abs(b, w):
+    """|w| of signed bytes (no table value is -128, so it fits 0..127)."""
+    return b.select(b.icmp_signed("<", w, ir.Constant(w.type, None)), b.sub(ir.Constant(w.type, None), w), w)
+
+
+def _signed_pairs(ops: Ops, b, w, x):
+    """<16 x i16> pair sums of w * x, exact: maddubs(|w|, sign(x, w)) where the target has AVX2 (ggml's
+    mul_add_epi8: |w| <= 127 and |x| <= 127, so no pair saturates), else maddubs(plus) - maddubs(minus)."""
+    if ops.avx2:
+        return ops.maddubs(_abs(b, w), ops.sign(x, w))
+    plus, minus = _split(b, w)
+    return b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x))
+
+
+def _iq4_xs_scales(b, pw):
+    """<8 x i32>: the eight 6-bit scales minus 32 of a block_iq4_xs, computed side by side: sub-block ib's low four
+    bits are nibble ib % 2 of scales_l[ib // 2], its high two bits bits 2 ib, 2 ib + 1 of scales_h."""
+    i32x8 = vec(I32, 8)
+
+    def const(values):
+        return ir.Constant(i32x8, [ir.Constant(I32, v) for v in values])
+
+    low = b.zext(b.shuffle_vector(load(b, pw, vec(I8, 4), 4), ir.Constant(vec(I8, 4), None),
+                                  ir.Constant(vec(I32, 8), [ir.Constant(I32, k // 2) for k in range(8)])), i32x8)
+    low = b.and_(b.lshr(low, const([4 * (k % 2) for k in range(8)])), const([15] * 8))
+    sh = b.zext(load(b, pw, I16, 2), I32)
+    high = b.shuffle_vector(b.insert_element(ir.Constant(i32x8, None), sh, ir.Constant(I32, 0)), ir.Constant(i32x8, None),
+                            const([0] * 8))
+    high = b.shl(b.and_(b.lshr(high, const([2 * k for k in range(8)])), const([3] * 8)), const([4] * 8))
+    return b.sub(b.or_(low, high), const([32] * 8))
+
+
 def decode_iq4_xs(ops: Ops, b, pw) -> Block:
     """block_iq4_xs: | d:2 | scales_h:2 | scales_l:4 | qs:128 |, a 6-bit scale (minus 32) per 32 weights."""
-    sh = b.zext(load(b, pw, I16, 2), I32)
+    scales = _iq4_xs_scales(b, pw)
     chunks = []
     for ib in range(8):
-        lo = b.zext(load(b, pw, I8, 4 + ib // 2), I32)
-        ls = b.or_(b.and_(b.lshr(lo, ir.Constant(I32, 4 * (ib % 2))), ir.Constant(I32, 15)),
-                   b.shl(b.and_(b.lshr(sh, ir.Constant(I32, 2 * ib)), ir.Constant(I32, 3)), ir.Constant(I32, 4)))
-        ls = b.sub(ls, ir.Constant(I32, 32))
-        chunks.append(_chunk(b, ib, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 8 + 16 * ib)])), ls, ls))
+        ls = b.extract_element(scales, ir.Constant(I32, ib))
+        chunks.append(_chunk(b, ib, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, 8 + 16 * ib)])), ls, ls, ops))
     return Block(chunks, "")
 
 
@@ -160,7 +189,10 @@ def _scales(b, lo, hi):
     return v
 
 
-def _chunk(b, ib, weights, lo, hi):
+def _chunk(b, ib, weights, lo, hi, ops: Ops | None = None):
+    """Chunk ib of signed weights: |w| against x with w's signs (AVX2 and up, `ops` given), else plus and minus."""
+    if ops is not None and ops.avx2:
+        return Chunk(4 + 32 * ib, _abs(b, weights), _scales(b, lo, hi), signs=weights)
     plus, minus = _split(b, weights)
     return Chunk(4 + 32 * ib, plus, _scales(b, lo, hi), minus)
 
@@ -261,9 +293,8 @@ MXFP4 = _Nibbles(17, 1, [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 
 def _block_lanes_nl(ops: Ops, b, pw, px, fmt: _Nibbles = IQ4_NL):
     """<8 x i32> lanes of one 4-bit block (fmt.size bytes at pw) with one Q8_0 block (34 bytes at px)."""
-    plus, minus = _split(b, _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values))
-    x = load(b, px, V32, 2)
-    p = b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x))
+    w = _weights32(ops, b, b.gep(pw, [ir.Constant(I64, fmt.qs)]), fmt.values)
+    p = _signed_pairs(ops, b, w, load(b, px, V32, 2))
     return ops.madd(p, ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16))
 
 

@@ -36,12 +36,14 @@ Lanes = tuple[ir.Value, ir.Value | None]
 
 @dataclass
 class Chunk:
-    """32 weights: lanes += madd(scales, maddubs(plus, x) [- maddubs(minus, x)]), x the q8 at byte x_at."""
+    """32 weights: lanes += madd(scales, maddubs(plus, x) [- maddubs(minus, x)]), x the q8 at byte x_at (times the
+    signs of `signs` where given)."""
 
     x_at: int
     plus: ir.Value  # <32 x u8>
     scales: ir.Value  # <16 x i16>: one scale per int16 pair of the maddubs result
     minus: ir.Value | None = None
+    signs: ir.Value | None = None  # <32 x i8>: x takes their signs first (plus = |signs|: ggml's mul_add_epi8)
 
 
 @dataclass
@@ -198,6 +200,8 @@ def lanes(ops: Ops, b, block: Block, px) -> Lanes:
     acc = None
     for chunk in block.chunks:
         x = load(b, px, V32, chunk.x_at)
+        if chunk.signs is not None:
+            x = ops.sign(x, chunk.signs)
         p = ops.maddubs(chunk.plus, x)
         if chunk.minus is not None:
             p = b.sub(p, ops.maddubs(chunk.minus, x))
