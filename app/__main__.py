@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_arenas()  # before any thread starts: what jobs free comes back to fewer arenas (issue 43's memory)
     from engine.runtime.warmup import APART_ENV  # noqa: PLC0415
 
-    os.environ.setdefault(APART_ENV, "1")  # a new weight type's kernels compile in a helper, not in the window's process
+    os.environ.setdefault(APART_ENV, "1")  # a new weight type's kernels compile in a helper, not in this process
     from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
     from app.main_window import MainWindow  # noqa: PLC0415

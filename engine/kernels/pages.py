@@ -102,17 +102,19 @@ def anon_concat(parts: list[np.ndarray], chunk: int = COPY_CHUNK) -> np.ndarray:
     return out
 
 
-ARENAS = 2  # glibc malloc arenas a long-running front end allows (limit_arenas)
+ARENAS = 1  # glibc malloc arenas a long-running front end allows (limit_arenas): the app's first Compare on Gemma 3
+# kept +51 to +56 MiB with 2 (its job thread's temporaries and the records it keeps share pages in the second arena),
+# +30 to +35 MiB with 1, in the same time (benchmarks/app_memory.py, 2026-12-07)
 _M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 
 
 def limit_arenas(n: int = ARENAS) -> bool:
     """Let glibc's malloc keep at most n arenas (mallopt M_ARENA_MAX; elsewhere nothing); True when set. Call it
     before the threads start: each thread that allocates otherwise gets an arena of its own (up to 8 per core),
-    and what the app's jobs free stays in whichever arena served them. With at most 2, ten Compares in a row on Gemma 3
-    (benchmarks/app_memory.py --jobs compare) each left the resident memory within 17 MiB of where it was after the
-    first (25 MiB with glibc's default), and the tenth ended 22 MiB lower; trim_heap still hands the free pages back
-    after each job."""
+    and what the app's jobs free stays in whichever arena served them (ARENAS: how many the app keeps). With at most
+    2, ten Compares in a row on Gemma 3 (benchmarks/app_memory.py --jobs compare) each left the resident memory
+    within 17 MiB of where it was after the first (25 MiB with glibc's default), and the tenth ended 22 MiB lower;
+    trim_heap still hands the free pages back after each job."""
     if _madvise() is None:
         return False
     try:

@@ -77,10 +77,10 @@ def finish_late(model: DecoderModel) -> bool:
     """Once a first start's late kernels are compiled (engine.kernels.precompile.late_ready), what a warm start's
     warm-up does with them: load the prompt's parallel kernels and run the warm pass again, which builds the
     compiled decode step's plan and the repacked copies the late paths read (the file pages they were read from are
-    released as each copy is made), then release LLVM's code pages and the heap's free ones. A front end calls it when
-    idle (the app's Engine): otherwise the first job to run a late path would make these copies, and its memory
-    would grow by them (Gemma 3: +170 MiB of copies in a patching run, the file's pages released in another job).
-    The caller holds the model's lock. True when it ran."""
+    released as each copy is made), then release LLVM's code pages and the heap's free ones. Model.forward calls it
+    before the next pass, and the app's Engine after a pause: otherwise the first job to run a late path would make
+    these copies one product at a time, and its memory would grow by them (Gemma 3: +170 MiB of copies in a patching
+    run, the file's pages released in another job). The caller holds the model's lock. True when it ran."""
     if not late_pending(model):
         return False
     model._late_pending = False

@@ -117,7 +117,7 @@ def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
     table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]
     lut = ir.Constant(V32, [ir.Constant(I8, v) for v in table + table])
     i8x = vec(I32, 8)
-    halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + (k % 16)) for k in range(32)]))
+    halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + k % 16) for k in range(32)]))
               for h in range(2)]
     low = ir.Constant(V32, [ir.Constant(I8, 15)] * 32)
     four = ir.Constant(V32, [ir.Constant(I8, 4)] * 32)

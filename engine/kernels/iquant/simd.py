@@ -110,8 +110,8 @@ def _iq4_xs_scales(b, pw):
                                   ir.Constant(vec(I32, 8), [ir.Constant(I32, k // 2) for k in range(8)])), i32x8)
     low = b.and_(b.lshr(low, const([4 * (k % 2) for k in range(8)])), const([15] * 8))
     sh = b.zext(load(b, pw, I16, 2), I32)
-    high = b.shuffle_vector(b.insert_element(ir.Constant(i32x8, None), sh, ir.Constant(I32, 0)), ir.Constant(i32x8, None),
-                            const([0] * 8))
+    one = b.insert_element(ir.Constant(i32x8, None), sh, ir.Constant(I32, 0))
+    high = b.shuffle_vector(one, ir.Constant(i32x8, None), const([0] * 8))
     high = b.shl(b.and_(b.lshr(high, const([2 * k for k in range(8)])), const([3] * 8)), const([4] * 8))
     return b.sub(b.or_(low, high), const([32] * 8))
 
