@@ -24,12 +24,9 @@ def products(names: list[str]) -> None:
     background (not the legacy quants' one-row products, not the VNNI batches), else all of them; with BOTH_ENV=1
     both sets (every path a loaded model may take for them, late kernels ready or not)."""
     weights = parse_weights(names)
-    if os.environ.get(precompile.BOTH_ENV) == "1":  # start_products(late=True): the paths before and after the late
-        with precompile.without_late():  # kernels are ready, for a process whose late helper may still run
-            warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
-        warm_up(weights)
-    elif precompile.late_in_background():
+    both = os.environ.get(precompile.BOTH_ENV) == "1"  # start_products(late=True), for a loaded model
+    if both or precompile.late_in_background():
         with precompile.without_late():
             warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
-    else:
+    if both or not precompile.late_in_background():
         warm_up(weights)

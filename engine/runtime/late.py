@@ -15,7 +15,7 @@ from engine.ops import attention_ggml
 from engine.ops.ggml_kernels import load_parallel
 from engine.runtime import decode_lora
 from engine.runtime.numerics import numerics_for
-from engine.runtime.warmup import warm_pass
+from engine.runtime.warmup import dry_passes
 from engine.tensor import DenseBudget
 
 
@@ -28,9 +28,7 @@ def compile_late(path: str, names: list[str]) -> None:
     args = cls.args_from_metadata(gguf.metadata, gguf.tensors["token_embd.weight"].shape[1])
     net = cls(args, Weights(gguf, DenseBudget(0), "ggml"), numerics_for("ggml"))
     with precompile.dry_products():
-        warm_pass(net)
-        if not getattr(getattr(net, "ops", None), "flash", False):
-            warm_pass(net, "F32")  # the attention over an F32 cache (Compare's reference run, the sweep)
+        dry_passes(net)  # on the model's cache type and an F32 cache (Compare's reference run, the sweep)
     decode_lora.warm()  # an adapter's halves in the decode step (engine.intervene.lora)
     load_parallel(isa.lanes() == 8)  # a long prompt's chunk kernels (every later start loads them at once)
     attention_ggml.load_kernels()  # and its attention's products (tinyBLAS's dot on numba's threads)

@@ -40,26 +40,11 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
     warm_up(weights, part(0.6 if split else 0.0, 0.7), **({"legacy_rows": BATCH_ROWS} if late else {}))
     if compiled():
         # the prompt and decode-step kernels load (or compile) and the products' repacked copies are built now, not
-        # at the first real token. First the kernels: a dry pass (no copy made) loads the pass's own (norms, RoPE,
-        # attention, the step), then the parallel chunk kernels of a long prompt. Then LLVM's code pages go
-        # (libllvmlite.so, ~80 MiB resident since its import, and each kernel load touches ~50 MiB of it again), and
-        # only then are the copies made: the peak is not libraries + copies
+        # at the first real token: first a dry pass (no copy made) loads the pass's own kernels (norms, RoPE,
+        # attention, the step), then _real_pass
         with precompile.dry_products():
-            warm_pass(model)
-            if not getattr(getattr(model, "ops", None), "flash", False):  # Compare's reference run and the sweep
-                warm_pass(model, "F32")  # read an F32 cache: its attention kernels (flash attention reads none)
-        from engine.ops import attention_ggml, ggml_kernels  # noqa: PLC0415 - with compiled kernels only
-
-        attention_ggml.load_kernels()  # a long prompt's attention products (the late ones once they are ready)
-        if precompile.late_ready():  # in numba's cache (else the late helper compiles them for the next start)
-            with KERNEL_LOCK:
-                ggml_kernels.load_parallel(isa.lanes() == 8)
-        pages.release_libraries()
-        warm_pass(model)
-        if progress is not None:
-            progress(0.85)
-        pages.release_libraries()
-        pages.trim_heap()  # the passes' temporaries (~10 MiB for SmolLM2)
+            dry_passes(model)
+        _real_pass(model, progress)
         # a first start's late kernels are still compiling: their paths (the decode step, the repacked copies they
         # read, which replace the file's pages) come in at finish_late, not inside whatever job first runs them
         model._late_pending = not precompile.late_ready()
@@ -84,16 +69,36 @@ def finish_late(model: DecoderModel) -> bool:
     if not late_pending(model):
         return False
     model._late_pending = False
+    _real_pass(model)
+    return True
+
+
+def dry_passes(model: DecoderModel) -> None:
+    """The warm pass on the model's own cache type and (flash attention reads none) on an F32 cache, which Compare's
+    reference run and the sweep read: the kernels of both passes, loaded or compiled. Called inside dry_products()
+    (the warm-up here, the late helper in its own process)."""
+    warm_pass(model)
+    if not getattr(getattr(model, "ops", None), "flash", False):
+        warm_pass(model, "F32")
+
+
+def _real_pass(model: DecoderModel, progress: Progress | None = None) -> None:
+    """A long prompt's kernels (its attention products; the parallel chunk kernels once the late kernels may run,
+    else the late helper compiles them for the next start), then LLVM's code pages go (libllvmlite.so, ~80 MiB
+    resident since its import, and each kernel load touches ~50 MiB of it again), and only then the warm pass that
+    makes the products' copies (the peak is not libraries + copies), and its temporaries go (~10 MiB for SmolLM2)."""
     from engine.ops import attention_ggml, ggml_kernels  # noqa: PLC0415 - with compiled kernels only
 
-    with KERNEL_LOCK:
-        ggml_kernels.load_parallel(isa.lanes() == 8)
     attention_ggml.load_kernels()
+    if precompile.late_ready():
+        with KERNEL_LOCK:
+            ggml_kernels.load_parallel(isa.lanes() == 8)
     pages.release_libraries()
     warm_pass(model)
+    if progress is not None:
+        progress(0.85)
     pages.release_libraries()
     pages.trim_heap()
-    return True
 
 
 WARM_PROMPT = 4  # tokens: the batch kernels that take four rows or more (RMSNorm's) are among those it compiles
