@@ -56,11 +56,11 @@ def test_the_late_kernels_are_taken_up_when_no_job_runs(qtbot, monkeypatch) -> N
     release = threading.Event()
     try:
         engine.session.model = Model()
-        engine.run_task("compare", "compare", lambda emit, cancel: release.wait(10))
+        engine.run_task("compare", "compare", lambda emit, cancel: release.wait(300))  # until released below
         qtbot.wait(3 * 1000)
         assert finished == []  # a comparison runs: the model's late paths wait for it
         release.set()
-        qtbot.waitUntil(lambda: finished != [], timeout=30_000)  # after a pause of LATE_IDLE_S
+        qtbot.waitUntil(lambda: finished != [], timeout=180_000)  # after a pause of LATE_IDLE_S (a hang guard)
         qtbot.wait(2 * 1000)
         assert len(finished) == 1 and finished[0] != threading.current_thread().name
     finally:
