@@ -63,6 +63,17 @@ def _host_features() -> frozenset[str]:
     return frozenset(f for f in ("avx512f", "avx512bw", "avx512vl", "avx2", "fma") if host_has(f))
 
 
+def target_has(name: str) -> bool:
+    """Whether the CPU the kernels are compiled for has feature `name` ('avx512bf16', ...): NUMBA_CPU_FEATURES's
+    list where NUMBA_CPU_NAME overrides the host (an AVX2 target on an AVX-512 host has no AVX512_BF16), else
+    the host's."""
+    if os.environ.get("NUMBA_CPU_NAME"):
+        return name in _listed_features(os.environ.get("NUMBA_CPU_FEATURES", ""))
+    from engine.kernels.simd import host_has  # noqa: PLC0415
+
+    return host_has(name)
+
+
 def target() -> str:
     """'avx512', 'avx2', 'aarch64' or 'generic': the CPU the kernels are compiled for."""
     if platform.machine().lower() in ("aarch64", "arm64"):

@@ -253,9 +253,9 @@ def bf16_available() -> bool:
         try:
             import numpy as np  # noqa: PLC0415
 
-            from engine.kernels.simd import host_has  # noqa: PLC0415
+            from engine.kernels.isa import target_has  # noqa: PLC0415
 
-            ok = host_has("avx512bf16")
+            ok = target_has("avx512bf16")
             if ok:
                 one = np.full((1, 32), 0x3F80, np.uint16)  # 1.0
                 out = np.zeros((2, 1), np.float32)

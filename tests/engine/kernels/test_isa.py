@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.kernels.isa import BITS_OF, BUILDS, ENV, bits, describe, forced_bits, lanes
+from engine.kernels.isa import BITS_OF, BUILDS, ENV, bits, describe, forced_bits, lanes, target_has
 from engine.kernels.simd import host_has
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,6 +43,21 @@ def test_the_target_decides_the_bits_and_the_note(monkeypatch: pytest.MonkeyPatc
     want = "avx512" if all(host_has(f) for f in ("avx512f", "avx512bw", "avx512vl")) else "avx2" if host_has("avx2") \
         else describe().target
     assert describe().target == want
+
+
+def test_an_avx2_target_never_takes_the_hosts_avx512_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an AVX-512 host, numba targeting Haswell (benchmarks' --isa avx2) must not be handed VDPBF16PS: LLVM
+    aborts the process compiling it for that target. The BF16 check asks the target, never the host."""
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma,+f16c")
+    assert not target_has("avx512bf16") and target_has("avx2")
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c"}
+    code = "from engine.kernels.floats.tinyblas import bf16_available; print(bf16_available())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+    monkeypatch.delenv("NUMBA_CPU_NAME")
+    assert target_has("avx2") == host_has("avx2")
 
 
 def test_bench_json_says_which_bits(tmp_path: Path) -> None:
