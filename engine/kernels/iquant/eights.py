@@ -29,6 +29,7 @@ from engine.kernels.iquant.simd import (
     V32,
     _block_lanes_nl,
     _i64,
+    _signed_pairs,
     _Nibbles,
     _split,
     _tile_intrinsic,
@@ -135,6 +136,49 @@ def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
     return hadd(hadd(sums[0], sums[1]), hadd(sums[2], sums[3]))
 
 
+def _rows8_sums_avx2(ops: Ops, b, pws, x, fmt: _Nibbles):
+    """<8 x i32>: lane r = the exact sum over one block of row r (pws[r]) of value * x, on AVX2 (no VNNI).
+
+    The same layout as _rows8_sums_vnni (rows r and r + 4 share a 256-bit vector, low nibbles against x's first 16
+    bytes, high ones against its last 16, three vphaddd), with vpmaddubsw / vpmaddwd for vpdpbusd. A table whose
+    offset values stay below 64 (Q4_0's nibble, MXFP4's value + 12) adds both halves' pair sums in int16 (at most
+    4 * 63 * 128 < 32768) and takes offset * sum(x) off at the end; IQ4_NL's wide values take ggml's |w| against
+    sign(x, w) per half (at most 2 * 127 * 127), each half widened to int32 on its own."""
+    off = _offset(fmt)
+    small = max(fmt.values) + off < 64
+    table = [(v + off if small else v) % 256 for v in fmt.values]
+    table = [t - 256 if t > 127 else t for t in table]
+    lut = ir.Constant(V32, [ir.Constant(I8, v) for v in table + table])
+    i8x, ones = vec(I32, 8), ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
+    halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + k % 16) for k in range(32)]))
+              for h in range(2)]
+    low = ir.Constant(V32, [ir.Constant(I8, 15)] * 32)
+    four = ir.Constant(V32, [ir.Constant(I8, 4)] * 32)
+    sums = []
+    for k in range(4):
+        pair = [load(b, b.gep(pws[r], [ir.Constant(I64, fmt.qs)]), vec(I8, 16)) for r in (k, k + 4)]
+        q = b.shuffle_vector(pair[0], pair[1], ir.Constant(vec(I32, 32), [ir.Constant(I32, j) for j in range(32)]))
+        ws = [idx if small and table == list(range(16)) else call_intrinsic(b, "llvm.x86.avx2.pshuf.b", V32, [lut, idx])
+              for idx in (b.and_(q, low), b.and_(b.lshr(q, four), low))]
+        if small:
+            sums.append(ops.madd(b.add(ops.maddubs(ws[0], halves[0]), ops.maddubs(ws[1], halves[1])), ones))
+        else:
+            sums.append(b.add(*[ops.madd(_signed_pairs(ops, b, w, h), ones) for w, h in zip(ws, halves)]))
+    hadd = lambda u, v: call_intrinsic(b, "llvm.x86.avx2.phadd.d", i8x, [u, v])  # noqa: E731
+    sumi = hadd(hadd(sums[0], sums[1]), hadd(sums[2], sums[3]))
+    if not small:
+        return sumi
+    sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32,
+                        [ops.madd(ops.maddubs(ir.Constant(V32, [ir.Constant(I8, off)] * 32), x), ones)])
+    return b.sub(sumi, _splat_i32(b, sx))
+
+
+def _splat_i32(b, v):
+    """<8 x i32>: v in every lane."""
+    u = b.insert_element(ir.Constant(vec(I32, 8), None), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, u, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8))
+
+
 def _scales8(context, b, pws, fmt: _Nibbles):
     """<8 x float>: the scale d_w of the block at each of the eight pointers, as fmt.scale_w reads one, on vectors:
     MXFP4's E8M0 byte 2^(e - 128) (subnormal patterns below e = 2), IQ4_NL's fp16 d."""
@@ -181,6 +225,8 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
             prefetch(b, b.gep(pw, [b.mul(rs, ir.Constant(I64, 8))]))
         if vnni:
             sumi = _rows8_sums_vnni(b, pws, x, fmt)
+        elif ops.avx2:
+            sumi = _rows8_sums_avx2(ops, b, pws, x, fmt)
         else:
             sumi = _row_sums(b, [_block_lanes_nl(ops, b, pw, px, fmt) for pw in pws])
         dw = _scales8(context, b, pws, fmt)
@@ -188,8 +234,7 @@ def _rows8_nl_x8(context, b, pw0, rs, nb, px0, po, fmt: _Nibbles):
             off = ir.Constant(vec(I8, 32), [ir.Constant(I8, _offset(fmt))] * 32)
             sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32, [_dpbusd8(b, ir.Constant(vec(I32, 8), None),
                                                                                    off, x)])
-            u = b.insert_element(ir.Constant(vec(I32, 8), None), sx, ir.Constant(I32, 0))
-            sumi = b.sub(sumi, b.shuffle_vector(u, u, ir.Constant(vec(I32, 8), [ir.Constant(I32, 0)] * 8)))
+            sumi = b.sub(sumi, _splat_i32(b, sx))
         d = b.fmul(dw, kquant_dot._splat(b, half_to_float(context, b, load(b, px, I16)), 8))  # d_w * d_x
         b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(sumi, f8), d, b.load(acc)]), acc)
     b.store(b.load(acc), b.bitcast(po, f8.as_pointer()), align=4)

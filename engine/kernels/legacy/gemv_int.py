@@ -15,7 +15,7 @@ ggml_vec_dot's (ggml-cpu/arch/x86/quants.c), unchanged: acc = fma(fp16(d_w) * fp
 per block, summs = fma(fp16(m_w), fp16(s_x), summs), out = hsum_float_8(acc) (+ summs); for Q4_0 rows in eights
 (llama.cpp repacks them, legacy_dot.Q4_0_X8) one fma of the block's exact integer sum per row instead.
 So the numbers are the byte-plane kernel's bit for bit, read from the blocks as the file holds them
-(no second copy of the weight). Q4_0 rows in eights on AVX512-VNNI go eight rows a step through
+(no second copy of the weight). Q4_0 rows in eights (a multiple of eight rows) go eight rows a step through
 engine.kernels.iquant.eights.rows8_q4_0_x8 instead (the same integers and fma, fewer shuffles a block).
 
   GEMV_INT[kind](blocks, xq, out)     out (n_rows,) for one activation xq (bytes,) in block_q8_0 / q8_1 bytes
@@ -33,7 +33,7 @@ from engine.quant.types import GGMLType
 
 from engine.kernels.activations import f16_to_f32
 from engine.kernels.kquant.dot import _hsum8
-from engine.kernels.iquant.eights import rows8_q4_0_x8, vnni_target
+from engine.kernels.iquant.eights import rows8_q4_0_x8
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.legacy.gemm import _SPEC, _i64
 from engine.kernels.simd import (
@@ -203,7 +203,7 @@ def _gemv_int(blocks, xq, out):
     offset = 8 if KIND == KINDS[0] or KIND == KINDS[4] else 16 if KIND == KINDS[2] else 0
     nb = blocks.shape[1] // size
     rs, n = u64(blocks.strides[0]), blocks.shape[0]
-    if KIND == KINDS[4] and vnni_target() and n % 8 == 0:  # Q4_0 rows in eights on AVX512-VNNI: eight rows a step
+    if KIND == KINDS[4] and n % 8 == 0:  # Q4_0 rows in eights: eight rows a step
         for g in prange(n // 8):
             rows8_q4_0_x8(blocks, u64(8 * g) * rs, rs, u64(nb), xq, u64(0), out, u64(32 * g))
         return out
