@@ -1,11 +1,12 @@
-"""One-row products of Q4_0, Q4_1, Q5_0 and Q5_1 weights on their GGUF blocks, in integers, two rows a vector.
+"""One-row products of Q4_0, Q4_1, Q5_0 and Q5_1 weights on their GGUF blocks, in integers, two rows at a time.
 
 A decode step multiplies one activation row by every weight: the product should stream the weight at the
 memory's speed. The byte-plane kernel (legacy_dot) forms each lane in float32 from one weight a SIMD lane,
 which is compute-bound (Q5_0 at 29% of the host's read bandwidth on an AMD EPYC, benchmarks/bandwidth.py).
 Here each block's 32 weights go in as their unsigned codes u = w + offset (Q4_0: the nibble, offset 8; Q5_0:
-nibble | fifth bit << 4, offset 16; Q4_1 / Q5_1: unsigned already), two rows side by side in one 64-byte vector,
-against the activation block's 32 quants (repeated), and each lane (the sum of four neighbouring products) is
+nibble | fifth bit << 4, offset 16; Q4_1 / Q5_1: unsigned already), two rows side by side in 256-bit vectors (the
+rows' low nibbles in one, against the activation's first 16 quants twice; their high nibbles in the other, against
+its last 16: no byte of the weight is reordered), and each lane (the sum of four neighbouring products) is
 
     lane = sum(u * x) - offset * (x0 + x1 + x2 + x3)
 
@@ -32,7 +33,7 @@ from numba.extending import intrinsic
 from engine.quant.types import GGMLType
 
 from engine.kernels.activations import f16_to_f32
-from engine.kernels.kquant.dot import _hsum8
+from engine.kernels.kquant.dot import _hsum4
 from engine.kernels.iquant.eights import rows8_q4_0_x8
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.legacy.gemm import _SPEC, _i64
@@ -55,62 +56,86 @@ def available() -> bool:
     return target() in ("avx512", "avx2")
 
 
-def _codes2(kind: int, b, pa, pb):
-    """<64 x i8>: the unsigned codes of the block at pa (bytes 0-31) and of the block at pb (32-63)."""
+def _halves(kind: int, context, b, pa, pb):
+    """(lo, hi), each <32 x i8>: the unsigned codes of weights 0-15 of the blocks at pa and pb side by side (lo),
+    and of their weights 16-31 (hi). The two rows' 16 nibble bytes are one 32-byte vector, never reordered: the
+    low nibbles are weights 0-15, the high ones 16-31. Q5_0 / Q5_1: bit i of the little-endian qh is the fifth bit
+    of weight i, so lo takes bits 0-15 of both rows' qh as one 32-bit mask and hi bits 16-31 (16 where set)."""
     _, qs, qh, _, _, _ = _SPEC[kind]
     v = b.shuffle_vector(load(b, pa, vec(I8, 16), qs), load(b, pb, vec(I8, 16), qs), const_vec(I32, list(range(32))))
-    lo = b.and_(v, splat_const(I8, 15, 32))
-    hi = b.lshr(v, splat_const(I8, 4, 32))
-    order = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
-    u = b.shuffle_vector(lo, hi, const_vec(I32, order))  # row a: its low nibbles, its high; then row b's
-    if qh >= 0:  # bit i of the little-endian qh is the fifth bit of weight i
-        two = b.shuffle_vector(load(b, pa, vec(I8, 4), qh), load(b, pb, vec(I8, 4), qh), const_vec(I32, list(range(8))))
-        spread = b.shuffle_vector(two, two, const_vec(I32, [i // 8 for i in range(32)] + [4 + i // 8 for i in range(32)]))
-        bit = b.and_(spread, const_vec(I8, [(1 << (i % 8)) if i % 8 < 7 else -128 for i in range(64)]))
-        set_ = b.icmp_unsigned("!=", bit, ir.Constant(vec(I8, 64), None))
-        u = b.or_(u, b.select(set_, splat_const(I8, 16, 64), ir.Constant(vec(I8, 64), None)))
-    return u
-
-
-def _lanes(context, b, u, x, corr):
-    """<16 x i32>: corr + the four-product sums of the unsigned codes u with the signed quants x (both <64 x i8>)."""
-    i32x16 = vec(I32, 16)
-    if has_vnni(context):
-        return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.512", i32x16, [corr, b.bitcast(u, i32x16), b.bitcast(x, i32x16)])
-    if has_feature(context, "avx512bw"):
-        pairs = call_intrinsic(b, "llvm.x86.avx512.pmaddubs.w.512", vec(I16, 32), [u, x])
-        return b.add(corr, call_intrinsic(b, "llvm.x86.avx512.pmaddw.d.512", i32x16, [pairs, splat_const(I16, 1, 32)]))
-    halves = []
-    for h in range(2):  # AVX2: one row a 256-bit half (the halves are the two rows)
-        idx = const_vec(I32, list(range(32 * h, 32 * h + 32)))
-        uh, xh = b.shuffle_vector(u, u, idx), b.shuffle_vector(x, x, idx)
-        if has_feature(context, "avx2"):
-            pairs = call_intrinsic(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [uh, xh])
-            halves.append(call_intrinsic(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), [pairs, splat_const(I16, 1, 16)]))
-        else:  # any other target: the same integers in plain vector IR
-            ext = vec(I32, 32)
-            prod = b.mul(b.zext(uh, ext), b.sext(xh, ext))
-            quads = [b.shuffle_vector(prod, prod, const_vec(I32, list(range(k, 32, 4)))) for k in range(4)]
-            halves.append(b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
-    return b.add(corr, b.shuffle_vector(halves[0], halves[1], const_vec(I32, list(range(16)))))
-
-
-def _splat2(b, da, db):
-    """<16 x float>: da eight times, then db eight times."""
-    two = b.insert_element(b.insert_element(ir.Constant(vec(F32, 2), None), da, ir.Constant(I32, 0)), db,
+    lo, hi = b.and_(v, splat_const(I8, 15, 32)), b.lshr(v, splat_const(I8, 4, 32))
+    if qh < 0:
+        return lo, hi
+    ha, hb = load(b, pa, I32, qh), load(b, pb, I32, qh)
+    sixteen, zero = splat_const(I8, 16, 32), ir.Constant(vec(I8, 32), None)
+    if has_feature(context, "avx512bw"):  # each half's 32 bits a mask register, 16 where set
+        c = lambda n: ir.Constant(I32, n)  # noqa: E731
+        masks = (b.or_(b.and_(ha, c(0xFFFF)), b.shl(hb, c(16))), b.or_(b.lshr(ha, c(16)), b.and_(hb, c(-65536))))
+        return tuple(b.or_(u, b.select(b.bitcast(m, vec(ir.IntType(1), 32)), sixteen, zero))
+                     for u, m in zip((lo, hi), masks))
+    # AVX2 (bytes_from_bits_32's way): row a's qh in the low 128-bit lane, row b's in the high one, byte i // 8 of
+    # the half's 16 bits spread to byte i, its bit i % 8 picked by a mask
+    two = b.insert_element(b.insert_element(ir.Constant(vec(I32, 2), None), ha, ir.Constant(I32, 0)), hb,
                            ir.Constant(I32, 1))
-    return b.shuffle_vector(two, two, const_vec(I32, [0] * 8 + [1] * 8))
+    both = b.bitcast(b.shuffle_vector(two, two, const_vec(I32, [0] * 4 + [1] * 4)), vec(I8, 32))
+    bits = const_vec(I8, [(1 << (i % 8)) if i % 8 < 7 else -128 for i in range(32)])
+    out = []
+    for h, u in enumerate((lo, hi)):
+        spread = b.shuffle_vector(both, both, const_vec(I32, [16 * (i // 16) + 2 * h + (i % 16) // 8 for i in range(32)]))
+        set_ = b.icmp_unsigned("!=", b.and_(spread, bits), zero)
+        out.append(b.or_(u, b.select(set_, sixteen, zero)))
+    return tuple(out)
+
+
+def _lanes8(context, b, u, x, corr):
+    """<8 x i32>: corr + the four-product sums of the unsigned codes u with the signed quants x (both <32 x i8>)."""
+    i32x8 = vec(I32, 8)
+    if has_vnni(context):
+        return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i32x8, [corr, b.bitcast(u, i32x8), b.bitcast(x, i32x8)])
+    if has_feature(context, "avx2"):
+        pairs = call_intrinsic(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [u, x])
+        return b.add(corr, call_intrinsic(b, "llvm.x86.avx2.pmadd.wd", i32x8, [pairs, splat_const(I16, 1, 16)]))
+    ext = vec(I32, 32)  # any other target: the same integers in plain vector IR
+    prod = b.mul(b.zext(u, ext), b.sext(x, ext))
+    quads = [b.shuffle_vector(prod, prod, const_vec(I32, list(range(k, 32, 4)))) for k in range(4)]
+    return b.add(corr, b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3])))
+
+
+def _scales(context, b, pa, pb, has_m: bool):
+    """<4 x float> [d_a, m_a, d_b, m_b] (Q4_1 / Q5_1: one 32-bit load a row) or <2 x float> [d_a, d_b], converted
+    from fp16 side by side (F16C), else one by one (exact either way)."""
+    n = 4 if has_m else 2
+    v = ir.Constant(vec(I16, n), None)
+    for r, p in enumerate((pa, pb)):
+        for k in range(n // 2):
+            v = b.insert_element(v, load(b, p, I16, 2 * k), ir.Constant(I32, r * n // 2 + k))
+    if has_feature(context, "f16c"):
+        return b.fpext(b.bitcast(v, vec(ir.HalfType(), n)), vec(F32, n))
+    out = ir.Constant(vec(F32, n), None)
+    for i in range(n):
+        out = b.insert_element(out, half_to_float(context, b, b.extract_element(v, ir.Constant(I32, i))), ir.Constant(I32, i))
+    return out
+
+
+def _splat(b, v, n: int):
+    """<n x float>: the float v in every lane."""
+    one = b.insert_element(ir.Constant(vec(F32, 1), None), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, one, const_vec(I32, [0] * n))
 
 
 def _pair_rows(kind: int, context, b, pa0, pb0, nb, px0, pd0, po_a, po_b) -> None:
-    """Rows a and b (pa0, pb0: their first blocks) against the packed activation (px0: per block 64 quant bytes
-    then 16 int32 corrections; pd0: per block d then s as float32) into out at po_a and po_b."""
+    """Rows a and b (pa0, pb0: their first blocks) against the packed activation (px0: per block 128 bytes, _pack;
+    pd0: per block d then s as float32) into out at po_a and po_b.
+
+    Per block, ggml's eight int32 lanes of each row come in two 256-bit halves: lo = [a's lanes 0-3 | b's lanes
+    0-3] (the low nibbles against x's first 16 quants), hi = [a's 4-7 | b's 4-7], each with its float accumulator
+    (acc = fma(d_w * d_x, float(lane), acc) lane by lane, as ggml's one <8 x float>). hsum_float_8 adds a row's
+    high four lanes to its low four first: that is acc_hi + acc_lo, then _hsum4 of each row's half."""
     size, _, _, _, has_m, _ = _SPEC[kind]
     whole = kind == Q4_0_X8
-    f16x = vec(F32, 16)
-    acc = cgutils.alloca_once_value(b, ir.Constant(f16x, None))
-    sa = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))  # summs (Q4_1 / Q5_1), row a
-    sb = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
+    f8 = vec(F32, 8)
+    accs = [cgutils.alloca_once_value(b, ir.Constant(f8, None)) for _ in range(1 if whole else 2)]
+    summs = cgutils.alloca_once_value(b, ir.Constant(vec(F32, 4), None))  # lanes 1 and 3: rows a and b's summs
     ahead = b.mul(nb, ir.Constant(I64, 2 * size))  # prefetched 1 pair ahead: 14.3 -> 27.3 GB/s (Q5_0, AMD EPYC)
     with cgutils.for_range(b, nb) as loop:
         at = b.mul(loop.index, ir.Constant(I64, size))
@@ -119,31 +144,32 @@ def _pair_rows(kind: int, context, b, pa0, pb0, nb, px0, pd0, po_a, po_b) -> Non
         prefetch(b, b.gep(pb, [ahead]))  # 4096-wide Q5_0 row is 2.8 KB) that the hardware prefetchers barely learn
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, 128))])
         pd = b.gep(pd0, [b.mul(loop.index, ir.Constant(I64, 8))])
-        lanes = _lanes(context, b, _codes2(kind, b, pa, pb), load(b, px, vec(I8, 64)), load(b, px, vec(I32, 16), 64))
-        dx = load(b, pd, F32)
-        da = b.fmul(half_to_float(context, b, load(b, pa, I16, 0)), dx)  # fp16(d_w) * fp16(d_x)
-        db = b.fmul(half_to_float(context, b, load(b, pb, I16, 0)), dx)
-        if whole:  # ggml_gemv_q4_0_8x8_q8_0: acc = fma(float(block sum), d_w * d_x, acc), per row: the sums of
-            # each half's eight lanes by three rounds of shuffle and add (exact), lanes 0 and 8 the rows' sums
-            for width in (4, 2, 1):
-                swap = [i ^ width for i in range(16)]
-                lanes = b.add(lanes, b.shuffle_vector(lanes, lanes, const_vec(I32, swap)))
-        fma = call_intrinsic(b, "llvm.fma.v16f32", f16x, [b.sitofp(lanes, f16x), _splat2(b, da, db), b.load(acc)]
-                             if whole else [_splat2(b, da, db), b.sitofp(lanes, f16x), b.load(acc)])
-        b.store(fma, acc)
-        if has_m:  # summs = fma(fp16(m_w), fp16(s_x), summs)
-            sx = load(b, pd, F32, 4)
-            for slot, p in ((sa, pa), (sb, pb)):
-                m = half_to_float(context, b, load(b, p, I16, 2))
-                b.store(call_intrinsic(b, "llvm.fma.f32", F32, [m, sx, b.load(slot)]), slot)
-    v = b.load(acc)
-    for half, slot, po in ((0, sa, po_a), (8, sb, po_b)):
-        if whole:  # lane 0 of the row's half holds its sum
-            total = b.extract_element(v, ir.Constant(I32, half))
+        lanes = [_lanes8(context, b, u, load(b, px, vec(I8, 32), 32 * h), load(b, px, vec(I32, 8), 64 + 32 * h))
+                 for h, u in enumerate(_halves(kind, context, b, pa, pb))]
+        wm = _scales(context, b, pa, pb, has_m)
+        dd = b.fmul(wm, _splat(b, load(b, pd, F32), len(wm.type)))  # fp16(d_w) * fp16(d_x), each row's once
+        d8 = b.shuffle_vector(dd, dd, const_vec(I32, [0] * 4 + [len(wm.type) // 2] * 4))
+        if whole:  # ggml_gemv_q4_0_8x8_q8_0: acc = fma(float(block sum), d_w * d_x, acc); lanes 0 and 4: the sums
+            t = b.add(lanes[0], lanes[1])
+            for width in (2, 1):
+                t = b.add(t, b.shuffle_vector(t, t, const_vec(I32, [i ^ width for i in range(8)])))
+            b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(t, f8), d8, b.load(accs[0])]), accs[0])
         else:
-            total = _hsum8(b, b.shuffle_vector(v, v, const_vec(I32, list(range(half, half + 8)))))
-            if has_m:
-                total = b.fadd(total, b.load(slot))
+            for acc, lane in zip(accs, lanes):
+                b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [d8, b.sitofp(lane, f8), b.load(acc)]), acc)
+        if has_m:  # summs = fma(fp16(m_w), fp16(s_x), summs): lanes 1 and 3 (0 and 2 are never read)
+            sx = _splat(b, load(b, pd, F32, 4), 4)
+            b.store(call_intrinsic(b, "llvm.fma.v4f32", vec(F32, 4), [wm, sx, b.load(summs)]), summs)
+    if whole:
+        v = b.load(accs[0])
+        totals = [b.extract_element(v, ir.Constant(I32, 4 * r)) for r in range(2)]
+    else:
+        v = b.fadd(b.load(accs[1]), b.load(accs[0]))  # each row's lanes 4-7 + its lanes 0-3
+        totals = [_hsum4(b, b.shuffle_vector(v, v, const_vec(I32, list(range(4 * r, 4 * r + 4))))) for r in range(2)]
+        if has_m:
+            sm = b.load(summs)
+            totals = [b.fadd(t, b.extract_element(sm, ir.Constant(I32, 2 * r + 1))) for r, t in enumerate(totals)]
+    for total, po in zip(totals, (po_a, po_b)):
         b.store(total, b.bitcast(po, F32.as_pointer()), align=4)
 
 
@@ -169,8 +195,9 @@ def _pair_intrinsic(kind: int):
 
 @njit(cache=True, error_model="numpy")
 def _pack(xq, nb, act, offset):
-    """Per block of the activation: its 32 quants twice (one per row of a pair) then the 8 lane corrections
-    -offset * (sum of the lane's four quants) twice, as 128 bytes; and its d (and s) as float32."""
+    """Per block of the activation, 128 bytes: its quants 0-15 twice, its quants 16-31 twice (one copy per row of a
+    pair), then the lane corrections -offset * (sum of the lane's four quants) of lanes 0-3 twice and of lanes 4-7
+    twice (int32); and its d (and s) as float32."""
     xp = np.zeros((nb, 128), np.uint8)
     ds = np.zeros((nb, 2), np.float32)
     corr = xp.view(np.int32)
@@ -181,14 +208,15 @@ def _pack(xq, nb, act, offset):
             ds[blk, 1] = f16_to_f32(np.uint16(xq[o + 2]) | (np.uint16(xq[o + 3]) << np.uint16(8)))
         q = o + act - 32
         for lane in range(8):
+            half, k = lane // 4, lane % 4
             s = 0
             for e in range(4):
                 v = xq[q + 4 * lane + e]
-                xp[blk, 4 * lane + e] = v
-                xp[blk, 32 + 4 * lane + e] = v
+                xp[blk, 32 * half + 4 * k + e] = v
+                xp[blk, 32 * half + 16 + 4 * k + e] = v
                 s += (np.int32(v) ^ 128) - 128
-            corr[blk, 16 + lane] = -offset * s
-            corr[blk, 24 + lane] = -offset * s
+            corr[blk, 16 + 8 * half + k] = -offset * s
+            corr[blk, 20 + 8 * half + k] = -offset * s
     return xp, ds
 
 
