@@ -121,7 +121,7 @@ def test_the_streamed_q2_k_gemv_equals_the_decoded_one_on_any_bytes() -> None:
     from engine.kernels.iquant.tiled import gemv_q2_k_x8
 
     rng = np.random.default_rng(7)
-    for rows, cols in ((8, 256), (40, 2048)):
+    for rows, cols in ((8, 256), (40, 2048), (13, 512), (3, 768)):  # rows in eights, and rows left over
         w = rng.integers(0, 256, (rows, cols // 256 * 84), dtype=np.uint8)
         w[:, 80:84] = np.frombuffer((rng.standard_normal(2 * rows) * 0.01).astype("<f2").tobytes(), np.uint8).reshape(rows, 4)
         w.flags.writeable = False
