@@ -109,8 +109,11 @@ def _rows8(context, b, pw0, rs, nb, px0, po) -> None:
         at = b.mul(loop.index, ir.Constant(I64, BLOCK))
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, Q8K))])
         pws = [b.gep(pw0, [b.add(b.mul(ir.Constant(I64, r), rs), at)]) for r in range(8)]
-        for pw in pws:  # the same super-block of the next eight rows
-            prefetch(b, b.gep(pw, [b.mul(rs, ir.Constant(I64, 8))]))
+        # the next eight rows (8 rs on: one block of memory when the rows are contiguous) in address order, an
+        # eighth of a super-block column's bytes a step, so the prefetches run as one sequential stream
+        ahead = b.gep(pw0, [b.add(b.mul(rs, ir.Constant(I64, 8)), b.mul(loop.index, ir.Constant(I64, 8 * BLOCK)))])
+        for line in range(0, 8 * BLOCK, 64):
+            prefetch(b, b.gep(ahead, [ir.Constant(I64, line)]))
         xs = [load(b, px, vec(I8, 64), 4 + 64 * j) for j in range(4)]
         bsums = load(b, px, vec(I16, 16), 260)
         sums, mins = [], []
