@@ -46,11 +46,11 @@ from engine.kernels.iquant.simd import (
     dot_iq3_xxs,
     dot_iq4_nl,
     dot_iq4_nl_x8,
-    dot_iq4_xs,
     dot_mxfp4,
     dot_mxfp4_x8,
     tile_iq4_xs,
 )
+from engine.kernels.iquant import iq4_xs_gemv
 from engine.kernels.iquant.tiles import gemm_decoded
 from engine.quant.types import GGMLType
 
@@ -204,11 +204,12 @@ def gemm_iq1_m(blocks, xq, out):
 
 @njit(**_KERNEL)
 def gemv_iq4_xs(blocks, xq, out):
-    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,) (iquant_simd)."""
+    """out[r] = ggml_vec_dot_iq4_xs_q8_K(row r, xq): blocks (n_rows, row_bytes), xq (nb * 292,) (iq4_xs_gemv)."""
     nb = _check(blocks, xq, out, 136, 292)
     rs = u64(blocks.strides[0])
+    xp = iq4_xs_gemv.permuted(xq, nb)  # two sub-blocks a step, the activation's quants in their order
     for r in prange(blocks.shape[0]):
-        out[r] = dot_iq4_xs(blocks, u64(r) * rs, nb, xq, u64(0))
+        out[r] = iq4_xs_gemv.row_iq4_xs_pairs(blocks, u64(r) * rs, nb, xp)
     return out
 
 

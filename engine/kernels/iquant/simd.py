@@ -8,8 +8,8 @@ The float steps are ggml's: IQ4_XS through kquant_dot's super-block loop (acc = 
 hsum_float_8 at the end); IQ4_NL blocks in pairs into two accumulators, their sum's hsum, then a last odd block
 as a scalar fma; IQ4_NL rows repacked by llama.cpp (iq4_nl_8x8) one scalar fma per block.
 
-  dot_iq4_xs(w, wo, nb, x, xo)        one row of nb super-blocks at byte wo of w with the Q8_K row at byte xo
-  tile_iq4_xs(w, wo, nb, x, xo, xs, m, out, oo, os)   the same for m <= 16 Q8_K rows, each block decoded once
+  tile_iq4_xs(w, wo, nb, x, xo, xs, m, out, oo, os)   one row of nb super-blocks at byte wo of w with m <= 16 Q8_K
+                                      rows, each block decoded once (one row with one: iq4_xs_gemv)
   dot_iq4_nl(w, wo, nb, x, xo)        ggml_vec_dot_iq4_nl_q8_0 of nb blocks with Q8_0 blocks
   dot_iq4_nl_x8(w, wo, nb, x, xo)     the iq4_nl_8x8 gemv's value for the same row
   dot_mxfp4 / dot_mxfp4_x8           the same two for MXFP4 (17-byte blocks: an E8M0 exponent read as
@@ -356,7 +356,6 @@ def _row_intrinsic(name: str, row):
     return intrinsic(typer)
 
 
-dot_iq4_xs = _row_intrinsic("dot_iq4_xs", lambda c, b, pw, nb, px: kquant_dot._row_dot(IQ4_XS, c, b, pw, nb, px))
 dot_iq4_nl = _row_intrinsic("dot_iq4_nl", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, False))
 dot_iq4_nl_x8 = _row_intrinsic("dot_iq4_nl_x8", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, True))
 dot_mxfp4 = _row_intrinsic("dot_mxfp4", lambda c, b, pw, nb, px: _row_nl(c, b, pw, nb, px, False, MXFP4))
