@@ -230,7 +230,6 @@ def _row_tile_intrinsic(name: str):
 
 
 _dot_q2_k = _row_dot_intrinsic("q2_k")
-_dot_q3_k = _row_dot_intrinsic("q3_k")
 _dot_q4_k = _row_dot_intrinsic("q4_k")
 _dot_q5_k = _row_dot_intrinsic("q5_k")
 _dot_q6_k = _row_dot_intrinsic("q6_k")
@@ -283,16 +282,6 @@ def gemv_q2_k(blocks, xq, out):
     rs = u64(blocks.strides[0])
     for r in prange(blocks.shape[0]):
         out[r] = _dot_q2_k(blocks, u64(r) * rs, nb, xq, u64(0))
-    return out
-
-
-@njit(**_KERNEL)
-def gemv_q3_k(blocks, xq, out):
-    """out[r] = ggml_vec_dot_q3_k_q8_K(row r of the Q3_K blocks, xq): blocks (n_rows, row_bytes), xq (nb * 292,)."""
-    nb = _check_gemv(blocks, xq, out, np.int64(110))
-    rs = u64(blocks.strides[0])
-    for r in prange(blocks.shape[0]):
-        out[r] = _dot_q3_k(blocks, u64(r) * rs, nb, xq, u64(0))
     return out
 
 

@@ -42,11 +42,11 @@ from engine.kernels.kquant.dot import (
     gemm_q5_k,
     gemm_q6_k,
     gemv_q2_k,
-    gemv_q3_k,
     gemv_q4_k,
     gemv_q5_k,
     gemv_q6_k,
 )
+from engine.kernels.kquant.q3_k_gemv import gemv_q3_k
 from engine.kernels.kquant.ref import KQUANT_TYPES, matmul_ref
 from engine.kernels.q8k import Q8K_BLOCK_BYTES, quantize_q8_k, quantize_q8_k_ref
 
