@@ -12,7 +12,8 @@ On AVX512-VNNI the block's values are looked up offset to unsigned bytes (12 for
 activation in vpdpbusd; the offset times the activation block's sum (exact in int32) is taken off after the
 reduction. A decode step's eight rows go two to a 256-bit vector, their low nibbles against the activation's first 16
 bytes and their high nibbles against its last 16 (no reordering of the weights), and three vphaddd gather the eight
-sums (`_rows8_sums_vnni`). Elsewhere each block meets the activation by vpmaddubsw of |w| and x with w's signs.
+sums (`_rows8_sums_vnni`); on AVX2 the same layout with vpmaddubsw / vpmaddwd (`_rows8_sums_avx2`). Elsewhere each
+block meets the activation by vpmaddubsw of |w| and x with w's signs.
 Q4_0 rows in eights (llama.cpp's q4_0_8x8 gemv: the same per-block integer and fma) are the same kernel with the
 table nibble - 8 (`rows8_q4_0_x8`, which engine.kernels.legacy.gemv_int runs on AVX512-VNNI).
 """
