@@ -108,16 +108,16 @@ def _dpbusd8(b, acc, u, x):
     return call_intrinsic(b, "llvm.x86.avx512.vpdpbusd.256", i8x, [acc, b.bitcast(u, i8x), b.bitcast(x, i8x)])
 
 
-def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
-    """<8 x i32>: lane r = the sum over one block of row r (pws[r]) of (value + offset) * x, exact (AVX512-VNNI).
+def _rows8_pairs(b, pws, x, fmt: _Nibbles, table: list[int], combine):
+    """<8 x i32>: lane r = combine's sum for row r (pws[r]), the layout both rows-in-eights sums share.
 
-    Rows r and r + 4 share a 256-bit vector of their 16 code bytes each, looked up by one vpshufb per nibble half
-    (the table in both 128-bit lanes); the low nibbles (values 0-15) meet x's first 16 bytes and the high ones x's
-    last 16, each half of x broadcast to both lanes, in two vpdpbusd: no byte reordering of the weights. Three
-    vphaddd then leave the eight rows' sums in order: ([r0 | r4], [r1 | r5]) -> ..., -> [r0 r1 r2 r3 | r4 r5 r6 r7]."""
-    off = _offset(fmt)
-    table = [(v + off) - 256 if v + off > 127 else v + off for v in fmt.values]
-    lut = ir.Constant(V32, [ir.Constant(I8, v) for v in table + table])
+    Rows r and r + 4 share a 256-bit vector of their 16 code bytes each, looked up in `table` (the format's values,
+    or those plus an offset) by one vpshufb per nibble half (the table in both 128-bit lanes; a table that is the
+    nibble itself needs none); the low nibbles (values 0-15) meet x's first 16 bytes and the high ones x's last 16,
+    each half of x broadcast to both lanes: no byte reordering of the weights. combine((w_lo, w_hi), (x_lo, x_hi))
+    gives the pair's <8 x i32> lanes ([row k | row k + 4]); three vphaddd then leave the eight rows' sums in order:
+    ([r0 | r4], [r1 | r5]) -> ..., -> [r0 r1 r2 r3 | r4 r5 r6 r7]."""
+    lut = ir.Constant(V32, [ir.Constant(I8, v - 256 if v > 127 else v) for v in table + table])
     i8x = vec(I32, 8)
     halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + k % 16) for k in range(32)]))
               for h in range(2)]
@@ -127,48 +127,36 @@ def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
     for k in range(4):
         pair = [load(b, b.gep(pws[r], [ir.Constant(I64, fmt.qs)]), vec(I8, 16)) for r in (k, k + 4)]
         q = b.shuffle_vector(pair[0], pair[1], ir.Constant(vec(I32, 32), [ir.Constant(I32, j) for j in range(32)]))
-        acc = ir.Constant(i8x, None)
-        for h, idx in enumerate((b.and_(q, low), b.lshr(q, four))):
-            # a table that is the nibble itself (Q4_0: value + 8) needs no look-up
-            w = idx if table == list(range(16)) else call_intrinsic(b, "llvm.x86.avx2.pshuf.b", V32, [lut, idx])
-            acc = _dpbusd8(b, acc, w, halves[h])
-        sums.append(acc)
+        ws = [idx if table == list(range(16)) else call_intrinsic(b, "llvm.x86.avx2.pshuf.b", V32, [lut, idx])
+              for idx in (b.and_(q, low), b.lshr(q, four))]
+        sums.append(combine(ws, halves))
     hadd = lambda u, v: call_intrinsic(b, "llvm.x86.avx2.phadd.d", i8x, [u, v])  # noqa: E731
     return hadd(hadd(sums[0], sums[1]), hadd(sums[2], sums[3]))
+
+
+def _rows8_sums_vnni(b, pws, x, fmt: _Nibbles):
+    """<8 x i32>: lane r = the sum over one block of row r (pws[r]) of (value + offset) * x, exact (AVX512-VNNI):
+    _rows8_pairs with the offset values (all unsigned bytes) and two vpdpbusd a pair."""
+    off = _offset(fmt)
+    zero = ir.Constant(vec(I32, 8), None)
+    return _rows8_pairs(b, pws, x, fmt, [v + off for v in fmt.values],
+                        lambda ws, xs: _dpbusd8(b, _dpbusd8(b, zero, ws[0], xs[0]), ws[1], xs[1]))
 
 
 def _rows8_sums_avx2(ops: Ops, b, pws, x, fmt: _Nibbles):
     """<8 x i32>: lane r = the exact sum over one block of row r (pws[r]) of value * x, on AVX2 (no VNNI).
 
-    The same layout as _rows8_sums_vnni (rows r and r + 4 share a 256-bit vector, low nibbles against x's first 16
-    bytes, high ones against its last 16, three vphaddd), with vpmaddubsw / vpmaddwd for vpdpbusd. A table whose
-    offset values stay below 64 (Q4_0's nibble, MXFP4's value + 12) adds both halves' pair sums in int16 (at most
-    4 * 63 * 128 < 32768) and takes offset * sum(x) off at the end; IQ4_NL's wide values take ggml's |w| against
-    sign(x, w) per half (at most 2 * 127 * 127), each half widened to int32 on its own."""
+    _rows8_pairs with vpmaddubsw / vpmaddwd for vpdpbusd. A table whose offset values stay below 64 (Q4_0's nibble,
+    MXFP4's value + 12) adds both halves' pair sums in int16 (at most 4 * 63 * 128 < 32768) and takes offset * sum(x)
+    off at the end; IQ4_NL's wide values take ggml's |w| against sign(x, w) per half (at most 2 * 127 * 127), each
+    half widened to int32 on its own."""
     off = _offset(fmt)
-    small = max(fmt.values) + off < 64
-    table = [(v + off if small else v) % 256 for v in fmt.values]
-    table = [t - 256 if t > 127 else t for t in table]
-    lut = ir.Constant(V32, [ir.Constant(I8, v) for v in table + table])
-    i8x, ones = vec(I32, 8), ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
-    halves = [b.shuffle_vector(x, x, ir.Constant(vec(I32, 32), [ir.Constant(I32, 16 * h + k % 16) for k in range(32)]))
-              for h in range(2)]
-    low = ir.Constant(V32, [ir.Constant(I8, 15)] * 32)
-    four = ir.Constant(V32, [ir.Constant(I8, 4)] * 32)
-    sums = []
-    for k in range(4):
-        pair = [load(b, b.gep(pws[r], [ir.Constant(I64, fmt.qs)]), vec(I8, 16)) for r in (k, k + 4)]
-        q = b.shuffle_vector(pair[0], pair[1], ir.Constant(vec(I32, 32), [ir.Constant(I32, j) for j in range(32)]))
-        ws = [idx if small and table == list(range(16)) else call_intrinsic(b, "llvm.x86.avx2.pshuf.b", V32, [lut, idx])
-              for idx in (b.and_(q, low), b.and_(b.lshr(q, four), low))]
-        if small:
-            sums.append(ops.madd(b.add(ops.maddubs(ws[0], halves[0]), ops.maddubs(ws[1], halves[1])), ones))
-        else:
-            sums.append(b.add(*[ops.madd(_signed_pairs(ops, b, w, h), ones) for w, h in zip(ws, halves)]))
-    hadd = lambda u, v: call_intrinsic(b, "llvm.x86.avx2.phadd.d", i8x, [u, v])  # noqa: E731
-    sumi = hadd(hadd(sums[0], sums[1]), hadd(sums[2], sums[3]))
-    if not small:
-        return sumi
+    ones = ir.Constant(vec(I16, 16), [ir.Constant(I16, 1)] * 16)
+    if max(fmt.values) + off >= 64:
+        return _rows8_pairs(b, pws, x, fmt, list(fmt.values), lambda ws, xs: b.add(
+            *[ops.madd(_signed_pairs(ops, b, w, h), ones) for w, h in zip(ws, xs)]))
+    sumi = _rows8_pairs(b, pws, x, fmt, [v + off for v in fmt.values], lambda ws, xs: ops.madd(
+        b.add(ops.maddubs(ws[0], xs[0]), ops.maddubs(ws[1], xs[1])), ones))
     sx = call_intrinsic(b, "llvm.vector.reduce.add.v8i32", I32,
                         [ops.madd(ops.maddubs(ir.Constant(V32, [ir.Constant(I8, off)] * 32), x), ones)])
     return b.sub(sumi, _splat_i32(b, sx))
