@@ -100,6 +100,16 @@ def prefetch(builder, ptr) -> None:
     builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
+def opaque(context, builder, v) -> ir.Value:
+    """v through an empty inline asm where one vector register holds it (256 bits with AVX, 512 with AVX-512F): the
+    shuffles after it cannot be folded by LLVM into the ones before. LLVM merges a widening and per-use picks into
+    one cross-lane permutation each use, slower than one widening and an in-lane shuffle each. Elsewhere v itself."""
+    bits = v.type.count * v.type.element.width if isinstance(v.type, ir.VectorType) else 0
+    if not (bits == 512 and has_feature(context, "avx512f") or 0 < bits <= 256 and has_feature(context, "avx")):
+        return v
+    return builder.call(ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=x,0"), [v])
+
+
 # ---- integer vector ops
 
 
@@ -127,6 +137,7 @@ class Ops:
 
     def __init__(self, context, builder):
         self.b = builder
+        self.context = context
         self.avx2 = has_feature(context, "avx2")
 
     def maddubs(self, a, b) -> ir.Value:
@@ -155,6 +166,16 @@ class Ops:
     def scales16(self, scales, k0: int, k1: int) -> ir.Value:
         """<16 x i16> holding scales[k0] eight times then scales[k1] eight times (a 16-weight sub-block pair)."""
         return shuffle(self.b, scales, [k0] * 8 + [k1] * 8)
+
+    def lane_scales(self, scales) -> list[ir.Value]:
+        """Two <16 x i16> whose 128-bit lanes both hold scales 0-7, and both 8-15 (ggml's scales[2]), each made once
+        and kept from LLVM's folding (`opaque`), so that a pair of scales is one in-lane shuffle (`pair_scales`)."""
+        return [opaque(self.context, self.b, shuffle(self.b, scales, [8 * j + k % 8 for k in range(16)])) for j in range(2)]
+
+    def pair_scales(self, lanes, k0: int, k1: int) -> ir.Value:
+        """scales16(scales, k0, k1) from lane_scales' vectors, k0 and k1 in the same eight (an in-lane vpshufb)."""
+        j = k0 // 8
+        return shuffle(self.b, lanes[j], [k0 % 8] * 8 + [8 + k1 % 8] * 8)
 
     def pair_add(self, v) -> ir.Value:
         """<2n x i16> -> <n x i16> adjacent sums, as _mm_hadd_epi16 of the two halves."""

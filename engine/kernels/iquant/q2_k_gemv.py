@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from engine.kernels.kquant.repack import _halves8, _row_sums
 from engine.kernels.simd import (
-    F32, I8, I16, I32, I64, byte_ptr, call_intrinsic, const_vec, half_to_float, has_feature, load, prefetch,
+    F32, I8, I16, I32, I64, byte_ptr, call_intrinsic, const_vec, half_to_float, has_feature, load, opaque, prefetch,
     splat_const, vec,
 )
 
@@ -64,15 +64,6 @@ def _scaled64(context, b, q, x, scale):
     quads = [b.shuffle_vector(prod, prod, const_vec(I32, list(range(k, 64, 4)))) for k in range(4)]
     sums = b.add(b.add(quads[0], quads[1]), b.add(quads[2], quads[3]))
     return b.mul(sums, b.sext(b.shuffle_vector(scale, scale, const_vec(I32, list(range(0, 32, 2)))), vec(I32, 16)))
-
-
-def _opaque(context, b, v):
-    """v through an empty inline asm where one register holds it (AVX-512): LLVM cannot fold the shuffles after it
-    into the ones before (it merged the scales' widening and the per-vector pick into four cross-lane byte
-    permutations, twice as slow on Zen 4). Elsewhere v itself (the vector spans two registers)."""
-    if not has_feature(context, "avx512f"):
-        return v
-    return b.call(ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=x,0"), [v])
 
 
 def _min_lanes(context, b, scales, bsums):
@@ -120,7 +111,7 @@ def _rows8(context, b, pw0, rs, nb, px0, po) -> None:
         for pw in pws:
             scales = load(b, pw, vec(I8, 16))
             sc = b.zext(b.and_(scales, splat_const(I8, 15, 16)), vec(I32, 16))
-            sc = _opaque(context, b, b.or_(sc, b.shl(sc, splat_const(I32, 16, 16))))
+            sc = opaque(context, b, b.or_(sc, b.shl(sc, splat_const(I32, 16, 16))))
             qs = load(b, pw, vec(I8, 64), 16)
             total = None
             for j in range(4):

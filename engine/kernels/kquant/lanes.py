@@ -84,14 +84,14 @@ def _k(v: int) -> ir.Constant:
 def decode_q2_k(ops: Ops, b, pw) -> Block:
     """Q2_K: 2-bit quants, 4-bit scales and mins per 16 weights."""
     sc8 = load(b, pw, vec(I8, 16), 0)
-    scales = b.zext(b.and_(sc8, _byte_vec(15, 16)), vec(I16, 16))
+    scales = ops.lane_scales(b.zext(b.and_(sc8, _byte_vec(15, 16)), vec(I16, 16)))
     chunks = []
     for j in range(2):
         bits = load(b, pw, V32, 16 + 32 * j)
         for s in range(4):
             c = 4 * j + s  # sub-blocks 2c, 2c + 1 of 16 weights
             q = b.and_(b.lshr(bits, _byte_vec(2 * s)), _byte_vec(3))
-            chunks.append(Chunk(_QS + 32 * c, q, ops.scales16(scales, 2 * c, 2 * c + 1)))
+            chunks.append(Chunk(_QS + 32 * c, q, ops.pair_scales(scales, 2 * c, 2 * c + 1)))
     return Block(chunks, "q2", b.zext(b.lshr(sc8, _byte_vec(4, 16)), vec(I16, 16)))
 
 

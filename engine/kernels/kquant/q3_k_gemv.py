@@ -45,7 +45,7 @@ def _row(context, b, pw0, nb, px0, pf0):
             prefetch(b, b.gep(pw, [ir.Constant(I64, AHEAD * BLOCK + line)]))
         px = b.gep(px0, [b.mul(loop.index, ir.Constant(I64, Q8K))])
         pf = b.gep(pf0, [b.mul(loop.index, ir.Constant(I64, 256))])
-        scales = b.sext(q3_k_scales_ir(b, pw), vec(I16, 16))
+        scales = ops.lane_scales(b.sext(q3_k_scales_ir(b, pw), vec(I16, 16)))
         hm = load(b, pw, V32, 0)
         total = None
         for j in range(2):
@@ -55,7 +55,7 @@ def _row(context, b, pw0, nb, px0, pf0):
                 q_lo = b.and_(b.lshr(bits, _byte_vec(2 * s)), _byte_vec(3)) if s else b.and_(bits, _byte_vec(3))
                 u = b.or_(q_lo, _high4(b, hm, c))
                 p16 = b.sub(ops.maddubs(u, load(b, px, V32, _QS + 32 * c)), load(b, pf, vec(I16, 16), 32 * c))
-                t = ops.madd(ops.scales16(scales, 2 * c, 2 * c + 1), p16)
+                t = ops.madd(ops.pair_scales(scales, 2 * c, 2 * c + 1), p16)
                 total = t if total is None else b.add(total, t)
         d = b.fmul(load(b, px, F32), half_to_float(context, b, load(b, pw, I16, 108)))
         b.store(_fma(b, d, total, b.load(acc)), acc)
