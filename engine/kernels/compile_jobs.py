@@ -25,8 +25,9 @@ def products(names: list[str]) -> None:
     both sets (every path a loaded model may take for them, late kernels ready or not)."""
     weights = parse_weights(names)
     both = os.environ.get(precompile.BOTH_ENV) == "1"  # start_products(late=True), for a loaded model
-    if both or precompile.late_in_background():
+    background = precompile.late_in_background()
+    if both or background:
         with precompile.without_late():
             warm_up(weights, legacy_rows=(2, GEMV_MAX_ROWS + 1))
-    if both or not precompile.late_in_background():
+    if both or not background:
         warm_up(weights)
