@@ -23,7 +23,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.kernels.iquant.simd import _KV, _abs, _iq4_xs_scales, _split
+from engine.kernels.iquant.simd import _KV, _iq4_xs_scales, _signed_pairs
 from engine.kernels.kquant import dot as kquant_dot
 from engine.kernels.simd import F32, I8, I16, I32, I64, Ops, byte_ptr, call_intrinsic, const_vec, half_to_float, load, \
     prefetch, vec
@@ -47,15 +47,6 @@ def _lookup(ops: Ops, b, idx):
     return out
 
 
-def _products(ops: Ops, b, w, x):
-    """<16 x i16> pair sums of the signed weights w with x, exact: maddubs(|w|, sign(x, w)) (ggml's mul_add_epi8),
-    else the weights split into positive and negative parts."""
-    if ops.avx2:
-        return ops.maddubs(_abs(b, w), ops.sign(x, w))
-    plus, minus = _split(b, w)
-    return b.sub(ops.maddubs(plus, x), ops.maddubs(minus, x))
-
-
 def _row(context, b, pw0, nb, px0):
     """One IQ4_XS row (nb super-blocks at pw0) against the permuted Q8_K activation at px0: ggml's value."""
     ops = Ops(context, b)
@@ -74,7 +65,7 @@ def _row(context, b, pw0, nb, px0):
             q = load(b, pw, V32, 8 + 32 * p)
             scale = b.shuffle_vector(scales, scales, const_vec(I32, [2 * p] * 8 + [2 * p + 1] * 8))
             for h, idx in enumerate((b.and_(q, fifteen), b.and_(b.lshr(q, four), fifteen))):
-                t = ops.madd(scale, _products(ops, b, _lookup(ops, b, idx), load(b, px, V32, 4 + 64 * p + 32 * h)))
+                t = ops.madd(scale, _signed_pairs(ops, b, _lookup(ops, b, idx), load(b, px, V32, 4 + 64 * p + 32 * h)))
                 halves[h] = t if halves[h] is None else b.add(halves[h], t)
         lo, hi = halves
         sumi = b.add(b.shuffle_vector(lo, hi, const_vec(I32, [0, 1, 2, 3, 8, 9, 10, 11])),

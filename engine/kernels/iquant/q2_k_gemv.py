@@ -25,7 +25,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.kernels.kquant.repack import _halves8, _row_sums
+from engine.kernels.kquant.repack import _halves8, _row_sums, _splat8
 from engine.kernels.simd import (
     F32, I8, I16, I32, I64, byte_ptr, call_intrinsic, const_vec, half_to_float, has_feature, load, opaque, prefetch,
     splat_const, vec,
@@ -121,9 +121,7 @@ def _rows8(context, b, pw0, rs, nb, px0, po) -> None:
                 total = term if total is None else b.add(total, term)
             sums.append(_eight(b, total))
             mins.append(_eight(b, _min_lanes(context, b, scales, bsums)))
-        d8 = load(b, px, F32)
-        one = b.insert_element(ir.Constant(f8, None), d8, ir.Constant(I32, 0))
-        d8s = b.shuffle_vector(one, one, const_vec(I32, [0] * 8))
+        d8s = _splat8(b, load(b, px, F32))
         for slot, ints, at_d in ((acc, _row_sums(b, sums), 80), (acc_min, _row_sums(b, mins), 82)):
             scale = b.fmul(_halves8(context, b, pws, at_d), d8s)
             b.store(call_intrinsic(b, "llvm.fma.v8f32", f8, [b.sitofp(ints, f8), scale, b.load(slot)]), slot)

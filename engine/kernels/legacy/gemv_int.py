@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 from engine.quant.types import GGMLType
 
 from engine.kernels.activations import f16_to_f32
-from engine.kernels.kquant.dot import _hsum4
+from engine.kernels.kquant.dot import _hsum4, _splat
 from engine.kernels.iquant.eights import rows8_q4_0_x8
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.legacy.gemm import _SPEC, _i64
@@ -115,12 +115,6 @@ def _scales(context, b, pa, pb, has_m: bool):
     for i in range(n):
         out = b.insert_element(out, half_to_float(context, b, b.extract_element(v, ir.Constant(I32, i))), ir.Constant(I32, i))
     return out
-
-
-def _splat(b, v, n: int):
-    """<n x float>: the float v in every lane."""
-    one = b.insert_element(ir.Constant(vec(F32, 1), None), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, one, const_vec(I32, [0] * n))
 
 
 def _pair_rows(kind: int, context, b, pa0, pb0, nb, px0, pd0, po_a, po_b) -> None:
