@@ -41,10 +41,14 @@ def warm(model: DecoderModel, progress: Progress | None = None) -> None:
     if compiled():
         # the prompt and decode-step kernels load (or compile) and the products' repacked copies are built now, not
         # at the first real token: first a dry pass (no copy made) loads the pass's own kernels (norms, RoPE,
-        # attention, the step), then _real_pass
-        with precompile.dry_products():
-            dry_passes(model)
-        _real_pass(model, progress)
+        # attention, the step), then _real_pass. On a first start (late) the split's dry pass has loaded them: the
+        # F32 cache's pass and a long prompt's attention products are the late helper's to compile (engine.runtime.
+        # late), off the first token's path (Gemma 3 on an AVX2 AMD EPYC: 5 s of dot_f32 / dot_f16 compiles here,
+        # after the product helpers); finish_late loads them
+        if not late:
+            with precompile.dry_products():
+                dry_passes(model)
+        _real_pass(model, progress, long_prompt=not late)
         # a first start's late kernels are still compiling: their paths (the decode step, the repacked copies they
         # read, which replace the file's pages) come in at finish_late, not inside whatever job first runs them
         model._late_pending = not precompile.late_ready()
@@ -69,6 +73,8 @@ def finish_late(model: DecoderModel) -> bool:
     if not late_pending(model):
         return False
     model._late_pending = False
+    with precompile.dry_products():
+        dry_passes(model)  # what warm() left to the late helper: loaded from the cache now
     _real_pass(model)
     return True
 
@@ -82,14 +88,16 @@ def dry_passes(model: DecoderModel) -> None:
         warm_pass(model, "F32")
 
 
-def _real_pass(model: DecoderModel, progress: Progress | None = None) -> None:
-    """A long prompt's kernels (its attention products; the parallel chunk kernels once the late kernels may run,
-    else the late helper compiles them for the next start), then LLVM's code pages go (libllvmlite.so, ~80 MiB
-    resident since its import, and each kernel load touches ~50 MiB of it again), and only then the warm pass that
-    makes the products' copies (the peak is not libraries + copies), and its temporaries go (~10 MiB for SmolLM2)."""
+def _real_pass(model: DecoderModel, progress: Progress | None = None, long_prompt: bool = True) -> None:
+    """A long prompt's kernels (its attention products, unless not long_prompt: a first start's late helper
+    compiles them; the parallel chunk kernels once the late kernels may run, else the late helper compiles them for
+    the next start), then LLVM's code pages go (libllvmlite.so, ~80 MiB resident since its import, and each kernel
+    load touches ~50 MiB of it again), and only then the warm pass that makes the products' copies (the peak is not
+    libraries + copies), and its temporaries go (~10 MiB for SmolLM2)."""
     from engine.ops import attention_ggml, ggml_kernels  # noqa: PLC0415 - with compiled kernels only
 
-    attention_ggml.load_kernels()
+    if long_prompt:
+        attention_ggml.load_kernels()
     if precompile.late_ready():
         with KERNEL_LOCK:
             ggml_kernels.load_parallel(isa.lanes() == 8)

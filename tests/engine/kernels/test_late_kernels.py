@@ -239,3 +239,34 @@ def test_the_late_helper_compiles_a_long_prompts_chunk_kernels(tmp_path, monkeyp
     path = make_tiny_llama(tmp_path / "m.gguf", qtype=_T.Q8_0, dim=64, hidden=128)
     late.compile_late(str(path), ["Q8_0:64"])
     assert len(asked) == 1 and isinstance(asked[0], bool)
+
+
+@needs_kernels
+def test_a_first_start_leaves_the_f32_pass_and_long_prompt_products_to_the_late_helper(tmp_path, monkeypatch):
+    """On a first start (the split compile ran, the late helper still compiling) the warm-up runs neither the F32
+    cache's dry pass nor a long prompt's attention products: the late helper compiles them, off the first token's
+    path. finish_late then loads both; a warm start's warm-up runs both at once."""
+    from engine.ops import attention_ggml  # noqa: PLC0415
+    from engine.runtime import warmup  # noqa: PLC0415
+
+    path = make_tiny_llama(tmp_path / "m.gguf", qtype=_T.Q8_0, dim=64, hidden=128)
+    model = load_model(path)
+    net = model.net
+    calls: list[str] = []
+    real_passes = warmup.dry_passes
+    monkeypatch.setattr(warmup, "dry_passes", lambda m: calls.append("dry_passes") or real_passes(m))
+    monkeypatch.setattr(attention_ggml, "load_kernels", lambda: calls.append("load_kernels"))
+    helper = precompile.start_late("import time; time.sleep(120)", [])
+    try:
+        monkeypatch.setattr(warmup, "_compile_split", lambda *a: True)
+        warmup.warm(net)
+        assert calls == [] and warmup.late_pending(net) is False  # still compiling: nothing to finish yet
+    finally:
+        precompile._stop_late()
+    assert helper.ok is False and warmup.late_pending(net)
+    assert warmup.finish_late(net) and calls == ["dry_passes", "load_kernels"]
+    calls.clear()
+    monkeypatch.setattr(warmup, "_compile_split", lambda *a: False)
+    warmup.warm(net)  # a warm start
+    assert calls == ["dry_passes", "load_kernels"]
+    model.close()
