@@ -80,11 +80,18 @@ def finish_late(model: DecoderModel) -> bool:
 
 
 def dry_passes(model: DecoderModel) -> None:
-    """The warm pass on the model's own cache type and (flash attention reads none) on an F32 cache, which Compare's
-    reference run and the sweep read: the kernels of both passes, loaded or compiled. Called inside dry_products()
-    (the warm-up here, the late helper in its own process)."""
+    """The warm pass on the model's own cache type, then (flash attention reads no F32 cache) on an F32 cache, which
+    Compare's reference run and the sweep read, or with flash attention a prompt long enough for its tiled kernel:
+    the kernels of these passes, loaded or compiled. Called inside dry_products() (the warm-up here, finish_late, the
+    late helper in its own process)."""
     warm_pass(model)
-    if not getattr(getattr(model, "ops", None), "flash", False):
+    if getattr(getattr(model, "ops", None), "flash", False):
+        # a prompt of TILE_Q queries or more takes flash attention's tiled kernel: loaded here, not by the first such
+        # prompt after the load gave LLVM's pages back (SmolLM2, a 128-token prompt: +19 MiB of peak memory)
+        from engine.ops.attention_flash import TILE_Q  # noqa: PLC0415 - with compiled kernels only
+
+        warm_pass(model, tokens=TILE_Q)
+    else:
         warm_pass(model, "F32")
 
 
@@ -112,16 +119,17 @@ def _real_pass(model: DecoderModel, progress: Progress | None = None, long_promp
 WARM_PROMPT = 4  # tokens: the batch kernels that take four rows or more (RMSNorm's) are among those it compiles
 
 
-def warm_pass(model: DecoderModel, cache_type: str | None = None) -> None:
-    """A four-token prompt, then one decode step, on a KV cache of its own (of cache_type; default the model's) (a
-    model with its own pass, such as an encoder-decoder's that encodes first, runs that, on its own cache only)."""
+def warm_pass(model: DecoderModel, cache_type: str | None = None, tokens: int = WARM_PROMPT) -> None:
+    """A prompt of `tokens` (four), then one decode step, on a KV cache of its own (of cache_type; default the
+    model's) (a model with its own pass, such as an encoder-decoder's that encodes first, runs that, on its own cache
+    only, once)."""
     own = getattr(model, "warm_pass", None)
     if own is not None:
-        if cache_type is None:
+        if cache_type is None and tokens == WARM_PROMPT:
             own()
         return
     cache = model.new_cache(min(256, model.args.n_ctx), cache_type)
-    prompt = np.zeros(min(WARM_PROMPT, cache.n_ctx), np.int64)
+    prompt = np.zeros(min(tokens, cache.n_ctx), np.int64)
     model.forward(prompt, cache)
     cache.commit(prompt.tolist())
     if cache.length < cache.n_ctx:

@@ -199,7 +199,7 @@ import sys
 import numpy as np
 from numba.core import dispatcher
 from engine.model import load_model
-model = load_model(sys.argv[1])
+model = load_model(sys.argv[1], flash_attn=sys.argv[2])
 loaded = []
 real = dispatcher.Dispatcher.compile
 def compile_(self, sig):
@@ -216,12 +216,14 @@ print("LOADED", ",".join(loaded))
 
 
 @needs_kernels
-def test_a_long_prompt_after_the_load_loads_no_kernel(tmp_path):
-    """The warm-up loads every kernel a chat's prompts run, the parallel chunk kernels of a long prompt among them:
-    a kernel loaded later would bring LLVM's code pages (~50 MiB) back into the process after the load gave them
-    back (engine.kernels.pages.release_libraries)."""
+@pytest.mark.parametrize("flash", ["off", "on"])
+def test_a_long_prompt_after_the_load_loads_no_kernel(tmp_path, flash):
+    """The warm-up loads every kernel a chat's prompts run, the parallel chunk kernels of a long prompt among them
+    (with flash attention, its tiled kernel): a kernel loaded later would bring LLVM's code pages (~50 MiB) back into
+    the process after the load gave them back (engine.kernels.pages.release_libraries)."""
     path = make_tiny_llama(tmp_path / "m.gguf", qtype=_T.Q4_1, dim=256, hidden=512)
-    done = subprocess.run([sys.executable, "-c", LONG_PROMPT, str(path)], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([sys.executable, "-c", LONG_PROMPT, str(path), flash], capture_output=True, text=True,
+                          timeout=600,
                           env={**os.environ, "GGUF_LENS_LATE_KERNELS": "now"})
     assert done.returncode == 0, done.stderr[-2000:]
     line = [s for s in done.stdout.splitlines() if s.startswith("LOADED")]
