@@ -74,17 +74,22 @@ def finish_late(model: DecoderModel) -> bool:
         return False
     model._late_pending = False
     with precompile.dry_products():
-        dry_passes(model)  # what warm() left to the late helper: loaded from the cache now
+        other_passes(model)  # what warm() left to the late helper: loaded from the cache now
     _real_pass(model)
     return True
 
 
 def dry_passes(model: DecoderModel) -> None:
-    """The warm pass on the model's own cache type, then (flash attention reads no F32 cache) on an F32 cache, which
-    Compare's reference run and the sweep read, or with flash attention a prompt long enough for its tiled kernel:
-    the kernels of these passes, loaded or compiled. Called inside dry_products() (the warm-up here, finish_late, the
-    late helper in its own process)."""
+    """The warm pass on the model's own cache type, then other_passes: the kernels of these passes, loaded or
+    compiled. Called inside dry_products() (the warm-up here, the late helper in its own process)."""
     warm_pass(model)
+    other_passes(model)
+
+
+def other_passes(model: DecoderModel) -> None:
+    """The warm pass (flash attention reads no F32 cache) on an F32 cache, which Compare's reference run and the sweep
+    read, or with flash attention a prompt long enough for its tiled kernel. Called inside dry_products() (dry_passes,
+    and finish_late: a first start's warm-up leaves these to the late helper)."""
     if getattr(getattr(model, "ops", None), "flash", False):
         # a prompt of TILE_Q queries or more takes flash attention's tiled kernel: loaded here, not by the first such
         # prompt after the load gave LLVM's pages back (SmolLM2, a 128-token prompt: +19 MiB of peak memory)

@@ -255,8 +255,8 @@ def test_a_first_start_leaves_the_f32_pass_and_long_prompt_products_to_the_late_
     model = load_model(path)
     net = model.net
     calls: list[str] = []
-    real_passes = warmup.dry_passes
-    monkeypatch.setattr(warmup, "dry_passes", lambda m: calls.append("dry_passes") or real_passes(m))
+    real_passes = warmup.other_passes
+    monkeypatch.setattr(warmup, "other_passes", lambda m: calls.append("other_passes") or real_passes(m))
     monkeypatch.setattr(attention_ggml, "load_kernels", lambda: calls.append("load_kernels"))
     helper = precompile.start_late("import time; time.sleep(120)", [])
     try:
@@ -266,9 +266,9 @@ def test_a_first_start_leaves_the_f32_pass_and_long_prompt_products_to_the_late_
     finally:
         precompile._stop_late()
     assert helper.ok is False and warmup.late_pending(net)
-    assert warmup.finish_late(net) and calls == ["dry_passes", "load_kernels"]
+    assert warmup.finish_late(net) and calls == ["other_passes", "load_kernels"]
     calls.clear()
     monkeypatch.setattr(warmup, "_compile_split", lambda *a: False)
     warmup.warm(net)  # a warm start
-    assert calls == ["dry_passes", "load_kernels"]
+    assert calls == ["other_passes", "load_kernels"]
     model.close()
