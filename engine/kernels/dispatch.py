@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from engine.kernels import fallback, pages, paths, precompile, warmed
 from engine.kernels.activations import KERNEL_LOCK
+from engine.kernels.variants import early
 from engine.quant import dequantize_rows
 from engine.kernels.types import I_QUANTS, K_QUANTS, VEC_DOT_TYPE
 from engine.quant.types import TYPES, GGMLType
@@ -374,11 +375,11 @@ class BlockProduct:
                 xq = xq.view()
                 xq.flags.writeable = False
             with KERNEL_LOCK:  # numba's workqueue threading layer must not be entered from two threads at once
-                self.gemv(self.weight, xq, out.reshape(-1))
+                early(self.gemv)(self.weight, xq, out.reshape(-1))
         elif self.float_batch is not None and paths.tinyblas_takes(t, self.n_in, self.n_out, self.qtype):
             x = act.bytes_for(self.qtype).view(np.float32 if self.qtype == _T.F32 else np.uint16).reshape(t, -1)
             with KERNEL_LOCK:
-                self.float_batch(np.asarray(self.weight).view(x.dtype).reshape(self.n_out, -1), x, out)
+                early(self.float_batch)(np.asarray(self.weight).view(x.dtype).reshape(self.n_out, -1), x, out)
         elif self.batch is not None and self.raw_parts is not None:  # one row too while the gemv compiles
             xq = act.bytes_for(self.qtype)
             if len(self.raw_parts) == 1:
@@ -394,7 +395,7 @@ class BlockProduct:
                     out[:, row : row + n] = part_out
                     row += n
         elif self.gemm is not None:  # every row through ggml's own kernels, GEMV_MAX_ROWS rows a call
-            gemm = self.gemm
+            gemm = early(self.gemm)
             if self.path in ("q2_k_x8", "repack_8x8"):  # one call: each row decoded once; the batch quantized as
                 xq = act.q8k_mat_bytes()  # forward_mul_mat does it (takes KERNEL_LOCK itself)
                 with KERNEL_LOCK:
@@ -403,7 +404,7 @@ class BlockProduct:
             xq = act.bytes_for(self.qtype)
             if self.tiled is not None and t >= TILED_MIN_ROWS:
                 with KERNEL_LOCK:  # one call: each weight row decoded once for the whole batch
-                    self.tiled(self.weight, xq, out)
+                    early(self.tiled)(self.weight, xq, out)
                 return out
             for r0 in range(0, t, GEMV_MAX_ROWS):
                 r1 = min(t, r0 + GEMV_MAX_ROWS)
@@ -418,16 +419,16 @@ class BlockProduct:
         ggml's MUL_MAT_ID for the rows of one expert. Q4_K rows in eights: one call reading each weight group once
         for all rows (the same bits), and MXFP4 rows in eights the same way; else a gemv per row. Compiled kernels only; the caller holds KERNEL_LOCK."""
         if self.path == "repack_8x8" and xq.shape[0] > 1:
-            paths.q4_k_rows()(self.weight, np.ascontiguousarray(xq), out)
+            early(paths.q4_k_rows())(self.weight, np.ascontiguousarray(xq), out)
             return
         if self.path == "mxfp4_x8" and xq.shape[0] > 1:  # its gemm gives each row the gemv's value, blocks read once
-            self.gemm(self.weight, np.ascontiguousarray(xq), out)
+            early(self.gemm)(self.weight, np.ascontiguousarray(xq), out)
             return
         rows = _kquant_rows().get(self.gemv) if xq.shape[0] > 1 else None
         if rows is not None:  # Q5_K / Q6_K: each weight row read once for all the rows (the same bits)
-            rows(self.weight, np.ascontiguousarray(xq), out)
+            early(rows)(self.weight, np.ascontiguousarray(xq), out)
             return
-        weight, gemv = self.weight, self.gemv
+        weight, gemv = self.weight, early(self.gemv)
         for r in range(xq.shape[0]):
             gemv(weight, xq[r], out[r])
 

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from engine.quant.types import GGMLType
 
 from engine.kernels import isa, pages, precompile
+from engine.kernels.variants import serial_twin
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -58,11 +59,12 @@ def gemv_x16(weight: tuple[U8, npt.NDArray[np.uint16]], xq: U8, out: F32) -> Non
 
 
 def late_or(late: Callable, early: Callable) -> Callable:
-    """`late` (a faster kernel of the same bits) once the late kernels may run (engine.kernels.precompile), `early`
-    before: on a first start the AVX512-VNNI batch kernels compile in the background, the plainer ones (a second
-    or more each to compile instead of three to six) serve the first prompt."""
+    """`late` (a faster kernel of the same bits) once the late kernels may run (engine.kernels.precompile), the serial
+    twin of `early` before (engine.kernels.variants.early): on a first start the AVX512-VNNI and AVX2 band batch
+    kernels compile in the background, the plainer ones (a second or more each to compile instead of three to six)
+    serve the first prompt."""
     def product(*args: Any) -> Any:
-        return (late if precompile.late_ready() else early)(*args)
+        return late(*args) if precompile.late_ready() else serial_twin(early)(*args)
 
     product.__name__, product.__doc__ = getattr(late, "__name__", "product"), late.__doc__
     return product
@@ -122,7 +124,7 @@ def q4_k_rows() -> Callable[[U8, U8, F32], None]:
         return plain
 
     def rows(weight: U8, xq: U8, out: F32) -> None:
-        (band if xq.shape[0] >= least and precompile.late_ready() else plain)(weight, xq, out)
+        (band if xq.shape[0] >= least and precompile.late_ready() else serial_twin(plain))(weight, xq, out)
 
     rows.least = least  # type: ignore[attr-defined]  # the rows from which the band kernel runs
     _ROWS.append(rows)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from engine.kernels import precompile
 from engine.kernels.types import ACT_BLOCK
 from engine.quant.types import GGMLType
 
@@ -158,7 +159,9 @@ def quantize_q8_k(x: npt.ArrayLike) -> U8:
         quantize_q8_k_into(x.reshape(1, n), out)
         return out.reshape(-1)
     out = np.empty((x.shape[0], n // QK_K * Q8K_BLOCK_BYTES), dtype=np.uint8)
-    (_quantize_rows_parallel if x.shape[0] >= _PARALLEL_MIN_ROWS else quantize_q8_k_into)(x, out)
+    # threads for a batch once the late kernels may run (a first start's helpers compile only the serial loop)
+    threads = x.shape[0] >= _PARALLEL_MIN_ROWS and precompile.late_ready()
+    (_quantize_rows_parallel if threads else quantize_q8_k_into)(x, out)
     return out
 
 

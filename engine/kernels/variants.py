@@ -11,6 +11,8 @@ so a model compiles the copies of the types it holds and no others.
   lane_variants(py_func, **njit_options)               {False: AVX-512 order, True: AVX2 order} (global W8)
   per_kind(kinds)(build)                               a lazily filled {type id: copy} made by build(kind)
   serial_until_late(kernel)                            a parallel kernel, or its serial copy before the late ones
+  early(kernel) / serial_twin(kernel)                  the same choice at a call / the serial copy itself
+  by_lane_order(avx2, avx512)                          f(*args, w8) in compiled code, one side typed for a literal w8
 """
 from __future__ import annotations
 
@@ -52,20 +54,63 @@ def lane_variants(py_func: Callable[..., Any], tag: str = "", **options: Any) ->
                                                                                              (True, "avx2"))}
 
 
-def serial_until_late(kernel: Any) -> Callable[..., Any]:
-    """A callable running the parallel compiled `kernel` once the late kernels may run (engine.kernels.precompile),
-    and before that a serial copy of it, `<name>_serial` (the same bits on the calling thread; numba's parallel
-    loop costs more to compile than the rest of a small kernel, and a first start's first prompt is short)."""
+def by_lane_order(avx2: Any, avx512: Any) -> Callable[..., Any]:
+    """f(*args, w8) = avx2(*args) if w8 else avx512(*args), for compiled code that passes w8 on (a helper of both
+    ISA orders, called from a lane_variants copy with its W8). Where w8 is typed as a literal (a constant argument,
+    or a copy's W8) only that side is typed and so compiled: as a plain argument, `a if w8 else b` would compile
+    both (on an AVX2 host, AVX-512's reduce16 and v_expf: 2.6 s of a first start's dry pass). Called from Python,
+    it runs the chosen dispatcher."""
+    from numba import types as nbtypes  # noqa: PLC0415 - kept out of this module's import (numba-free users)
+    from numba.extending import overload  # noqa: PLC0415
+
+    def pick(*args: Any) -> Any:
+        return (avx2 if args[-1] else avx512)(*args[:-1])
+
+    @overload(pick, prefer_literal=True, jit_options={"forceinline": True})
+    def _typed(*args):  # noqa: ANN002, ANN202 - numba matches this signature to the lambdas' (no annotations)
+        w8 = args[-1]
+        if isinstance(w8, nbtypes.BooleanLiteral):
+            side = avx2 if w8.literal_value else avx512
+            return lambda *args: side(*args[:-1])
+        return lambda *args: avx2(*args[:-1]) if args[-1] else avx512(*args[:-1])
+
+    pick.__name__ = f"{avx2.__name__}_or_{avx512.__name__}"
+    return pick
+
+
+_TWINS: dict[int, tuple[Any, Any]] = {}  # id(parallel kernel) -> (kernel, its serial twin)
+_TWIN_OPTIONS = ("error_model", "fastmath", "boundscheck", "nogil")
+
+
+def serial_twin(kernel: Any) -> Any:
+    """The serial copy of a parallel numba kernel (`<name>_serial`: its options but `parallel`, made once and cached
+    on disk like the kernel); anything else (a plain dispatcher, a Python function) is returned as it is. The same
+    bits on the calling thread: a prange loop runs as a range."""
+    options = getattr(kernel, "targetoptions", None)
+    if not options or not options.get("parallel"):
+        return kernel
+    held = _TWINS.get(id(kernel))
+    if held is None or held[0] is not kernel:
+        keep = {k: options[k] for k in _TWIN_OPTIONS if options.get(k) is not None}
+        held = _TWINS[id(kernel)] = (kernel, specialise(kernel.py_func, "serial", {}, cache=True, **keep))
+    return held[1]
+
+
+def early(kernel: Any) -> Any:
+    """`kernel` once the late kernels may run (engine.kernels.precompile), its serial twin before: on a first start
+    the product helpers compile the twins (numba's parallel lowering is half of a product kernel's compile: Q4_K's
+    and Q6_K's kernels took 15.7 s parallel, 8.1 s serial on an AMD EPYC), the late helper the parallel kernels."""
     from engine.kernels import precompile  # noqa: PLC0415 - kept out of this module's import for the helpers
 
-    serial: list[Any] = []
+    return kernel if precompile.late_ready() else serial_twin(kernel)
 
+
+def serial_until_late(kernel: Any) -> Callable[..., Any]:
+    """A callable running the parallel compiled `kernel` once the late kernels may run (engine.kernels.precompile),
+    and before that its serial twin (the same bits on the calling thread; numba's parallel loop costs more to
+    compile than the rest of a small kernel, and a first start's first prompt is short)."""
     def run(*args: Any) -> Any:
-        if precompile.late_ready():
-            return kernel(*args)
-        if not serial:
-            serial.append(specialise(kernel.py_func, "serial", {}, cache=True))
-        return serial[0](*args)
+        return early(kernel)(*args)
 
     run.__name__, run.__doc__ = kernel.__name__, kernel.__doc__
     return run

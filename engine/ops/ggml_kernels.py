@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from engine.kernels.activations import bits_f32, bits_f64, f32_bits, f32_to_f16, fma32, njit, prange
-from engine.kernels.variants import lane_variants, serial_until_late
+from engine.kernels.variants import by_lane_order, lane_variants, serial_until_late
 
 _R = np.float32(float.fromhex("0x1.8p23"))
 _LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
@@ -75,10 +75,8 @@ def v_expf8_1(x):
     return fma32(s2, j, s2) * s1
 
 
-@njit(cache=True, forceinline=True)
-def v_expf_lane(x, w8):
-    """One lane of ggml_v_expf of the AVX2 build (w8) or the AVX-512 one."""
-    return v_expf8_1(x) if w8 else v_expf1(x)
+v_expf_lane = by_lane_order(v_expf8_1, v_expf1)
+v_expf_lane.__doc__ = """v_expf_lane(x, w8): one lane of ggml_v_expf of the AVX2 build (w8) or the AVX-512 one."""
 
 
 @njit(cache=True, forceinline=True)
@@ -143,19 +141,13 @@ def hsum8(a, o):
     return (t0 + t2) + (t1 + t3)
 
 
-@njit(cache=True, forceinline=True)
-def reduce_lanes(a, o, w8):
-    """One register's horizontal sum at a[o]: hsum8 (AVX2 build, w8) or reduce16 (AVX-512)."""
-    return hsum8(a, o) if w8 else reduce16(a, o)
+reduce_lanes = by_lane_order(hsum8, reduce16)
+reduce_lanes.__doc__ = """reduce_lanes(a, o, w8): one register's horizontal sum at a[o]: hsum8 (AVX2 build, w8) or reduce16."""
 
 
 @njit(cache=True, forceinline=True)
-def reduce_columns(a, dst, w8):
-    """dst[c] = one register's horizontal sum of a[0:lanes, c] for every column (reduce16_columns, or hsum8's order
-    over a[0:8] with w8); a is overwritten."""
-    if not w8:
-        reduce16_columns(a, dst)
-        return
+def hsum8_columns(a, dst):
+    """dst[c] = hsum8's order over a[0:8, c] for every column c; a is overwritten."""
     d = a.shape[1]
     for k in range(4):
         for c in range(d):
@@ -177,6 +169,11 @@ def reduce16_columns(a, dst):
             a[k, c] = a[k, c] + a[k + 4, c]
     for c in range(d):
         dst[c] = (a[0, c] + a[2, c]) + (a[1, c] + a[3, c])
+
+
+reduce_columns = by_lane_order(hsum8_columns, reduce16_columns)
+reduce_columns.__doc__ = """reduce_columns(a, dst, w8): dst[c] = one register's horizontal sum of a[0:lanes, c] for every
+column (hsum8_columns with w8, else reduce16_columns); a is overwritten."""
 
 
 W8 = False  # the AVX2 build's order: True in the [True] variants below (lane_variants)

@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.kernels.activations import bits_f32, f16_to_f32, fma32, njit, prange, prefer_512
 from engine.kernels.floats.tinyblas import dot64bf_acc, steps8, steps16
+from engine.kernels.variants import specialise
 
 STEP = 64  # GGML_F32_STEP on AVX-512: four 16-lane accumulators (32 on AVX2: four 8-lane ones)
 ROWS = 16  # rows per parallel task
@@ -49,17 +50,27 @@ def _reduce16(a, o):
 
 
 @njit(cache=True, forceinline=True)
-def _reduce_steps(acc):
-    """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16; for an
-    acc of 32, GGML_F32x8_REDUCE: the same pairs of 8-lane accumulators, then two hadds."""
-    if acc.shape[0] == 32:
-        for lane in range(8):
-            acc[lane] = (acc[lane] + acc[16 + lane]) + (acc[8 + lane] + acc[24 + lane])
-        t0, t1, t2, t3 = acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]
-        return (t0 + t1) + (t2 + t3)
+def _reduce_steps8(acc):
+    """GGML_F32x8_REDUCE over the four accumulators acc[0:32]: (s0 + s2) + (s1 + s3), then two hadds."""
+    for lane in range(8):
+        acc[lane] = (acc[lane] + acc[16 + lane]) + (acc[8 + lane] + acc[24 + lane])
+    t0, t1, t2, t3 = acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]
+    return (t0 + t1) + (t2 + t3)
+
+
+@njit(cache=True, forceinline=True)
+def _reduce_steps16(acc):
+    """GGML_F32x16_REDUCE over the four accumulators acc[0:64]: (s0 + s2) + (s1 + s3), then reduce16."""
     for lane in range(16):
         acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
     return _reduce16(acc, np.int64(0))
+
+
+@njit(cache=True, forceinline=True)
+def _reduce_steps(acc):
+    """_reduce_steps16 for an acc of 64, _reduce_steps8 for one of 32."""
+    return _reduce_steps8(acc) if acc.shape[0] == 32 else _reduce_steps16(acc)
+
 
 
 @njit(cache=True, forceinline=True)
@@ -77,6 +88,21 @@ def _steps(w, y, body, step):
     return steps8(w, _O, y, _O, np.int64(body // step))
 
 
+@njit(cache=True, forceinline=True)
+def _steps8(w, y, body, step):
+    """_steps with a step of 32."""
+    return steps8(w, _O, y, _O, np.int64(body // step))
+
+
+@njit(cache=True, forceinline=True)
+def _steps16(w, y, body, step):
+    """_steps with a step of 64."""
+    return steps16(w, _O, y, _O, np.int64(body // step))
+
+
+_fixed_steps, _fixed_reduce = _steps, _reduce_steps  # a row function's; its copies with FIXED take one order's
+
+
 @njit(cache=True)
 def _dot_f32_row(w, y, acc):
     """ggml_vec_dot_f32 of float32 rows w and y (n,), acc a (64,) scratch (AVX-512 order) or (32,) (AVX2)."""
@@ -85,13 +111,13 @@ def _dot_f32_row(w, y, acc):
     step = acc.shape[0]
     body = n - n % step
     if _vector_rows(w, y, step):
-        s = _steps(w, y, body, step)
+        s = _fixed_steps(w, y, body, step)
     else:  # the same fmas one element at a time
         acc[:] = 0.0
         for c in range(0, body, step):
             for lane in range(step):
                 acc[lane] = fma32(w[c + lane], y[c + lane], acc[lane])
-        s = _reduce_steps(acc)
+        s = _fixed_reduce(acc)
     for e in range(body, n):  # vec.cpp's `sumf += x[i]*y[i]`: this build rounds the product, then adds
         s = s + w[e] * y[e]
     return s
@@ -106,13 +132,13 @@ def _dot_f16_row(w, y, acc):
     step = acc.shape[0]
     body = n - n % step
     if _vector_rows(w, y, step):
-        s = np.float64(_steps(w, y, body, step))
+        s = np.float64(_fixed_steps(w, y, body, step))
     else:
         acc[:] = 0.0
         for c in range(0, body, step):
             for lane in range(step):
                 acc[lane] = fma32(f16_to_f32(w[c + lane]), y[c + lane], acc[lane])
-        s = np.float64(_reduce_steps(acc))
+        s = np.float64(_fixed_reduce(acc))
     for e in range(body, n):
         s += np.float64(f16_to_f32(w[e]) * y[e])
     return np.float32(s)
@@ -209,8 +235,7 @@ def dot_f16(w, yq, out, step):
                 out[i, r] = _dot_f16_row(w[r], y[i], acc)
 
 
-@njit(cache=True)
-def dot_f32_serial(w, y, out, step):
+def _dot_f32_serial(w, y, out, step):
     """dot_f32 on the calling thread: for the small products of attention, where starting threads costs more."""
     acc = np.empty(step, np.float32)
     for r in range(w.shape[0]):
@@ -218,8 +243,7 @@ def dot_f32_serial(w, y, out, step):
             out[i, r] = _dot_f32_row(w[r], y[i], acc)
 
 
-@njit(cache=True)
-def dot_f16_serial(w, yq, out, step):
+def _dot_f16_serial(w, yq, out, step):
     """dot_f16 on the calling thread (see dot_f32_serial)."""
     m, n = yq.shape
     y = np.empty((m, n), np.float32)
@@ -230,6 +254,32 @@ def dot_f16_serial(w, yq, out, step):
     for r in range(w.shape[0]):
         for i in range(m):
             out[i, r] = _dot_f16_row(w[r], y[i], acc)
+
+
+def _copies(serial, row):
+    """{step: a compiled copy of `serial` whose row function takes that step's order only}: the row function with
+    either order behind acc's length compiles both (on an AVX2 host, AVX-512's steps and reduction: 1.5 s of a first
+    start's dry pass)."""
+    copies = {}
+    for step, steps, reduce in ((32, _steps8, _reduce_steps8), (64, _steps16, _reduce_steps16)):
+        fixed = specialise(row.py_func, f"s{step}", {"_fixed_steps": steps, "_fixed_reduce": reduce}, cache=True)
+        copies[step] = specialise(serial, f"s{step}", {row.__name__: fixed}, cache=True)
+    return copies
+
+
+_F32_SERIAL = _copies(_dot_f32_serial, _dot_f32_row)
+_F16_SERIAL = _copies(_dot_f16_serial, _dot_f16_row)
+
+
+def dot_f32_serial(w, y, out, step):
+    """dot_f32 on the calling thread (step 32 or 64): for the small products of attention, where starting threads
+    costs more."""
+    _F32_SERIAL[int(step)](w, y, out, step)
+
+
+def dot_f16_serial(w, yq, out, step):
+    """dot_f16 on the calling thread (see dot_f32_serial)."""
+    _F16_SERIAL[int(step)](w, yq, out, step)
 
 
 @njit(cache=True, parallel=True)

@@ -32,7 +32,7 @@ from engine.quant.types import GGMLType
 from engine.kernels.activations import f16_to_f32
 from engine.kernels.legacy.dot import Q4_0_X8
 from engine.kernels.kquant.dot import _fma, _hsum8, _splat
-from engine.kernels.variants import per_kind, specialise
+from engine.kernels.variants import early, per_kind, specialise
 from engine.kernels.simd import (
     F32,
     I8,
@@ -287,5 +287,6 @@ def GEMM_INT(kind: int):  # noqa: N802 - a table, read as GEMM_INT[kind]
 
 
 def gemm_int(kind, blocks, xq, out):
-    """GEMM_INT[kind](blocks, xq, out): out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a."""
-    return GEMM_INT[kind](blocks, xq, out)
+    """GEMM_INT[kind](blocks, xq, out): out[a, r] = ggml_vec_dot of row r of the raw blocks with activation a (its
+    serial twin before the late kernels may run: engine.kernels.variants.early)."""
+    return early(GEMM_INT[kind])(blocks, xq, out)
