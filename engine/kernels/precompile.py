@@ -70,6 +70,25 @@ def dry_products() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def dry_attention() -> Iterator[None]:
+    """Within: attention's row products (ggml_vec_dot_f16 / _f32 of the scores and values) give zeros on this thread
+    instead of running: a first start's dry pass, while a product helper compiles them (an `attention:` job)."""
+    _state.dry_attention = True
+    try:
+        yield
+    finally:
+        _state.dry_attention = False
+
+
+def is_dry_attention() -> bool:
+    """Whether this thread is in a dry pass whose attention products a helper compiles (dry_attention)."""
+    return getattr(_state, "dry_attention", False)
+
+
+ATTENTION = "attention"  # a helper's job besides TYPE:ROWS names: attention:F16 (or F32), the row products of that cache
+
+
+@contextlib.contextmanager
 def without_late() -> Iterator[None]:
     """Within: late_ready() is False on this thread (the dry pass before the first token compiles no late kernel)."""
     _state.no_late = True
@@ -197,22 +216,28 @@ def families(names: list[str]) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def start(weights: Iterable[tuple[GGMLType, int]], probe: Any) -> Helper | None:
+def start(weights: Iterable[tuple[GGMLType, int]], probe: Any, attention: str | None = None) -> Helper | None:
     """Start the helpers compiling the batch products of these (weight type, rows) when `probe` (a compiled function
-    every forward pass runs) is not in numba's cache and there are two cores or more; None otherwise."""
-    return None if is_cached(probe) else start_products(weights)
+    every forward pass runs) is not in numba's cache and there are two cores or more; None otherwise. `attention`
+    (F16 or F32, the model's cache type): the first helper compiles that cache's attention row products too, which
+    the dry pass here then skips (dry_attention): a first start's dry pass was its longest process."""
+    return None if is_cached(probe) else start_products(weights, attention=attention)
 
 
-def start_products(weights: Iterable[tuple[GGMLType, int]], late: bool = False) -> Helper | None:
+def start_products(weights: Iterable[tuple[GGMLType, int]], late: bool = False,
+                   attention: str | None = None) -> Helper | None:
     """Start the helpers compiling (or loading) the batch products of these (weight type, rows) when there are two
     cores or more and GGUF_LENS_PRECOMPILE is not 0; None otherwise. late=True: their late kernels too (the one-row
     products and VNNI batches) beside the paths taken before those are ready: for a model loaded already, whose
-    own late helper may still run and compiled only its own types' kernels."""
+    own late helper may still run and compiled only its own types' kernels. attention: as for start."""
     if os.environ.get("GGUF_LENS_PRECOMPILE", "1") == "0" or (os.cpu_count() or 1) < 2:
         return None
     names = sorted(f"{GGMLType(t).name}:{int(rows)}" for t, rows in set(weights))
     env = {BOTH_ENV: "1"} if late else {}
-    return _spawn(_HELPER, families(names), "", env) if names else None
+    groups = families(names)
+    if groups and attention:  # the legacy quants' helper where there is one: the shorter of Gemma 3's two
+        groups[0].append(f"{ATTENTION}:{attention}")
+    return _spawn(_HELPER, groups, "", env) if names else None
 
 
 def _spawn(program: str, groups: list[list[str]], what: str, extra: dict[str, str] | None = None) -> Helper | None:

@@ -145,6 +145,9 @@ def load_kernels() -> None:
 def _vec_dot(w: np.ndarray, y: F32) -> F32:
     """(m, r): ggml_vec_dot_f32 (w float32) or ggml_vec_dot_f16 (w float16, y rounded to fp16) of rows."""
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
+    if precompile.is_dry_attention():  # a first start's dry pass: a product helper compiles these (compile_jobs)
+        out[:] = 0.0
+        return out
     if HAVE_NUMBA and w.size * y.shape[0] < SERIAL_MACS:
         step = np.int64(4 * isa.lanes())
         if w.dtype == np.float16:

@@ -170,11 +170,14 @@ def _compile_split(model: DecoderModel, weights: set[tuple[GGMLType, int]], prog
     ran."""
     from engine.runtime import decode_step as ggml_step  # noqa: PLC0415 - with compiled kernels only
 
-    helper = precompile.start(weights, ggml_step.ATTEND[bool(isa.w8())])
+    cache_type = getattr(getattr(model, "ops", None), "cache_type", None)
+    attention = cache_type if cache_type in ("F16", "F32") and getattr(model, "warm_pass", None) is None else None
+    helper = precompile.start(weights, ggml_step.ATTEND[bool(isa.w8())], attention)
     if helper is None:
         return False
     path = _file_of(model) if precompile.late_in_background() else None
-    with precompile.dry_products(), precompile.without_late() if path is not None else contextlib.nullcontext():
+    with (precompile.dry_products(), precompile.without_late() if path is not None else contextlib.nullcontext(),
+          precompile.dry_attention() if attention else contextlib.nullcontext()):
         warm_pass(model)
     helper.wait(progress)
     if path is not None:  # not before: on two cores a third process would slow the first helper down

@@ -103,7 +103,10 @@ first = {"late": precompile.late_ready(), "parallel": len(batch.signatures),
          "serial": len(serial_twin(batch).signatures)}
 cache.commit(ids.tolist())
 step = model.forward(np.array([11], np.int64), cache)
+from engine.kernels import isa
+from engine.kernels.floats import vec_dot
 here = {f.py_func.__name__: sum(f.stats.cache_misses.values()) for f in (legacy_products.PRODUCT[8], q8_0_x16.gemv_q8_0_x16)}
+here["attention"] = sum(vec_dot._F16_SERIAL[4 * isa.lanes()].stats.cache_misses.values())
 print(json.dumps({"notes": notes, "compiled_here": here, "first": first, "logits": np.asarray(logits)[-1].tolist(),
                   "step": np.asarray(step)[-1].tolist()}))
 """
@@ -122,7 +125,9 @@ def test_cold_start_splits_the_compile_and_gives_the_same_numbers(tmp_path):
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert any("compiled in a second process" in n for n in child["notes"]), child["notes"]
     assert any("in the background" in n for n in child["notes"]), child["notes"]  # the late kernels: in a third
-    assert child["compiled_here"] == {"_product_q8_0": 0, "gemv_q8_0_x16": 0}  # loaded from the helper's cache
+    # loaded from the helper's cache, the F16 cache's attention products too (its attention:F16 job)
+    assert child["compiled_here"] == {"_product_q8_0": 0, "gemv_q8_0_x16": 0, "attention": 0}
+    assert any("attention:F16" in n for n in child["notes"]), child["notes"]
     if not child["first"]["late"]:  # the prompt ran before the late helper ended (always, but on a very fast machine)
         assert child["first"]["parallel"] == 0 and child["first"]["serial"] >= 1, child["first"]
     model = load_model(path)  # this process: the usual (warm) cache
@@ -133,6 +138,25 @@ def test_cold_start_splits_the_compile_and_gives_the_same_numbers(tmp_path):
     step = model.forward(np.array([11], np.int64), cache)
     assert np.array_equal(np.float32(child["logits"]), np.asarray(logits)[-1])
     assert np.array_equal(np.float32(child["step"]), np.asarray(step)[-1])
+
+
+@needs_kernels
+def test_dry_attention_gives_zeros_on_this_thread_only():
+    from engine.ops import attention_ggml  # noqa: PLC0415 - compiled kernels only
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 64)).astype(np.float16)
+    y = rng.standard_normal((3, 64)).astype(np.float32)
+    want = attention_ggml._vec_dot(w, y)
+    assert np.abs(want).max() > 0
+    seen = {}
+    with precompile.dry_attention():
+        assert not attention_ggml._vec_dot(w, y).any()
+        other = threading.Thread(target=lambda: seen.setdefault("other", attention_ggml._vec_dot(w, y)))
+        other.start()
+        other.join()
+    assert np.array_equal(seen["other"], want)
+    assert np.array_equal(attention_ggml._vec_dot(w, y), want)
 
 
 def test_product_families_split_the_legacy_quants_from_the_rest():
