@@ -21,6 +21,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engine.kernels import precompile
 from engine.kernels.activations import njit
 
 
@@ -100,8 +101,6 @@ def early(kernel: Any) -> Any:
     """`kernel` once the late kernels may run (engine.kernels.precompile), its serial twin before: on a first start
     the product helpers compile the twins (numba's parallel lowering is half of a product kernel's compile: Q4_K's
     and Q6_K's kernels took 15.7 s parallel, 8.1 s serial on an AMD EPYC), the late helper the parallel kernels."""
-    from engine.kernels import precompile  # noqa: PLC0415 - kept out of this module's import for the helpers
-
     return kernel if precompile.late_ready() else serial_twin(kernel)
 
 
