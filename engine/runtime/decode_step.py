@@ -44,7 +44,7 @@ if HAVE_NUMBA:
         njit,
     )
     from engine.kernels.floats.vec_dot import _dot_f16_row
-    from engine.kernels.variants import lane_variants
+    from engine.kernels.variants import lane_variants, specialise
     from engine.kernels.q8k import quantize_q8_k_into
     from engine.kernels.floats.tinyblas import axpy8, axpy16, steps8, steps16
     from engine.ops.ggml_kernels import reduce16_columns, reduce_lanes, v_expf_lane
@@ -165,14 +165,10 @@ if HAVE_NUMBA:
         """
         lanes = 8 if W8 else 16  # one register: a softmax chunk; vec_dot_f16 keeps four of them
         step = 4 * lanes
-        inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
-        hkv, _, d = kc.shape
-        hq = q.shape[0] // d
-        group = hq // hkv
+        d = kc.shape[2]
         n_used = pos + 1
         lo = 0 if window <= 0 else max(0, pos - window + 1)
         write_kv(k, v, k_norm, v_norm, eps, kc, vc, pos, cos, sin, neox)  # the new key and value, as fp16
-        body = n_kv - n_kv % lanes
         scores_t = np.zeros((parts, n_kv), np.float32)  # each share's scratch (scores and w16 left zero by a head)
         w16_t = np.zeros((parts, n_kv), np.float32)
         q16_t = np.empty((parts, d), np.float32)
@@ -181,81 +177,97 @@ if HAVE_NUMBA:
         red_t = np.empty((parts, lanes, d), np.float32)
         qn_t = np.empty((parts, d), np.float32)
         out = o[0]
-        direct = d % step == 0 and kc.strides[2] == 2  # each score's steps straight off the cache row (no view, no call)
-        for share in prange(parts):  # (numba's get_num_threads in a kernel keeps it out of the on-disk cache)
-            scores, w16, q16, acc = scores_t[share], w16_t[share], q16_t[share], acc_t[share]
-            part, red, qn = part_t[share], red_t[share], qn_t[share]
-            for h in range(share, hq, parts):
-                kv = h // group
-                if q_norm.shape[0]:
-                    _norm(q, h * d, d, q_norm, eps, qn, _O)
-                    _rope(qn, _O, d, cos, sin, neox, q_rot[h], _O)
-                else:
-                    _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
-                for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
-                    qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
-                    q16[t] = f16_to_f32(f32_to_f16(qs))
-                top = -np.inf
-                for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
-                    if direct:
-                        at = kv * kc.strides[0] + j * kc.strides[1]
-                        s = steps8(kc, at, q16, _O, d // step) if W8 else steps16(kc, at, q16, _O, d // step)
-                    else:
-                        s = _dot_f16_row(kc[kv, j], q16, acc)
-                    if softcap > _ZERO:
-                        s = np.float32(np.tanh(s * inv_cap)) * softcap
-                    s = s * kq_scale
-                    scores[j] = s
-                    if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
-                        top = s
-                if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
-                    top = sinks[h]
-                total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
-                for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
-                    for i in range(lanes):
-                        j = c + i
-                        scores[j] = v_expf_lane(scores[j] - top, W8) if lo <= j < n_used else _ZERO
-                    total += np.float64(reduce_lanes(scores, c, W8))
-                if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
-                    total += np.float64(np.exp(sinks[h] - top))
-                inv = np.float32(1.0 / total)
-                for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
-                    w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
-                n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
-                body_steps = n_eff - n_eff % step
-                part[:] = 0.0
-                for j in range(lo, min(n_used, body_steps)):  # V^T rows dotted with the weights: lane j % step, one fma
-                    lane = j % step
-                    wj = w16[j]
-                    at = kv * vc.strides[0] + j * vc.strides[1]
-                    if d % 16 == 0:  # the same fmas as vector code (numba leaves this loop scalar)
-                        axpy16(vc, at, wj, part, lane * part.strides[0], d)
-                    elif d % 8 == 0:
-                        axpy8(vc, at, wj, part, lane * part.strides[0], d)
-                    else:
-                        for t in range(d):
-                            part[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, part[lane, t])
-                q1, q2, q3 = lanes, 2 * lanes, 3 * lanes
-                for i in range(lanes):  # GGML_F32x16_REDUCE / _F32x8_REDUCE: the four accumulators, all outputs at once
-                    for t in range(d):
-                        red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
-                head = out[h * d : (h + 1) * d]
-                if W8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
-                    for t in range(d):
-                        head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
-                            ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
-                else:
-                    reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
-                if max(lo, body_steps) < min(n_used, n_eff):  # a scalar tail past the last step: added in double
-                    for t in range(d):
-                        s64 = np.float64(head[t])
-                        for j in range(max(lo, body_steps), min(n_used, n_eff)):
-                            s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
-                        head[t] = np.float32(s64)
-                for j in range(lo, n_used):
-                    scores[j] = _ZERO
-                    w16[j] = _ZERO
+        # (numba's get_num_threads in a kernel keeps it out of the on-disk cache; the index is unsigned in the parallel
+        # loop: as int64 it takes the specialisation the typing compiled, not a second one)
+        for share in prange(parts):
+            _heads(np.int64(share), parts, q, q_norm, eps, kc, vc, lo, n_used, n_kv, cos, sin, neox, q_scale, kq_scale, softcap,
+                   sinks, q_rot, out, scores_t[share], w16_t[share], q16_t[share], acc_t[share], part_t[share],
+                   red_t[share], qn_t[share])
         quantize_into(vdt, o, xq)
+
+    def _heads(share, parts, q, q_norm, eps, kc, vc, lo, n_used, n_kv, cos, sin, neox, q_scale, kq_scale, softcap,
+               sinks, q_rot, out, scores, w16, q16, acc, part, red, qn):
+        """_attend's heads share, share + parts, ... (one thread's), with that share's scratch: a function of its own,
+        called from _attend's parallel loop, so that numba compiles this body once as a plain function (inside the
+        parallel loop it was outlined and compiled again: 43 s for _attend_avx2 on an AMD EPYC, 17 s serial)."""
+        lanes = 8 if W8 else 16
+        step = 4 * lanes
+        inv_cap = _ONE / softcap if softcap > _ZERO else _ZERO
+        hkv, _, d = kc.shape
+        hq = q.shape[0] // d
+        group = hq // hkv
+        body = n_kv - n_kv % lanes
+        direct = d % step == 0 and kc.strides[2] == 2  # each score's steps straight off the cache row (no view, no call)
+        for h in range(share, hq, parts):
+            kv = h // group
+            if q_norm.shape[0]:
+                _norm(q, h * d, d, q_norm, eps, qn, _O)
+                _rope(qn, _O, d, cos, sin, neox, q_rot[h], _O)
+            else:
+                _rope(q, h * d, d, cos, sin, neox, q_rot[h], _O)
+            for t in range(d):  # ggml_scale (when asked), then the F16 work buffer of K*q
+                qs = q_rot[h, t] * q_scale if q_scale != _ONE else q_rot[h, t]
+                q16[t] = f16_to_f32(f32_to_f16(qs))
+            top = -np.inf
+            for j in range(lo, n_used):  # each score its own ggml_vec_dot_f16
+                if direct:
+                    at = kv * kc.strides[0] + j * kc.strides[1]
+                    s = steps8(kc, at, q16, _O, d // step) if W8 else steps16(kc, at, q16, _O, d // step)
+                else:
+                    s = _dot_f16_row(kc[kv, j], q16, acc)
+                if softcap > _ZERO:
+                    s = np.float32(np.tanh(s * inv_cap)) * softcap
+                s = s * kq_scale
+                scores[j] = s
+                if s > top:  # noqa: PLR1730 - maxps: a NaN score never becomes the maximum
+                    top = s
+            if sinks.shape[0] and not top > sinks[h]:  # ggml_soft_max_add_sinks: MAX(max, sink)
+                top = sinks[h]
+            total = 0.0  # ggml_vec_soft_max_f32: v_expf per 16-float chunk, each chunk reduced, summed in double
+            for c in range(lo - lo % lanes, min(body, n_used + lanes - 1 - (n_used + lanes - 1) % lanes), lanes):
+                for i in range(lanes):
+                    j = c + i
+                    scores[j] = v_expf_lane(scores[j] - top, W8) if lo <= j < n_used else _ZERO
+                total += np.float64(reduce_lanes(scores, c, W8))
+            if sinks.shape[0]:  # the sink's term with libm's expf (numba's float32 exp is that call)
+                total += np.float64(np.exp(sinks[h] - top))
+            inv = np.float32(1.0 / total)
+            for j in range(lo, n_used):  # the weights in the F16 work buffer of V*w
+                w16[j] = f16_to_f32(f32_to_f16(scores[j] * inv))
+            n_eff = min(n_kv, n_used + 63 - (n_used + 63) % 64)
+            body_steps = n_eff - n_eff % step
+            part[:] = 0.0
+            for j in range(lo, min(n_used, body_steps)):  # V^T rows dotted with the weights: lane j % step, one fma
+                lane = j % step
+                wj = w16[j]
+                at = kv * vc.strides[0] + j * vc.strides[1]
+                if d % 16 == 0:  # the same fmas as vector code (numba leaves this loop scalar)
+                    axpy16(vc, at, wj, part, lane * part.strides[0], d)
+                elif d % 8 == 0:
+                    axpy8(vc, at, wj, part, lane * part.strides[0], d)
+                else:
+                    for t in range(d):
+                        part[lane, t] = fma32(f16_to_f32(vc[kv, j, t]), wj, part[lane, t])
+            q1, q2, q3 = lanes, 2 * lanes, 3 * lanes
+            for i in range(lanes):  # GGML_F32x16_REDUCE / _F32x8_REDUCE: the four accumulators, all outputs at once
+                for t in range(d):
+                    red[i, t] = (part[i, t] + part[q2 + i, t]) + (part[q1 + i, t] + part[q3 + i, t])
+            head = out[h * d : (h + 1) * d]
+            if W8:  # then two hadds: ((r0 + r4) + (r1 + r5)) + ((r2 + r6) + (r3 + r7))
+                for t in range(d):
+                    head[t] = ((red[0, t] + red[4, t]) + (red[1, t] + red[5, t])) + \
+                        ((red[2, t] + red[6, t]) + (red[3, t] + red[7, t]))
+            else:
+                reduce16_columns(red, head)  # _mm512_reduce_add_ps of every output's 16 lanes
+            if max(lo, body_steps) < min(n_used, n_eff):  # a scalar tail past the last step: added in double
+                for t in range(d):
+                    s64 = np.float64(head[t])
+                    for j in range(max(lo, body_steps), min(n_used, n_eff)):
+                        s64 += np.float64(f16_to_f32(vc[kv, j, t]) * w16[j])
+                    head[t] = np.float32(s64)
+            for j in range(lo, n_used):
+                scores[j] = _ZERO
+                w16[j] = _ZERO
 
     def _glu_quant(gate, up, kind, table, act, vdt, xq):
         """act (1, n) = SwiGLU (ggml_v_silu lanes, the AVX2 build's with W8) or GeGLU (the fp16 GELU table) of gate
@@ -273,6 +285,9 @@ if HAVE_NUMBA:
                 y[i] = table[f32_to_f16(x)] * up[i]
         quantize_into(vdt, act, xq)
 
-    ATTEND = lane_variants(_attend, cache=True, parallel=True)  # a late kernel, as the whole compiled step
+    _HEADS = lane_variants(_heads, cache=True)
+    # a late kernel, as the whole compiled step; each build's copy calls that build's _heads
+    ATTEND = {w8: specialise(_attend, suffix, {"W8": w8, "_heads": _HEADS[w8]}, cache=True, parallel=True)
+              for w8, suffix in ((False, "avx512"), (True, "avx2"))}
     GLU_QUANT = lane_variants(_glu_quant, cache=True)
     attend, glu_quant = ATTEND[False], GLU_QUANT[False]
