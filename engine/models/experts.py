@@ -30,6 +30,7 @@ import numpy.typing as npt
 from engine.kernels import isa
 from engine.kernels.dispatch import TILED_MIN_ROWS, Activation, BlockProduct, compiled
 from engine.kernels.activations import HAVE_NUMBA, KERNEL_LOCK
+from engine.kernels.variants import early
 from engine.quant.mxfp4 import refuse_infinite
 from engine.quant.types import GGMLType
 from engine.models.ffn import DenseFFN, GatedActivation
@@ -149,11 +150,11 @@ class ExpertLinear:
             for a, sel, p in zip(starts.tolist(), groups, products):
                 z = a + len(sel)
                 if p.tiled is not None and z - a >= TILED_MIN_ROWS:  # mul_mat_id's tiled path, per expert
-                    p.tiled(p.weight, xs[a:z], grouped[a:z])
+                    early(p.tiled)(p.weight, xs[a:z], grouped[a:z])
                 elif z - a < fewest and p.gemv is products[0].gemv and p.weight.flags.c_contiguous:
                     few.append((a, z, p))
                 elif z - a == 1:  # mul_mat_id_one_chunk (vec_dot per row) or forward_mul_mat_id (gemv per row)
-                    p.gemv(p.weight, xs[a], grouped[a])
+                    early(p.gemv)(p.weight, xs[a], grouped[a])
                 else:
                     p.gemv_rows(xs[a:z], grouped[a:z])
             if few:
@@ -178,10 +179,10 @@ class ExpertLinear:
                                         and p.weight.dtype == products[0].weight.dtype for p in products)
         with KERNEL_LOCK:
             if same and xq.ndim == 2 and out.flags.c_contiguous:  # every expert in one parallel region
-                many(tuple(p.weight for p in products), xq, np.asarray(rows, np.int64), out)
+                early(many)(tuple(p.weight for p in products), xq, np.asarray(rows, np.int64), out)
                 return True
-            for r, (p, row) in enumerate(zip(products, rows)):
-                p.gemv(p.weight, xq[row], out[r])
+            for r, (p, row) in enumerate(zip(products, rows)):  # serial twins before the late kernels (variants.early)
+                early(p.gemv)(p.weight, xq[row], out[r])
         return True
 
     def resident_experts(self) -> list[int]:

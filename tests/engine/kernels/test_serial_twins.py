@@ -120,3 +120,31 @@ def test_a_literal_lane_order_compiles_only_that_order(tmp_path):
     assert got["got"] == got["want"]
     assert got["cols"] == got["want_cols"]
     assert got["runtime"] == [got["want"], got["want_512"]]  # a w8 known at run time: both, chosen per call
+
+
+@needs_kernels
+def test_a_moe_models_experts_run_the_twins_before_the_late_kernels(tmp_path, monkeypatch):
+    """MUL_MAT_ID's products (engine.models.experts) call the experts' kernels directly: before the late kernels they
+    take the twins too (else a first start compiled the parallel ones in the app's process at the first prompt: a
+    Qwen3-30B-A3B-shaped file's first token 23.3 s instead of 17.2 s), with the same bits."""
+    import engine.models.experts as experts  # noqa: PLC0415
+    from engine.model import load_model  # noqa: PLC0415
+    from tests.engine.models.arch_cases import model_file  # noqa: PLC0415
+
+    model = load_model(model_file(tmp_path, "qwen3moe", "Q8_0"))
+    asked = []
+    monkeypatch.setattr(experts, "early", lambda k: asked.append(k) or early(k))
+
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        cache = model.new_cache(64)
+        ids = np.array([3, 17, 5, 40, 9, 22], np.int64)
+        prompt = np.asarray(model.forward(ids, cache))[-1].copy()
+        cache.commit(ids.tolist())
+        return prompt, np.asarray(model.forward(np.array([11], np.int64), cache))[-1].copy()
+
+    want = run()
+    with precompile.without_late():
+        got = run()
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got, want))
+    parallel = [k for k in asked if getattr(k, "targetoptions", {}).get("parallel")]
+    assert parallel and all(serial_twin(k).signatures for k in parallel)
