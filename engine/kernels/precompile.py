@@ -85,7 +85,7 @@ def is_dry_attention() -> bool:
     return getattr(_state, "dry_attention", False)
 
 
-ATTENTION = "attention"  # a helper's job besides TYPE:ROWS names: attention:F16 (or F32), the row products of that cache
+ATTENTION = "attention"  # a helper's job beside TYPE:ROWS names: attention:F16 (or F32), that cache's row products
 
 
 @contextlib.contextmanager

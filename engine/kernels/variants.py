@@ -61,11 +61,14 @@ def by_lane_order(avx2: Any, avx512: Any) -> Callable[..., Any]:
     or a copy's W8) only that side is typed and so compiled: as a plain argument, `a if w8 else b` would compile
     both (on an AVX2 host, AVX-512's reduce16 and v_expf: 2.6 s of a first start's dry pass). Called from Python,
     it runs the chosen dispatcher."""
-    from numba import types as nbtypes  # noqa: PLC0415 - kept out of this module's import (numba-free users)
-    from numba.extending import overload  # noqa: PLC0415
-
     def pick(*args: Any) -> Any:
         return (avx2 if args[-1] else avx512)(*args[:-1])
+
+    try:
+        from numba import types as nbtypes  # noqa: PLC0415 - kept out of this module's import (numba-free users)
+        from numba.extending import overload  # noqa: PLC0415
+    except ImportError:  # no numba: the NumPy paths never call it compiled
+        return pick
 
     @overload(pick, prefer_literal=True, jit_options={"forceinline": True})
     def _typed(*args):  # noqa: ANN002, ANN202 - numba matches this signature to the lambdas' (no annotations)

@@ -142,7 +142,8 @@ def hsum8(a, o):
 
 
 reduce_lanes = by_lane_order(hsum8, reduce16)
-reduce_lanes.__doc__ = """reduce_lanes(a, o, w8): one register's horizontal sum at a[o]: hsum8 (AVX2 build, w8) or reduce16."""
+reduce_lanes.__doc__ = """reduce_lanes(a, o, w8): one register's horizontal sum at a[o]: hsum8 (AVX2 build, w8) or
+reduce16 (AVX-512)."""
 
 
 @njit(cache=True, forceinline=True)
@@ -172,8 +173,8 @@ def reduce16_columns(a, dst):
 
 
 reduce_columns = by_lane_order(hsum8_columns, reduce16_columns)
-reduce_columns.__doc__ = """reduce_columns(a, dst, w8): dst[c] = one register's horizontal sum of a[0:lanes, c] for every
-column (hsum8_columns with w8, else reduce16_columns); a is overwritten."""
+reduce_columns.__doc__ = """reduce_columns(a, dst, w8): dst[c] = one register's horizontal sum of a[0:lanes, c] for
+every column (hsum8_columns with w8, else reduce16_columns); a is overwritten."""
 
 
 W8 = False  # the AVX2 build's order: True in the [True] variants below (lane_variants)

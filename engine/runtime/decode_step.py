@@ -180,8 +180,8 @@ if HAVE_NUMBA:
         # (numba's get_num_threads in a kernel keeps it out of the on-disk cache; the index is unsigned in the parallel
         # loop: as int64 it takes the specialisation the typing compiled, not a second one)
         for share in prange(parts):
-            _heads(np.int64(share), parts, q, q_norm, eps, kc, vc, lo, n_used, n_kv, cos, sin, neox, q_scale, kq_scale, softcap,
-                   sinks, q_rot, out, scores_t[share], w16_t[share], q16_t[share], acc_t[share], part_t[share],
+            _heads(np.int64(share), parts, q, q_norm, eps, kc, vc, lo, n_used, n_kv, cos, sin, neox, q_scale, kq_scale,
+                   softcap, sinks, q_rot, out, scores_t[share], w16_t[share], q16_t[share], acc_t[share], part_t[share],
                    red_t[share], qn_t[share])
         quantize_into(vdt, o, xq)
 
@@ -197,7 +197,7 @@ if HAVE_NUMBA:
         hq = q.shape[0] // d
         group = hq // hkv
         body = n_kv - n_kv % lanes
-        direct = d % step == 0 and kc.strides[2] == 2  # each score's steps straight off the cache row (no view, no call)
+        direct = d % step == 0 and kc.strides[2] == 2  # each score's steps straight off the cache row (no view or call)
         for h in range(share, hq, parts):
             kv = h // group
             if q_norm.shape[0]:

@@ -72,7 +72,6 @@ def _reduce_steps(acc):
     return _reduce_steps8(acc) if acc.shape[0] == 32 else _reduce_steps16(acc)
 
 
-
 @njit(cache=True, forceinline=True)
 def _vector_rows(w, y, step):
     """Whether tinyblas.steps16 / steps8 can run the steps of w and y: contiguous rows, a step of 64 or 32."""
@@ -100,7 +99,8 @@ def _steps16(w, y, body, step):
     return steps16(w, _O, y, _O, np.int64(body // step))
 
 
-_fixed_steps, _fixed_reduce = _steps, _reduce_steps  # a row function's; its copies with FIXED take one order's
+# the row functions' steps and reduction: either order, by acc's length; the serial products' copies (_copies) fix one
+_fixed_steps, _fixed_reduce = _steps, _reduce_steps
 
 
 @njit(cache=True)

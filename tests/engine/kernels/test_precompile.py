@@ -105,7 +105,8 @@ cache.commit(ids.tolist())
 step = model.forward(np.array([11], np.int64), cache)
 from engine.kernels import isa
 from engine.kernels.floats import vec_dot
-here = {f.py_func.__name__: sum(f.stats.cache_misses.values()) for f in (legacy_products.PRODUCT[8], q8_0_x16.gemv_q8_0_x16)}
+here = {f.py_func.__name__: sum(f.stats.cache_misses.values())
+        for f in (legacy_products.PRODUCT[8], q8_0_x16.gemv_q8_0_x16)}
 here["attention"] = sum(vec_dot._F16_SERIAL[4 * isa.lanes()].stats.cache_misses.values())
 print(json.dumps({"notes": notes, "compiled_here": here, "first": first, "logits": np.asarray(logits)[-1].tolist(),
                   "step": np.asarray(step)[-1].tolist()}))
