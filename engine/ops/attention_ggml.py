@@ -20,8 +20,6 @@ float16 (an F16 cache); query head h reads KV head h // (Hq / Hkv), as ggml broa
 """
 from __future__ import annotations
 
-import functools
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +35,7 @@ from engine.kernels.activations import (
     quantize_f16,
 )
 from engine.kernels.legacy.family import gemm_f16, gemm_f32
+from engine.kernels.variants import early
 from engine.ops.reference import soft_cap
 from engine.ops.ggml_math import fma32 as fma32_np
 from engine.ops.ggml import soft_max
@@ -85,14 +84,6 @@ def _lanes_kernel(w, yt, out, lanes):
             out[i, r] = (u0 + u2) + (u1 + u3)
 
 
-@functools.cache
-def _lanes_serial() -> Any:
-    """_lanes_kernel compiled without numba's parallel loop (the same bits, on the calling thread)."""
-    from engine.kernels.variants import specialise  # noqa: PLC0415 - compiled kernels only
-
-    return specialise(_lanes_kernel.py_func, "serial", {}, cache=True)
-
-
 def _reduce_np(v: F32) -> F32:
     """One register's horizontal sum over the last axis (16: _mm512_reduce_add_ps; 8: the AVX2 hsum)."""
     if v.shape[-1] == 16:
@@ -113,7 +104,7 @@ def lanes_dot(w: F32, y: F32, lanes: int = LANES) -> F32:
     out = np.empty((y.shape[0], w.shape[0]), np.float32)
     if HAVE_NUMBA:
         # on numba's threads; on this one while the late kernels compile (a first start: a third of the compile)
-        kernel = _lanes_kernel if precompile.late_ready() else _lanes_serial()
+        kernel = early(_lanes_kernel)  # its serial twin before the late kernels (engine.kernels.variants)
         with KERNEL_LOCK:
             kernel(w, np.ascontiguousarray(y.T), out, np.int64(lanes))
         return out
